@@ -1,0 +1,1 @@
+"""Example Django project that runs emq-django (see README.md)."""

@@ -1,0 +1,1 @@
+# The demo app has no models; its tasks are in tasks.py.

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# `make demo`: migrate, create the admin login, then run the broker, a job manager,
+# the web server and a sample producer until Ctrl-C. Every process is stopped by
+# its PID (and its process group, for the job manager's workers) on the way out.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PY="${PYTHON:-.venv/bin/python}"
+WEB_ADDR="${WEB_ADDR:-127.0.0.1:8000}"
+BROKER_PORT="${BROKER_PORT:-47291}"
+export PYTHONUNBUFFERED=1
+
+"$PY" manage.py migrate --noinput
+
+# createsuperuser has no "if missing"; tell "already taken" apart from real errors.
+if ! out=$(DJANGO_SUPERUSER_USERNAME=admin DJANGO_SUPERUSER_PASSWORD=admin \
+    DJANGO_SUPERUSER_EMAIL=admin@example.com \
+    "$PY" manage.py createsuperuser --noinput 2>&1); then
+  if grep -q "already taken" <<<"$out"; then
+    echo "Superuser admin already exists."
+  else
+    echo "$out" >&2
+    exit 1
+  fi
+fi
+
+# Job control puts each background job in its own process group (pgid = pid), so a
+# Ctrl-C reaches only this script, which then stops the processes in order.
+set -m
+pids=()
+names=()
+
+start() {
+  local name=$1
+  shift
+  "$PY" manage.py "$@" &
+  pids+=("$!")
+  names+=("$name")
+  echo "started $name (pid $!)"
+}
+
+stopping=0
+stop_all() {
+  [ "$stopping" = 1 ] && return
+  stopping=1
+  echo
+  echo "stopping demo processes..."
+  local i
+  # Newest first: producer, web, job manager, broker.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM -- "-${pids[i]}" 2>/dev/null || kill -TERM "${pids[i]}" 2>/dev/null || true
+  done
+  for ((i = 0; i < 50; i++)); do
+    local alive=0 pid
+    for pid in "${pids[@]}"; do
+      kill -0 "$pid" 2>/dev/null && alive=1
+    done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for i in "${!pids[@]}"; do
+    if kill -0 "${pids[i]}" 2>/dev/null; then
+      echo "${names[i]} (pid ${pids[i]}) did not stop in 5 s; killing it"
+    fi
+    kill -KILL -- "-${pids[i]}" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap stop_all EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+wait_for_port() {
+  local port=$1 i
+  for ((i = 0; i < 100; i++)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "nothing listens on 127.0.0.1:$port after 10 s" >&2
+  return 1
+}
+
+start broker emq_broker
+wait_for_port "$BROKER_PORT"
+start jobmanager emq_jobmanager --queues default:10,email:40 --concurrency 2
+start web runserver --noreload "$WEB_ADDR"
+start producer emq_demo
+
+cat <<TXT
+
+  emq-django demo is running.
+    Admin:  http://$WEB_ADDR/admin/   (login: admin / admin)
+    Status: $PY manage.py emq_status
+  Press Ctrl-C to stop.
+
+TXT
+
+# Return when any one process exits (or on Ctrl-C); the trap stops the rest.
+set +e
+wait -n "${pids[@]}"
+status=$?
+set -e
+for i in "${!pids[@]}"; do
+  if ! kill -0 "${pids[i]}" 2>/dev/null; then
+    echo "${names[i]} (pid ${pids[i]}) exited; stopping the demo." >&2
+  fi
+done
+exit "$status"

@@ -1,0 +1,265 @@
+"""Shared fixtures: free loopback ports and `manage.py` commands run as subprocesses.
+
+End-to-end tests start the real commands (`emq_broker`, `emq_jobmanager`, ...) with
+`emq_processes.start(...)`; every process is stopped by its PID in teardown, and
+when a test fails the tail of each process's log is added to its report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+
+
+def free_tcp_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the kernel hands out for `host`; all held at once, so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    return free_tcp_ports(1, host)[0]
+
+
+def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 40) -> str:
+        parts = []
+        for label, path in (("stdout", self.stdout_path), ("stderr", self.stderr_path)):
+            text = path.read_text(errors="replace") if path.exists() else ""
+            tail = "\n".join(text.splitlines()[-lines:])
+            parts.append(f"--- {self.name} {label} (last {lines} lines) ---\n{tail}")
+        state = "running" if self.alive() else f"exited with {self.popen.returncode}"
+        return f"=== {self.name} pid {self.pid}: {state}: {' '.join(self.argv)}\n" + "\n".join(
+            parts
+        )
+
+
+# Every EmqProcesses that still owns processes, so a failed test can show their logs.
+_live: weakref.WeakSet[EmqProcesses] = weakref.WeakSet()
+
+
+class EmqProcesses:
+    """Starts `manage.py <command> ...` subprocesses and always stops them.
+
+    Usable as a context manager; the `emq_processes` fixture wraps one per test.
+    """
+
+    def __init__(self, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.env = dict(env or {})
+        self.processes: list[ManagedProcess] = []
+
+    def __enter__(self) -> EmqProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def start(
+        self,
+        command: str,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+    ) -> ManagedProcess:
+        """Start `manage.py command *args` with os.environ + the base env + `env`."""
+        name = name or f"{command}-{len(self.processes)}"
+        argv = [sys.executable, str(REPO_ROOT / "manage.py"), command, *args]
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stdout_path = self.log_dir / f"{name}.stdout.log"
+        stderr_path = self.log_dir / f"{name}.stderr.log"
+        with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+            popen = subprocess.Popen(
+                argv,
+                cwd=REPO_ROOT,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        proc = ManagedProcess(name, argv, popen, stdout_path, stderr_path)
+        self.processes.append(proc)
+        _live.add(self)
+        return proc
+
+    def stop(self, proc: ManagedProcess, grace: float = STOP_GRACE) -> int:
+        """SIGTERM the process, wait `grace` s, then SIGKILL its process group.
+
+        The group is killed even after a clean exit, so that no worker it
+        started outlives the test. Returns the exit code.
+        """
+        if proc.alive():
+            _signal_pid(proc.pid, signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(proc.pid, signal.SIGKILL)
+        return proc.popen.wait()
+
+    def stop_all(self) -> None:
+        # Newest first: clients and job managers go before the broker they talk to.
+        for proc in reversed(self.processes):
+            self.stop(proc)
+        _live.discard(self)
+
+    def send_signal(self, proc: ManagedProcess, signum: int) -> None:
+        _signal_pid(proc.pid, signum)
+
+    def wait_for_port(
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        timeout: float = 15.0,
+        proc: ManagedProcess | None = None,
+    ) -> None:
+        """Wait until `host:port` accepts TCP connections.
+
+        Raises AssertionError with the logs if `proc` exits or time runs out.
+        """
+        self._wait(lambda: port_accepts(port, host), f"{host}:{port} to accept", timeout, proc)
+
+    def wait_for_output(
+        self, proc: ManagedProcess, text: str, timeout: float = 15.0, stream: str = "stderr"
+    ) -> None:
+        """Wait until `text` appears in the process's stderr (or stdout)."""
+        read = proc.stderr if stream == "stderr" else proc.stdout
+        self._wait(lambda: text in read(), f"{text!r} in {proc.name} {stream}", timeout, proc)
+
+    def wait_for_exit(self, proc: ManagedProcess, timeout: float = 15.0) -> int:
+        try:
+            return proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{proc.name} still running after {timeout} s\n{self.log_tails()}"
+            ) from None
+
+    def log_tails(self, lines: int = 40) -> str:
+        return "\n\n".join(p.log_tail(lines) for p in self.processes)
+
+    def _wait(
+        self, ready: Callable[[], bool], what: str, timeout: float, proc: ManagedProcess | None
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if proc is not None and not proc.alive():
+                raise AssertionError(
+                    f"{proc.name} exited while waiting for {what}\n{self.log_tails()}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{self.log_tails()}")
+
+
+def _signal_pid(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.fixture
+def emq_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for one isolated broker: fresh loopback ports, a private database."""
+    frontend, backend, monitor = free_tcp_ports(3)
+    return {
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "EMQ_FRONTEND_BIND": f"tcp://127.0.0.1:{frontend}",
+        "EMQ_BROKER_URL": f"tcp://127.0.0.1:{frontend}",
+        "EMQ_BACKEND_BIND": f"tcp://127.0.0.1:{backend}",
+        "EMQ_WORKER_URL": f"tcp://127.0.0.1:{backend}",
+        "EMQ_MONITOR_BIND": f"tcp://127.0.0.1:{monitor}",
+        "EMQ_MONITOR_URL": f"tcp://127.0.0.1:{monitor}",
+        "EMQ_HEARTBEAT_INTERVAL": "0.5",
+    }
+
+
+@pytest.fixture
+def emq_client_env(emq_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """`emq_env` applied to this test process too, so the client here finds the broker.
+
+    DATABASE_URL is left out: the test process keeps pytest-django's test database.
+    """
+    for key, value in emq_env.items():
+        if key != "DATABASE_URL":
+            monkeypatch.setenv(key, value)
+    return emq_env
+
+
+@pytest.fixture
+def emq_processes(tmp_path: Path, emq_env: dict[str, str]) -> Iterator[EmqProcesses]:
+    """An EmqProcesses with `emq_env` as base env; logs in tmp_path/logs."""
+    with EmqProcesses(tmp_path / "logs", emq_env) as processes:
+        yield processes
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        for processes in list(_live):
+            if processes.processes:
+                report.sections.append(("emq process logs", processes.log_tails()))
+    return report
