@@ -22,18 +22,22 @@ if ! out=$(DJANGO_SUPERUSER_USERNAME=admin DJANGO_SUPERUSER_PASSWORD=admin \
     echo "$out" >&2
     exit 1
   fi
+else
+  echo "Created superuser admin (password admin)."
 fi
 
-# Job control puts each background job in its own process group (pgid = pid), so a
-# Ctrl-C reaches only this script, which then stops the processes in order.
-set -m
 pids=()
 names=()
 
+# Job control puts each process in its own process group (pgid = pid), so a Ctrl-C
+# reaches only this script, which then stops them in order; it is switched off
+# again so that bash does not print a notice for every process it stops.
 start() {
   local name=$1
   shift
+  set -m
   "$PY" manage.py "$@" &
+  set +m
   pids+=("$!")
   names+=("$name")
   echo "started $name (pid $!)"
