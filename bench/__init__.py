@@ -1,0 +1,1 @@
+"""Benchmarks: emq against Celery, Dramatiq and a raw ZeroMQ reference."""

@@ -1,0 +1,41 @@
+"""Celery peer: RabbitMQ broker, fast settings, Redis or RPC results for echo."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from bench.donecount import mark_done
+
+QUEUE = "celery_bench"
+DONE_KEY = "bench:done:celery"
+BROKER_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+RESULT_BACKEND = os.environ.get("BENCH_CELERY_BACKEND", "redis://127.0.0.1:6379/1")
+
+app = Celery("bench_celery", broker=BROKER_URL, backend=RESULT_BACKEND)
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    task_acks_late=False,
+    worker_prefetch_multiplier=int(os.environ.get("BENCH_CELERY_PREFETCH", "64")),
+    worker_disable_rate_limits=True,
+    worker_send_task_events=False,
+    task_send_sent_event=False,
+    task_track_started=False,
+    result_expires=600,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+
+@app.task(name="bench.noop", ignore_result=True)
+def noop() -> None:
+    mark_done(DONE_KEY)
+
+
+@app.task(name="bench.echo")
+def echo(x: object) -> object:
+    return x

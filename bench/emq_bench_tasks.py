@@ -1,0 +1,13 @@
+"""emq tasks for the benchmark, loaded by the job manager through EMQ_IMPORTS."""
+
+import emq_django as emq
+
+
+@emq.task(queue="bench", reply=False)
+def noop() -> None:
+    pass
+
+
+@emq.task(queue="bench")
+def echo(x: object) -> object:
+    return x
