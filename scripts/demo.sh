@@ -7,7 +7,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PY="${PYTHON:-.venv/bin/python}"
 WEB_ADDR="${WEB_ADDR:-127.0.0.1:8000}"
-BROKER_PORT="${BROKER_PORT:-47291}"
+# The EMQ_* environment variables move the demo to other ports (README, Settings).
+BROKER_URL="${EMQ_BROKER_URL:-tcp://127.0.0.1:47291}"
 export PYTHONUNBUFFERED=1
 
 "$PY" manage.py migrate --noinput
@@ -87,7 +88,7 @@ wait_for_port() {
 }
 
 start broker emq_broker
-wait_for_port "$BROKER_PORT"
+wait_for_port "${BROKER_URL##*:}"
 start jobmanager emq_jobmanager --queues default:10,email:40 --concurrency 2
 start web runserver --noreload "$WEB_ADDR"
 start producer emq_demo
