@@ -1,0 +1,26 @@
+"""emq-django: a task queue for Django on ZeroMQ.
+
+``import emq_django as emq``, then ``@emq.task(queue="email")`` and
+``send_email.delay(...)``.
+"""
+
+from emq_django.exceptions import (
+    BrokerUnavailable,
+    EmqError,
+    JobRefused,
+    ProtocolError,
+    QueueFull,
+    ResultTimeout,
+    ResultUnavailable,
+    Retry,
+    TaskFailed,
+    TaskNotFound,
+)
+from emq_django.result import Result
+from emq_django.task import Task, task
+
+__all__ = [
+    "BrokerUnavailable", "EmqError", "JobRefused", "ProtocolError", "QueueFull", "Result",
+    "ResultTimeout", "ResultUnavailable", "Retry", "Task", "TaskFailed", "TaskNotFound", "task",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The broker: a pure core (``core``, ``state``) and its socket loop (``server``)."""

@@ -1,0 +1,437 @@
+"""The broker as a pure state machine.
+
+It takes decoded commands with ``now`` (monotonic seconds) and appends the
+messages to send to ``self.out`` as ``(socket, identity, frames)``. No sockets,
+no clock, no Django: unit-testable and fuzzable on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from emq_django.broker.state import ROLE_MANAGER, ROLE_SLOT, IdGenerator, Job, Peer, Queue
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol import frames as F
+from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
+
+log = logging.getLogger(__name__)
+
+FRONTEND = 0
+BACKEND = 1
+MAX_QUEUES = 10_000
+MAX_HELD_SCHEDULES = 10_000
+
+COUNTERS = (
+    "received", "acked", "dispatched", "succeeded", "failed", "refused", "requeued",
+    "protocol_errors", "stale_replies", "unknown_peer", "peers_expired", "unroutable",
+    "published", "schedules_forwarded",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    heartbeat_interval: float = 1.0
+    heartbeat_liveness: int = 3
+    max_pending: int = 100_000
+
+
+class BrokerCore:
+    def __init__(self, config: BrokerConfig, now: float, id_prefix: bytes | None = None) -> None:
+        self.config = config
+        self.queues: dict[str, Queue] = {}
+        self.peers: dict[bytes, Peer] = {}  # backend: job managers and their slots
+        self.schedulers: dict[bytes, Peer] = {}  # frontend peers that sent INFORM
+        self.managers: dict[str, bytes] = {}  # our job managers: name -> control identity
+        self.inflight: dict[bytes, Job] = {}  # attempt id -> job
+        self.held_schedules: list[list[bytes]] = []  # waiting for a scheduler
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.out: list[tuple[int, bytes, list[bytes]]] = []
+        self.new_id = IdGenerator(id_prefix or os.urandom(4).hex().encode() + b"-")
+        self.started_at = now
+        self.wall_offset = 0.0  # wall clock minus ``now``, for HEARTBEAT timestamps
+        self.next_heartbeat = now + config.heartbeat_interval
+        self.stopping = False
+        self._error_log_budget = 100
+
+    # ---- entry points -------------------------------------------------------
+
+    def on_frontend(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
+        try:
+            cmd = decode(frames)
+            handler = _FRONTEND_HANDLERS.get(type(cmd))
+            if handler is None:
+                raise ProtocolError(f"{type(cmd).__name__} is not valid from a client", frames)
+            handler(self, identity, cmd, now)
+        except ProtocolError as exc:
+            self._protocol_error("frontend", identity, exc)
+
+    def on_backend(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
+        try:
+            cmd = decode(frames)
+            handler = _BACKEND_HANDLERS.get(type(cmd))
+            if handler is None:
+                raise ProtocolError(f"{type(cmd).__name__} is not valid from a worker", frames)
+            peer = self.peers.get(identity)
+            if peer is not None:
+                peer.last_seen = now
+            elif type(cmd) is not F.Inform:
+                self._unknown_peer(identity, cmd)
+                return
+            handler(self, identity, cmd, now)
+        except ProtocolError as exc:
+            self._protocol_error("backend", identity, exc)
+
+    def on_timer(self, now: float) -> None:
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.config.heartbeat_interval
+            self._send_heartbeats(now)
+            self._expire_peers(now)
+
+    def next_deadline(self) -> float:
+        return self.next_heartbeat
+
+    def peer_unreachable(self, socket: int, identity: bytes, now: float) -> None:
+        """The socket refused to route to ``identity``: that peer is gone."""
+        self.counters["unroutable"] += 1
+        if socket == BACKEND and identity in self.peers:
+            log.warning("job manager %s is unreachable; dropping it", _show(identity))
+            self._drop_peer(self.peers[identity], now, "unreachable")
+        elif socket == FRONTEND:
+            self.schedulers.pop(identity, None)
+
+    def begin_shutdown(self) -> None:
+        """DISCONNECT: KBYE to every peer; in-flight work may still finish."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for identity in self.peers:
+            self.out.append((BACKEND, identity, F.Kbye(self.new_id()).encode()))
+        for identity in self.schedulers:
+            self.out.append((FRONTEND, identity, F.Kbye(self.new_id()).encode()))
+
+    @property
+    def drained(self) -> bool:
+        return not self.inflight
+
+    # ---- frontend handlers --------------------------------------------------
+
+    def _client_request(self, identity: bytes, cmd: F.Request, now: float) -> None:
+        self.counters["received"] += 1
+        queue = self.queues.get(cmd.queue)
+        if queue is None:
+            queue = self._new_queue(identity, cmd)
+            if queue is None:
+                return
+        if self.stopping:
+            self._refuse(identity, cmd.msgid, "shutting-down", "the broker is shutting down")
+            return
+        if len(queue.pending) >= self.config.max_pending:
+            self._refuse(
+                identity, cmd.msgid, "queue-full",
+                f"queue {cmd.queue!r} is full: {len(queue.pending)} jobs wait and none of "
+                f"{len(queue.servers)} job managers has a free slot",
+            )
+            return
+        self._ack(FRONTEND, identity, cmd.msgid)
+        client = identity if cmd.headers.reply_requested else None
+        job = Job(cmd.msgid, cmd.queue, cmd.headers, cmd.body, client, now)
+        if not queue.pending:
+            target = queue.pick()
+            if target is not None:
+                self._dispatch(job, queue, self.peers[target], now)
+                return
+        queue.pending.append(job)
+
+    def _new_queue(self, identity: bytes, cmd: F.Request) -> Queue | None:
+        if len(self.queues) >= MAX_QUEUES:
+            self._refuse(identity, cmd.msgid, "too-many-queues",
+                         f"the broker already has {MAX_QUEUES} queues")
+            return None
+        queue = self.queues[cmd.queue] = Queue(cmd.queue)
+        return queue
+
+    def _client_schedule(self, identity: bytes, cmd: F.Schedule, now: float) -> None:
+        self._ack(FRONTEND, identity, cmd.msgid)
+        frames = cmd.encode()
+        if not self.schedulers:
+            if len(self.held_schedules) < MAX_HELD_SCHEDULES:
+                self.held_schedules.append(frames)
+            else:
+                log.warning("no scheduler connected and %d schedules held; dropping %s",
+                            MAX_HELD_SCHEDULES, _show(cmd.msgid))
+            return
+        for sched in self.schedulers:
+            self.out.append((FRONTEND, sched, frames))
+        self.counters["schedules_forwarded"] += 1
+
+    def _client_publish(self, identity: bytes, cmd: F.Publish, now: float) -> None:
+        self._ack(FRONTEND, identity, cmd.msgid)
+        self.counters["published"] += 1
+
+    def _frontend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
+        if cmd.peer_type != F.PEER_SCHEDULER:
+            raise ProtocolError("only schedulers INFORM on the client port; job managers use "
+                                "the worker port", [])
+        self.schedulers[identity] = Peer(identity, cmd.peer_type, (), now, cmd.meta,
+                                         connected_at=now)
+        log.info("scheduler %s connected", _show(identity))
+        self._ack(FRONTEND, identity, cmd.msgid)
+        self.out.append((FRONTEND, identity, self._heartbeat(now)))
+        held, self.held_schedules = self.held_schedules, []
+        for frames in held:
+            self.out.append((FRONTEND, identity, frames))
+
+    def _frontend_heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
+        peer = self.schedulers.get(identity)
+        if peer is not None:
+            peer.last_seen = now
+
+    def _frontend_disconnect(self, identity: bytes, cmd: F.Command, now: float) -> None:
+        if self.schedulers.pop(identity, None) is not None:
+            log.info("scheduler %s said goodbye", _show(identity))
+            if isinstance(cmd, F.Disconnect):
+                self.out.append((FRONTEND, identity, F.Kbye(self.new_id()).encode()))
+
+    def _frontend_ignore(self, identity: bytes, cmd: F.Command, now: float) -> None:
+        pass
+
+    # ---- backend handlers ---------------------------------------------------
+
+    def _backend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
+        if cmd.peer_type != F.PEER_WORKER:
+            raise ProtocolError("schedulers INFORM on the client port, not the worker port", [])
+        old = self.peers.get(identity)
+        if old is not None:
+            self._drop_peer(old, now, "sent INFORM again")
+        queues = cmd.queues or ((10, "default"),)
+        peer = Peer(identity, cmd.peer_type, queues, now, cmd.meta, connected_at=now)
+        self.peers[identity] = peer
+        if peer.role == ROLE_MANAGER and peer.manager:
+            self.managers[peer.manager] = identity
+        for weight, name in queues:
+            queue = self.queues.get(name) or self.queues.setdefault(name, Queue(name))
+            queue.add_server(identity, weight)
+        if peer.role != ROLE_SLOT:
+            log.info("job manager %s connected: queues %s, %s", _show(identity),
+                     ",".join(f"{n}:{w}" for w, n in queues), _describe(cmd.meta))
+        self._ack(BACKEND, identity, cmd.msgid)
+        self.out.append((BACKEND, identity, self._heartbeat(now)))
+
+    def _backend_ready(self, identity: bytes, cmd: F.Ready, now: float) -> None:
+        self._credit(self.peers[identity], now)
+
+    def _backend_reply(self, identity: bytes, cmd: F.Reply, now: float) -> None:
+        peer = self.peers[identity]
+        failed, ready = reply_flags(cmd.status)
+        job = self.inflight.get(cmd.request_msgid)
+        if job is None or not self._may_answer(peer, job):
+            self.counters["stale_replies"] += 1
+        else:
+            del self.inflight[cmd.request_msgid]
+            self._finish(job, failed, now)
+            if job.peer != identity and b"lost" in cmd.status:
+                owner = self.peers.get(job.peer or b"")
+                if owner is not None:  # its job manager says the process is gone
+                    self._drop_peer(owner, now, "lost its worker process")
+            if job.client is not None:
+                self.out.append((FRONTEND, job.client, [
+                    b"", PROTOCOL, F.REPLY, self.new_id(), cmd.body, job.id, cmd.status]))
+        if ready:
+            self._credit(peer, now)
+
+    def _backend_heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
+        pass  # last_seen is updated for every command
+
+    def _backend_disconnect(self, identity: bytes, cmd: F.Disconnect, now: float) -> None:
+        peer = self.peers[identity]
+        peer.draining = True
+        self._set_credit(peer, 0)
+        self.out.append((BACKEND, identity, F.Kbye(self.new_id()).encode()))
+        if not peer.inflight:
+            self._drop_peer(peer, now, "said goodbye")
+
+    def _backend_kbye(self, identity: bytes, cmd: F.Kbye, now: float) -> None:
+        self._drop_peer(self.peers[identity], now, "said KBYE")
+
+    # ---- dispatch -----------------------------------------------------------
+
+    def _credit(self, peer: Peer, now: float) -> None:
+        if peer.draining or self.stopping:
+            return
+        for _weight, name in peer.queues:  # highest weight first
+            queue = self.queues[name]
+            if queue.pending:
+                self._dispatch(queue.pending.popleft(), queue, peer, now, returning=True)
+                return
+        self._set_credit(peer, peer.credit + 1)
+
+    def _set_credit(self, peer: Peer, credit: int) -> None:
+        was, peer.credit = peer.credit, credit
+        if was and not credit:
+            for weight, name in peer.queues:
+                self.queues[name].unready(peer.identity, weight)
+        elif credit and not was:
+            for weight, name in peer.queues:
+                self.queues[name].ready(peer.identity, weight)
+
+    def _dispatch(self, job: Job, queue: Queue, peer: Peer, now: float,
+                  returning: bool = False) -> None:
+        """Send ``job`` to ``peer``. ``returning``: the peer's credit is being
+        given back by this very dispatch, so it is not taken."""
+        job.attempt += 1
+        job.attempt_id = job.id + b"#%d" % job.attempt
+        job.peer = peer.identity
+        job.dispatched_at = now
+        self.inflight[job.attempt_id] = job
+        peer.inflight.add(job.attempt_id)
+        queue.in_flight += 1
+        if not returning:
+            self._set_credit(peer, peer.credit - 1)
+        self.counters["dispatched"] += 1
+        self.out.append((BACKEND, peer.identity, [
+            b"", PROTOCOL, F.REQUEST, job.attempt_id, queue.name.encode(),
+            _reply_always(job.headers.raw), job.body]))
+
+    def _may_answer(self, peer: Peer, job: Job) -> bool:
+        if job.peer == peer.identity:
+            return True
+        # our job manager answers for a slot whose process it had to kill
+        owner = self.peers.get(job.peer) if job.peer else None
+        return bool(owner and peer.role == ROLE_MANAGER and owner.manager == peer.manager)
+
+    def _finish(self, job: Job, failed: bool, now: float) -> None:
+        self.counters["failed" if failed else "succeeded"] += 1
+        self.queues[job.queue].in_flight -= 1
+        owner = self.peers.get(job.peer) if job.peer else None
+        if owner is not None:
+            owner.inflight.discard(job.attempt_id)
+            owner.jobs_done += 1
+            if owner.draining and not owner.inflight:
+                self._drop_peer(owner, now, "said goodbye")
+
+    def _requeue(self, job: Job, now: float) -> None:
+        queue = self.queues[job.queue]
+        queue.in_flight -= 1
+        self.counters["requeued"] += 1
+        job.peer = None
+        target = None if queue.pending else queue.pick()
+        if target is not None and not self.stopping:
+            self._dispatch(job, queue, self.peers[target], now)
+        else:
+            queue.pending.appendleft(job)
+
+    def _drop_peer(self, peer: Peer, now: float, why: str) -> None:
+        if self.peers.pop(peer.identity, None) is None:
+            return
+        for weight, name in peer.queues:
+            queue = self.queues[name]
+            queue.remove_server(peer.identity)
+            queue.unready(peer.identity, weight)
+        if peer.role == ROLE_MANAGER and self.managers.get(peer.manager or "") == peer.identity:
+            del self.managers[peer.manager or ""]
+        lost = [self.inflight.pop(a) for a in sorted(peer.inflight) if a in self.inflight]
+        peer.inflight.clear()
+        if peer.role != ROLE_SLOT or lost:
+            log.info("job manager %s %s; requeueing %d in-flight jobs", _show(peer.identity),
+                     why, len(lost))
+        for job in lost:
+            self._requeue(job, now)
+
+    # ---- heartbeats ---------------------------------------------------------
+
+    def _send_heartbeats(self, now: float) -> None:
+        for identity in self.peers:
+            self.out.append((BACKEND, identity, self._heartbeat(now)))
+        for identity in self.schedulers:
+            self.out.append((FRONTEND, identity, self._heartbeat(now)))
+
+    def _expire_peers(self, now: float) -> None:
+        limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
+        expired = [p for p in self.peers.values() if now - p.last_seen > limit]
+        for peer in expired:
+            if (peer.role == ROLE_SLOT and peer.inflight and not peer.draining
+                    and peer.manager in self.managers):
+                continue  # busy running a job; its job manager vouches for it
+            self.counters["peers_expired"] += 1
+            self._drop_peer(peer, now, f"missed {self.config.heartbeat_liveness} heartbeats")
+        for identity in [i for i, p in self.schedulers.items() if now - p.last_seen > limit]:
+            log.info("scheduler %s missed heartbeats; dropping it", _show(identity))
+            del self.schedulers[identity]
+
+    # ---- helpers ------------------------------------------------------------
+
+    def _heartbeat(self, now: float) -> list[bytes]:
+        return [b"", PROTOCOL, F.HEARTBEAT, self.new_id(), b"%.6f" % (now + self.wall_offset)]
+
+    def _ack(self, socket: int, identity: bytes, msgid: bytes) -> None:
+        self.counters["acked"] += 1
+        self.out.append((socket, identity, [b"", PROTOCOL, F.ACK, self.new_id(), msgid]))
+
+    def _refuse(self, identity: bytes, msgid: bytes, code: str, reason: str) -> None:
+        self.counters["refused"] += 1
+        log.warning("refused %s: %s", _show(msgid), reason)
+        self.out.append((FRONTEND, identity, F.Error(self.new_id(), msgid, reason, code).encode()))
+
+    def _unknown_peer(self, identity: bytes, cmd: F.Command) -> None:
+        self.counters["unknown_peer"] += 1
+        if isinstance(cmd, F.Reply):
+            self.counters["stale_replies"] += 1
+        if isinstance(cmd, F.Ready | F.Heartbeat | F.Reply):
+            # a job manager from before a broker restart: ask it to INFORM again
+            self.out.append((BACKEND, identity, F.Kbye(self.new_id()).encode()))
+
+    def _protocol_error(self, where: str, identity: bytes, exc: ProtocolError) -> None:
+        self.counters["protocol_errors"] += 1
+        n = self.counters["protocol_errors"]
+        if self._error_log_budget > 0 or n % 10_000 == 0:
+            self._error_log_budget -= 1
+            log.warning("dropped a malformed message on the %s port from %s: %s (%d so far)",
+                        where, _show(identity), exc, n)
+
+
+@lru_cache(maxsize=1024)
+def _reply_always(raw: bytes) -> bytes:
+    """Headers as sent to a job manager: always ask for the REPLY.
+
+    EventMQ's job manager sends no REPLY without ``reply-requested``, and the
+    broker needs one to know the job finished; it forwards the REPLY to the
+    client only when the client asked for it.
+    """
+    flags = raw.split(b",") if raw else []
+    return raw if b"reply-requested" in flags else b",".join([b"reply-requested", *flags])
+
+
+def _show(identity: bytes) -> str:
+    if identity.isascii() and identity.isalnum() or identity[:1].isalpha():
+        return identity.decode("ascii", "replace")
+    return identity.hex()
+
+
+def _describe(meta: dict[str, object]) -> str:
+    return " ".join(f"{k}={meta[k]}" for k in ("host", "pid", "concurrency") if k in meta)
+
+
+_FRONTEND_HANDLERS = {
+    F.Request: BrokerCore._client_request,
+    F.Schedule: BrokerCore._client_schedule,
+    F.Unschedule: BrokerCore._client_schedule,
+    F.Publish: BrokerCore._client_publish,
+    F.Inform: BrokerCore._frontend_inform,
+    F.Heartbeat: BrokerCore._frontend_heartbeat,
+    F.Disconnect: BrokerCore._frontend_disconnect,
+    F.Kbye: BrokerCore._frontend_disconnect,
+    F.Ack: BrokerCore._frontend_ignore,
+}
+_BACKEND_HANDLERS = {
+    F.Inform: BrokerCore._backend_inform,
+    F.Ready: BrokerCore._backend_ready,
+    F.Reply: BrokerCore._backend_reply,
+    F.Heartbeat: BrokerCore._backend_heartbeat,
+    F.Disconnect: BrokerCore._backend_disconnect,
+    F.Kbye: BrokerCore._backend_kbye,
+    F.Ack: BrokerCore._frontend_ignore,
+}

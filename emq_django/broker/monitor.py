@@ -1,0 +1,112 @@
+"""The monitor channel's documents: ``MONITOR`` (PZQ-style lines) and ``MONITOR JSON``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from emq_django.broker.core import BrokerCore
+from emq_django.broker.state import ROLE_MANAGER, ROLE_SLOT, Peer
+
+
+def _show(identity: bytes) -> str:
+    try:
+        text = identity.decode("ascii")
+        if text.isprintable():
+            return text
+    except UnicodeDecodeError:
+        pass
+    return identity.hex()
+
+
+def _group_key(peer: Peer) -> str:
+    return peer.manager if peer.role != "plain" and peer.manager else _show(peer.identity)
+
+
+def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, Any]]:
+    """One entry per job manager: ours (a control peer plus slot peers) or EventMQ's."""
+    groups: dict[str, dict[str, Any]] = {}
+    for peer in core.peers.values():
+        key = _group_key(peer)
+        entry = groups.get(key)
+        if entry is None:
+            entry = groups[key] = {
+                "identity": key, "host": None, "pid": None, "kind": "eventmq",
+                "queues": [[w, n] for w, n in peer.queues], "slots": 0, "free_slots": 0,
+                "busy": 0, "jobs_done": 0, "last_heartbeat": None, "draining": False,
+            }
+        seen = wall - (now - peer.last_seen)
+        if entry["last_heartbeat"] is None or seen > entry["last_heartbeat"]:
+            entry["last_heartbeat"] = round(seen, 3)
+        entry["draining"] = entry["draining"] or peer.draining
+        if peer.role == ROLE_MANAGER:
+            entry.update(kind="emq", host=peer.meta.get("host"), pid=peer.meta.get("pid"),
+                         concurrency=peer.meta.get("concurrency"))
+            continue
+        if peer.role == ROLE_SLOT:
+            entry["kind"] = "emq"
+            entry.setdefault("host", peer.meta.get("host"))
+        entry["slots"] += 1 if peer.role == ROLE_SLOT else max(peer.credit + len(peer.inflight), 0)
+        entry["free_slots"] += peer.credit
+        entry["busy"] += len(peer.inflight)
+        entry["jobs_done"] += peer.jobs_done
+    return sorted(groups.values(), key=lambda e: str(e["identity"]))
+
+
+def queues(core: BrokerCore) -> list[dict[str, Any]]:
+    result = []
+    for queue in core.queues.values():
+        serving: dict[str, dict[str, Any]] = {}
+        for identity, weight in queue.servers.items():
+            peer = core.peers.get(identity)
+            if peer is None:
+                continue
+            key = _group_key(peer)
+            entry = serving.setdefault(key, {"identity": key, "weight": weight, "free_slots": 0})
+            entry["free_slots"] += peer.credit
+        result.append({
+            "name": queue.name, "depth": len(queue.pending), "in_flight": queue.in_flight,
+            "job_managers": sorted(serving.values(), key=lambda e: -e["weight"]),
+        })
+    return sorted(result, key=lambda q: q["name"])
+
+
+def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) -> dict[str, Any]:
+    limit = core.config.heartbeat_interval * core.config.heartbeat_liveness
+    return {
+        "broker": {**info, "uptime": round(now - core.started_at, 3), "stopping": core.stopping,
+                   "heartbeat_interval": core.config.heartbeat_interval,
+                   "peer_timeout": limit, "time": wall},
+        "counters": dict(core.counters),
+        "queues": queues(core),
+        "job_managers": job_managers(core, now, wall),
+        "schedulers": [
+            {"identity": _show(p.identity), "host": p.meta.get("host"), "pid": p.meta.get("pid"),
+             "last_heartbeat": round(wall - (now - p.last_seen), 3)}
+            for p in core.schedulers.values()
+        ],
+        "held_schedules": len(core.held_schedules),
+        "in_flight": len(core.inflight),
+    }
+
+
+def as_json(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def as_lines(doc: dict[str, Any]) -> bytes:
+    """PZQ-style ``key: value`` lines."""
+    depth = sum(q["depth"] for q in doc["queues"])
+    lines = {
+        "messages": depth,
+        "messages_inflight": doc["in_flight"],
+        "queues": len(doc["queues"]),
+        "job_managers": len(doc["job_managers"]),
+        "schedulers": len(doc["schedulers"]),
+        "uptime": doc["broker"]["uptime"],
+        **doc["counters"],
+    }
+    for q in doc["queues"]:
+        lines[f"queue.{q['name']}.depth"] = q["depth"]
+        lines[f"queue.{q['name']}.in_flight"] = q["in_flight"]
+    return "".join(f"{k}: {v}\n" for k, v in lines.items()).encode()

@@ -1,0 +1,219 @@
+"""The broker's server loop: the only part of the broker that touches sockets.
+
+One thread, three ROUTER sockets (frontend, backend, monitor) and a wake-up
+pipe for signals. It drains each ready socket until it would block, hands the
+frames to ``BrokerCore`` and sends what the core queued, never blocking. It
+blocks in poll until the next timer is due: an idle broker uses no CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket as pysocket
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import zmq
+
+from emq_django.broker import monitor
+from emq_django.broker.core import BACKEND, FRONTEND, BrokerConfig, BrokerCore
+from emq_django import wire
+from emq_django.conf import EmqSettings
+
+log = logging.getLogger(__name__)
+
+DRAIN_LIMIT = 5000  # messages from one socket before looking at the others
+FLUSH_EVERY = 512
+FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
+
+
+class BrokerServer:
+    def __init__(self, settings: EmqSettings, context: zmq.Context[Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 shutdown_grace: float | None = None) -> None:
+        self.settings = settings
+        self.context = context or zmq.Context.instance()
+        self.clock = clock
+        self.grace = settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
+        self.core = BrokerCore(
+            BrokerConfig(settings.HEARTBEAT_INTERVAL, settings.HEARTBEAT_LIVENESS,
+                         settings.MAX_PENDING),
+            clock(),
+        )
+        self.core.wall_offset = time.time() - clock()
+        self.info = {"host": pysocket.gethostname(), "pid": os.getpid(),
+                     "frontend": settings.FRONTEND_BIND, "backend": settings.BACKEND_BIND,
+                     "monitor": settings.MONITOR_BIND, "started_at": time.time()}
+        self.internal_errors = 0
+        self.dropped_sends = 0
+        self._shutdown_requests = 0
+        self._wake_r, self._wake_w = pysocket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.frontend = self._router(FRONTEND_HWM)
+        self.backend = self._router()
+        self.monitor = self.context.socket(zmq.ROUTER)
+        self.monitor.linger = 0
+        self.sockets = {FRONTEND: self.frontend, BACKEND: self.backend}
+
+    def _router(self, hwm: int | None = None) -> zmq.Socket[Any]:
+        sock = self.context.socket(zmq.ROUTER)
+        sock.linger = 0
+        sock.router_mandatory = 1  # an unroutable peer raises instead of a silent drop
+        if hwm is not None:
+            sock.sndhwm = hwm
+        return sock
+
+    def bind(self) -> None:
+        """Bind the three ports; raises ``zmq.ZMQError`` naming the address on failure."""
+        for sock, addr in ((self.frontend, self.settings.FRONTEND_BIND),
+                           (self.backend, self.settings.BACKEND_BIND),
+                           (self.monitor, self.settings.MONITOR_BIND)):
+            try:
+                sock.bind(addr)
+            except zmq.ZMQError as exc:
+                raise zmq.ZMQError(exc.errno, f"cannot bind {addr}: {exc.strerror}") from exc
+        log.info("broker up: clients on %s, job managers on %s, monitor on %s (pid %d)",
+                 self.settings.FRONTEND_BIND, self.settings.BACKEND_BIND,
+                 self.settings.MONITOR_BIND, os.getpid())
+
+    def install_signal_handlers(self) -> None:
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_shutdown()
+
+    def request_shutdown(self) -> None:
+        """First call: graceful (KBYE, let in-flight jobs finish). Second: stop now."""
+        self._shutdown_requests += 1
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self.frontend, self.backend, self.monitor):
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        deadline = float("inf")
+        core = self.core
+        while True:
+            now = self.clock()
+            if self._shutdown_requests and not core.stopping:
+                log.info("shutting down: KBYE sent to every peer; waiting up to %.0f s for "
+                         "%d in-flight jobs", self.grace, len(core.inflight))
+                core.begin_shutdown()
+                deadline = now + self.grace
+            if core.stopping and (core.drained or now >= deadline
+                                  or self._shutdown_requests > 1):
+                self._flush()
+                self._log_exit()
+                return
+            core.on_timer(now)
+            self._flush()
+            timeout = max(0.0, min(core.next_deadline(), deadline) - self.clock())
+            for sock, _ in poller.poll(timeout * 1000):
+                if sock is self.frontend:
+                    self._drain(self.frontend, core.on_frontend)
+                elif sock is self.backend:
+                    self._drain(self.backend, core.on_backend)
+                elif sock is self.monitor:
+                    self._serve_monitor()
+                else:
+                    self._clear_wakeups()
+
+    def _drain(self, sock: zmq.Socket[Any],
+               handler: Callable[[bytes, Sequence[bytes], float], None]) -> None:
+        now = self.clock()
+        core = self.core
+        for n in range(DRAIN_LIMIT):
+            try:
+                frames = wire.recv(sock)
+            except zmq.Again:
+                break
+            try:
+                handler(frames[0], frames[1:], now)
+            except Exception:  # a bug must not take the broker down
+                self.internal_errors += 1
+                log.exception("internal error handling a message from %r", frames[0][:32])
+            if len(core.out) >= FLUSH_EVERY or n % 256 == 255:
+                self._flush()
+                now = self.clock()
+        self._flush()
+
+    def _flush(self) -> None:
+        core = self.core
+        while core.out:
+            batch, core.out = core.out, []
+            for socket_id, identity, frames in batch:
+                try:
+                    wire.send(self.sockets[socket_id], [identity, *frames])
+                except zmq.Again:
+                    self.dropped_sends += 1
+                    if self.dropped_sends % 1000 == 1:
+                        log.warning("peer %r is not reading; dropped %d messages so far",
+                                    identity[:32], self.dropped_sends)
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EHOSTUNREACH:
+                        raise
+                    core.peer_unreachable(socket_id, identity, self.clock())
+
+    def _serve_monitor(self) -> None:
+        for _ in range(100):
+            try:
+                frames = self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            envelope, request = frames[:-1], frames[-1].strip().upper()
+            if len(frames) < 2 or len(request) > 64:
+                self.core.counters["protocol_errors"] += 1
+                continue
+            try:
+                reply = self.monitor_reply(request)
+            except Exception:
+                self.internal_errors += 1
+                log.exception("internal error answering the monitor")
+                reply = b"ERROR internal error"
+            try:
+                self.monitor.send_multipart([*envelope, reply], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def monitor_reply(self, request: bytes) -> bytes:
+        if request in (b"MONITOR", b"MONITOR JSON"):
+            doc = self.status()
+            return monitor.as_json(doc) if request.endswith(b"JSON") else monitor.as_lines(doc)
+        self.core.counters["protocol_errors"] += 1
+        return b"ERROR unknown command; send MONITOR or MONITOR JSON"
+
+    def status(self) -> dict[str, Any]:
+        doc = monitor.snapshot(self.core, self.clock(), time.time(), self.info)
+        doc["counters"]["internal_errors"] = self.internal_errors
+        doc["counters"]["dropped_sends"] = self.dropped_sends
+        return doc
+
+    def _clear_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def _log_exit(self) -> None:
+        lost = sum(len(q.pending) for q in self.core.queues.values())
+        log.info("broker stopped: %d jobs still in flight, %d waiting (not guaranteed: dropped)",
+                 len(self.core.inflight), lost)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        for sock in (self.frontend, self.backend, self.monitor):
+            sock.close(linger=0)
+        self._wake_r.close()
+        self._wake_w.close()

@@ -1,0 +1,121 @@
+"""The broker's state: jobs, peers and queues, with weighted credit dispatch.
+
+Pure data structures, no sockets and no clock: callers pass ``now``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from emq_django.protocol.headers import Headers
+
+ROLE_PLAIN = "plain"  # a job manager with one connection (EventMQ's)
+ROLE_MANAGER = "manager"  # our job manager's control connection: no slots of its own
+ROLE_SLOT = "slot"  # one worker process of our job manager
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    id: bytes  # the client's msgid
+    queue: str
+    headers: Headers
+    body: bytes
+    client: bytes | None  # frontend identity to send the REPLY to, if requested
+    enqueued_at: float
+    attempt: int = 0
+    attempt_id: bytes = b""
+    peer: bytes | None = None
+    dispatched_at: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Peer:
+    identity: bytes
+    peer_type: str
+    queues: tuple[tuple[int, str], ...]
+    last_seen: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    credit: int = 0
+    inflight: set[bytes] = field(default_factory=set)  # attempt ids
+    jobs_done: int = 0
+    draining: bool = False
+    connected_at: float = 0.0
+
+    @property
+    def role(self) -> str:
+        role = self.meta.get("role")
+        return role if role in (ROLE_MANAGER, ROLE_SLOT) else ROLE_PLAIN
+
+    @property
+    def manager(self) -> str | None:
+        """The name of the job manager this peer belongs to (its own for plain ones)."""
+        if self.role == ROLE_PLAIN:
+            return None
+        name = self.meta.get("manager")
+        return str(name) if name else None
+
+
+class Queue:
+    """A named queue: waiting jobs, and the ready peers that serve it by weight.
+
+    ``tiers`` maps weight -> ready peers in rotation order (a dict used as an
+    ordered set); ``weights`` is kept sorted high to low. A queue only holds
+    waiting jobs while none of its servers has credit.
+    """
+
+    __slots__ = ("name", "pending", "tiers", "weights", "servers", "in_flight")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending: deque[Job] = deque()
+        self.tiers: dict[int, dict[bytes, None]] = {}
+        self.weights: list[int] = []
+        self.servers: dict[bytes, int] = {}
+        self.in_flight = 0
+
+    def add_server(self, identity: bytes, weight: int) -> None:
+        self.servers[identity] = weight
+
+    def remove_server(self, identity: bytes) -> None:
+        weight = self.servers.pop(identity, None)
+        if weight is not None:
+            self.unready(identity, weight)
+
+    def ready(self, identity: bytes, weight: int) -> None:
+        tier = self.tiers.get(weight)
+        if tier is None:
+            tier = self.tiers[weight] = {}
+            self.weights = sorted(self.tiers, reverse=True)
+        tier[identity] = None
+
+    def unready(self, identity: bytes, weight: int) -> None:
+        tier = self.tiers.get(weight)
+        if tier is not None:
+            tier.pop(identity, None)
+
+    def pick(self) -> bytes | None:
+        """The ready server with the highest weight, rotating among equals."""
+        for weight in self.weights:
+            tier = self.tiers[weight]
+            if tier:
+                identity = next(iter(tier))
+                del tier[identity]
+                tier[identity] = None  # to the back: rotation among equals
+                return identity
+        return None
+
+
+class IdGenerator:
+    """Cheap unique message ids: a per-broker prefix and a counter."""
+
+    __slots__ = ("_prefix", "_n")
+
+    def __init__(self, prefix: bytes) -> None:
+        self._prefix = prefix
+        self._n = 0
+
+    def __call__(self) -> bytes:
+        self._n += 1
+        return self._prefix + b"%x" % self._n

@@ -1,0 +1,251 @@
+"""The client: one DEALER socket per process, created lazily, safe across fork
+and threads.
+
+Every REQUEST carries a msgid and the broker ACKs it. A guaranteed job waits for
+its ACK. Other jobs are pipelined: the client keeps up to ``EMQ_ACK_WINDOW``
+unacknowledged messages and checks their ACKs as it goes, as publisher confirms
+do, so that a burst of ``delay()`` calls does not pay a round trip each. The very
+first message on a socket always waits, so a missing broker is reported at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import zmq
+
+from emq_django import wire
+from emq_django.exceptions import BrokerUnavailable, JobRefused, ProtocolError, QueueFull
+from emq_django.protocol import frames as F
+from emq_django.protocol.frames import PROTOCOL, decode
+
+log = logging.getLogger(__name__)
+
+MAX_KEPT_REPLIES = 100_000
+
+
+class Client:
+    def __init__(self, url: str, *, ack_timeout: float = 5.0, window: int = 1000,
+                 context: zmq.Context[Any] | None = None) -> None:
+        self.url = url
+        self.ack_timeout = ack_timeout
+        self.window = window
+        self._context = context
+        self._sock: zmq.Socket[Any] | None = None
+        self._lock = threading.RLock()
+        self._pending: OrderedDict[bytes, float] = OrderedDict()  # msgid -> sent at
+        self._replies: OrderedDict[bytes, F.Reply] = OrderedDict()
+        self._errors: dict[bytes, F.Error] = {}
+        self._confirmed = False
+        self._prefix = os.urandom(6).hex()
+        self._n = 0
+
+    # ---- sending ------------------------------------------------------------
+
+    def new_id(self) -> str:
+        self._n += 1
+        return f"{self._prefix}{self._n:08x}"
+
+    def send(self, queue: str, headers: bytes, body: bytes, *, confirm: bool = False) -> str:
+        """Send a REQUEST; returns its id. Waits for the ACK when ``confirm`` (and on
+        the socket's first message); raises ``BrokerUnavailable``, ``QueueFull`` or
+        ``JobRefused``."""
+        with self._lock:
+            job_id = self.new_id()
+            msgid = job_id.encode()
+            sock = self._socket()
+            self._drain(sock)
+            if self._pending:
+                self._check_overdue()
+            wire.send(sock, [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body],
+                      nonblocking=False)
+            self._pending[msgid] = time.monotonic()
+            if confirm or not self._confirmed:
+                self._wait_ack(msgid)
+            elif len(self._pending) >= self.window:
+                self._wait_below(self.window // 2)
+            return job_id
+
+    def send_frames(self, frames: list[bytes], msgid: bytes, *, confirm: bool = True) -> None:
+        """Send any client command (SCHEDULE, PUBLISH, ...) that carries ``msgid``."""
+        with self._lock:
+            sock = self._socket()
+            self._drain(sock)
+            wire.send(sock, frames, nonblocking=False)
+            self._pending[msgid] = time.monotonic()
+            if confirm or not self._confirmed:
+                self._wait_ack(msgid)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the broker has acknowledged everything sent so far."""
+        with self._lock:
+            if self._sock is not None:
+                self._wait_below(1, timeout)
+
+    # ---- replies ------------------------------------------------------------
+
+    def wait_reply(self, msgid: bytes, timeout: float | None) -> F.Reply:
+        """The REPLY to job ``msgid``; raises ``ResultTimeout`` or ``JobRefused``."""
+        from emq_django.exceptions import ResultTimeout
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                reply = self._take_reply(msgid)
+                if reply is not None:
+                    return reply
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ResultTimeout(f"no result for job {msgid.decode()} within {timeout} s")
+                # other threads may need the socket: wait in short slices
+                slice_ms = 20 if threading.active_count() > 1 else 1000
+                wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
+                sock = self._socket()
+                if sock.poll(max(wait, 1)):
+                    self._drain(sock)
+
+    def poll_reply(self, msgid: bytes) -> F.Reply | None:
+        with self._lock:
+            self._drain(self._socket())
+            return self._take_reply(msgid)
+
+    def _take_reply(self, msgid: bytes) -> F.Reply | None:
+        reply = self._replies.pop(msgid, None)
+        if reply is None and msgid in self._errors:
+            raise _refusal(self._errors.pop(msgid))
+        return reply
+
+    # ---- socket -------------------------------------------------------------
+
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._sock is None:
+            context = self._context or zmq.Context.instance()
+            sock = context.socket(zmq.DEALER)
+            sock.linger = 1000
+            sock.sndhwm = 0  # the ACK window bounds what is queued
+            sock.rcvhwm = 0
+            sock.connect(self.url)
+            self._sock = sock
+        return self._sock
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)  # drop what was queued: the caller was told it failed
+        self._sock = None
+        self._pending.clear()
+        self._confirmed = False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+            self._sock = None
+
+    def _drain(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                frames = wire.recv(sock)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            cmd = decode(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed message from the broker: %s", exc)
+            return
+        self._confirmed = True
+        if type(cmd) is F.Ack:
+            self._pending.pop(cmd.ack_msgid, None)
+        elif type(cmd) is F.Reply:
+            self._replies[cmd.request_msgid] = cmd
+            if len(self._replies) > MAX_KEPT_REPLIES:
+                self._replies.popitem(last=False)
+        elif type(cmd) is F.Error:
+            self._pending.pop(cmd.ref_msgid, None)
+            self._errors[cmd.ref_msgid] = cmd
+            log.warning("the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"),
+                        cmd.reason)
+
+    def _wait_ack(self, msgid: bytes) -> None:
+        deadline = time.monotonic() + self.ack_timeout
+        sock = self._socket()
+        while msgid in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(remaining * 1000):
+                if msgid in self._pending:
+                    self._unavailable()
+                break
+            self._drain(sock)
+        if msgid in self._errors:
+            raise _refusal(self._errors.pop(msgid))
+
+    def _wait_below(self, limit: int, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (self.ack_timeout if timeout is None else timeout)
+        sock = self._socket()
+        while len(self._pending) >= limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(remaining * 1000):
+                if len(self._pending) >= limit:
+                    self._unavailable()
+            self._drain(sock)
+
+    def _check_overdue(self) -> None:
+        oldest = next(iter(self._pending.values()))
+        if time.monotonic() - oldest > self.ack_timeout:
+            self._drain(self._socket())
+            if self._pending and time.monotonic() - next(iter(self._pending.values())) > \
+                    self.ack_timeout:
+                self._unavailable()
+
+    def _unavailable(self) -> None:
+        count = len(self._pending)
+        self._reset()
+        raise BrokerUnavailable(
+            f"the broker at {self.url} did not acknowledge within {self.ack_timeout:g} s "
+            f"({count} message(s) unacknowledged); is `manage.py emq_broker` running there?"
+        )
+
+
+def _refusal(error: F.Error) -> JobRefused:
+    cls = QueueFull if error.code == "queue-full" else JobRefused
+    return cls(error.reason)
+
+
+_client: Client | None = None
+_client_pid = 0
+_client_lock = threading.Lock()
+_orphans: list[Client] = []  # a parent's clients, never touched in a forked child
+
+
+def get_client() -> Client:
+    """This process's client, created on first use (again after a fork)."""
+    global _client, _client_pid
+    client = _client
+    if client is not None and _client_pid == os.getpid():
+        return client
+    with _client_lock:
+        if _client is None or _client_pid != os.getpid():
+            from emq_django.conf import cached_settings
+
+            s = cached_settings()
+            if _client is not None:
+                _orphans.append(_client)
+            _client = Client(s.BROKER_URL, ack_timeout=s.ACK_TIMEOUT, window=s.ACK_WINDOW)
+            _client_pid = os.getpid()
+        return _client
+
+
+def reset_client(**kwargs: Any) -> None:
+    """Forget this process's client (after settings change, in tests)."""
+    global _client
+    with _client_lock:
+        if _client is not None and _client_pid == os.getpid():
+            _client.close()
+        _client = None

@@ -1,0 +1,125 @@
+"""Typed settings, read when accessed.
+
+Each ``EMQ_*`` value comes from the Django settings module if it defines it, else
+from the environment (through django-environ), else from a default that runs on
+one machine: loopback addresses and EventMQ's ports.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+_env = environ.Env()
+
+
+@dataclass(frozen=True, slots=True)
+class EmqSettings:
+    BROKER_URL: str = "tcp://127.0.0.1:47291"  # client -> broker frontend
+    WORKER_URL: str = "tcp://127.0.0.1:47290"  # job manager -> broker backend
+    MONITOR_URL: str = "tcp://127.0.0.1:47293"  # admin/status -> monitor channel
+    FRONTEND_BIND: str = "tcp://127.0.0.1:47291"
+    BACKEND_BIND: str = "tcp://127.0.0.1:47290"
+    MONITOR_BIND: str = "tcp://127.0.0.1:47293"
+    HEARTBEAT_INTERVAL: float = 1.0
+    HEARTBEAT_LIVENESS: int = 3
+    ACK_TIMEOUT: float = 5.0
+    ACK_WINDOW: int = 1000
+    MONITOR_TIMEOUT: float = 2.0
+    EAGER: bool = False
+    IMPORTS: tuple[str, ...] = ()
+    MAX_PENDING: int = 100_000
+    DEFAULT_QUEUE: str = "default"
+    PREFETCH: int = 4
+    SHUTDOWN_GRACE: float = 30.0
+
+
+def _coerce(name: str, kind: Any, value: Any) -> Any:
+    try:
+        if kind in ("bool", bool):
+            if isinstance(value, str):
+                return value.strip().lower() in ("1", "true", "yes", "on")
+            return bool(value)
+        if kind in ("int", int):
+            return int(value)
+        if kind in ("float", float):
+            return float(value)
+        if str(kind).startswith("tuple"):
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            return tuple(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"EMQ_{name} has a bad value {value!r}: {exc}") from exc
+
+
+def get_settings(**overrides: Any) -> EmqSettings:
+    """Read the settings now; ``overrides`` win (used by commands' options)."""
+    from django.conf import settings as django_settings
+
+    values: dict[str, Any] = {}
+    configured = django_settings.configured
+    for f in fields(EmqSettings):
+        key = f"EMQ_{f.name}"
+        if f.name.lower() in overrides and overrides[f.name.lower()] is not None:
+            raw = overrides[f.name.lower()]
+        elif configured and hasattr(django_settings, key):
+            raw = getattr(django_settings, key)
+        elif key in os.environ:
+            raw = _env.str(key)
+        else:
+            continue
+        values[f.name] = _coerce(f.name, f.type, raw)
+    result = EmqSettings(**values)
+    _validate(result)
+    return result
+
+
+def _validate(s: EmqSettings) -> None:
+    if s.HEARTBEAT_INTERVAL <= 0 or s.HEARTBEAT_INTERVAL > 3:
+        raise ImproperlyConfigured(
+            "EMQ_HEARTBEAT_INTERVAL must be in (0, 3] seconds: EventMQ peers reconnect "
+            "when a broker is silent for longer"
+        )
+    if s.HEARTBEAT_LIVENESS < 1:
+        raise ImproperlyConfigured("EMQ_HEARTBEAT_LIVENESS must be >= 1 missed beats")
+    if s.ACK_TIMEOUT <= 0:
+        raise ImproperlyConfigured("EMQ_ACK_TIMEOUT must be > 0 seconds")
+    if s.PREFETCH < 1:
+        raise ImproperlyConfigured("EMQ_PREFETCH must be >= 1")
+    for name in ("BROKER_URL", "WORKER_URL", "MONITOR_URL", "FRONTEND_BIND", "BACKEND_BIND",
+                 "MONITOR_BIND"):
+        url = getattr(s, name)
+        if "://" not in url:
+            raise ImproperlyConfigured(
+                f"EMQ_{name}={url!r} is not a ZeroMQ address such as tcp://127.0.0.1:47291"
+            )
+
+
+_cached: EmqSettings | None = None
+
+
+def cached_settings() -> EmqSettings:
+    """``get_settings()``, read once per process and again after ``setting_changed``."""
+    global _cached
+    if _cached is None:
+        _cached = get_settings()
+    return _cached
+
+
+def reset_cached_settings(**kwargs: Any) -> None:
+    global _cached
+    _cached = None
+
+
+def _connect_signals() -> None:
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(reset_cached_settings, dispatch_uid="emq_settings_reset")
+
+
+_connect_signals()

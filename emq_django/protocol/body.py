@@ -1,0 +1,75 @@
+"""The JSON ``run`` body that EventMQ clients send in a REQUEST.
+
+``["run", {"callable": "add", "path": "pkg.tasks", "args": [], "kwargs": {},
+"class_args": [], "class_kwargs": {}}]``. Arguments travel as JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from emq_django.exceptions import ProtocolError
+
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RunBody:
+    path: str
+    callable: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    class_args: list[Any] = field(default_factory=list)
+    class_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task_name(self) -> str:
+        """The registry key: ``path.callable`` (``pkg.mod:Class.method`` for classes)."""
+        return f"{self.path}.{self.callable}"
+
+
+def encode_run_body(path: str, name: str, args: Any = (), kwargs: Any = None) -> bytes:
+    """Encode a run body; raises ``TypeError`` for arguments JSON cannot carry."""
+    payload = {"callable": name, "path": path, "args": list(args), "kwargs": kwargs or {}}
+    try:
+        return _encoder.encode(["run", payload]).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"arguments of {path}.{name} must be JSON serializable: {exc}") from exc
+
+
+def decode_run_body(body: bytes) -> RunBody:
+    """Decode a run body; raises ``ProtocolError`` with the reason."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"body is not JSON: {exc}", [body[:200]]) from None
+    if not (isinstance(data, list) and len(data) == 2 and data[0] == "run"):
+        raise ProtocolError('body must be ["run", {...}]', [body[:200]])
+    spec = data[1]
+    if not isinstance(spec, dict):
+        raise ProtocolError("run body needs an object", [body[:200]])
+    path, name = spec.get("path"), spec.get("callable")
+    if not isinstance(path, str) or not isinstance(name, str) or not path or not name:
+        raise ProtocolError("run body needs string 'path' and 'callable'", [body[:200]])
+    args = spec.get("args") or []
+    kwargs = spec.get("kwargs") or {}
+    class_args = spec.get("class_args") or []
+    class_kwargs = spec.get("class_kwargs") or {}
+    if not isinstance(args, list) or not isinstance(class_args, list):
+        raise ProtocolError("run body 'args' must be a list", [body[:200]])
+    if not isinstance(kwargs, dict) or not isinstance(class_kwargs, dict):
+        raise ProtocolError("run body 'kwargs' must be an object", [body[:200]])
+    return RunBody(path, name, args, kwargs, class_args, class_kwargs)
+
+
+def encode_result(value: Any) -> bytes:
+    """A success reply body, as EventMQ's job manager writes it."""
+    return _encoder.encode({"value": value}).encode()
+
+
+def encode_failure(type_name: str, message: str, traceback: str) -> bytes:
+    """A failure reply body; the ``error`` key tells it from a success."""
+    error = {"type": type_name, "message": message, "traceback": traceback}
+    return _encoder.encode({"error": error}).encode()

@@ -1,0 +1,411 @@
+"""eMQP/1.0 commands as typed frames.
+
+Every frame list here excludes the ROUTER identity and starts with the empty
+delimiter frame, as peers send it: ``['', 'eMQP/1.0', COMMAND, msgid, ...]``.
+``decode()`` accepts what the document says and what the released EventMQ
+0.3.13 peers send (specs/WIRE-NOTES.md); ``encode()`` sends what those peers
+understand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, TypeAlias
+
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol.headers import Headers, parse_headers
+
+PROTOCOL = b"eMQP/1.0"
+MAX_ID_LENGTH = 255
+MAX_NAME_LENGTH = 255
+
+ACK = b"ACK"
+REPLY = b"REPLY"
+HEARTBEAT = b"HEARTBEAT"
+DISCONNECT = b"DISCONNECT"
+KBYE = b"KBYE"
+KBAI = b"KBAI"
+REQUEST = b"REQUEST"
+PUBLISH = b"PUBLISH"
+SCHEDULE = b"SCHEDULE"
+UNSCHEDULE = b"UNSCHEDULE"
+INFORM = b"INFORM"
+READY = b"READY"
+ERROR = b"ERROR"  # extension: the broker refused the command named by ref_msgid
+
+PEER_WORKER = "worker"
+PEER_SCHEDULER = "scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    msgid: bytes
+    ack_msgid: bytes
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, ACK, self.msgid, self.ack_msgid]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A job's reply. ``request_msgid`` names the REQUEST it answers.
+
+    ``status`` is an extension frame our job managers add (``ok``/``failed``
+    plus flags such as ``ready``); EventMQ's job manager sends none.
+    """
+
+    msgid: bytes
+    body: bytes
+    request_msgid: bytes = b""
+    status: bytes = b""
+
+    def encode(self) -> list[bytes]:
+        frames = [b"", PROTOCOL, REPLY, self.msgid, self.body]
+        if self.request_msgid or self.status:
+            frames.append(self.request_msgid)
+        if self.status:
+            frames.append(self.status)
+        return frames
+
+    @property
+    def failed(self) -> bool:
+        return reply_flags(self.status)[0]
+
+    @property
+    def ready(self) -> bool:
+        return reply_flags(self.status)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    msgid: bytes
+    timestamp: float
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, HEARTBEAT, self.msgid, repr(self.timestamp).encode()]
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    msgid: bytes
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, DISCONNECT, self.msgid]
+
+
+@dataclass(frozen=True, slots=True)
+class Kbye:
+    """Goodbye. Decoded from KBYE (the released code) or KBAI (the document)."""
+
+    msgid: bytes
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, KBYE, self.msgid]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    msgid: bytes
+    queue: str
+    headers: Headers
+    body: bytes
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, REQUEST, self.msgid, self.queue.encode(), self.headers.raw, self.body]
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    msgid: bytes
+    topic: str
+    headers: Headers
+    body: bytes
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, PUBLISH, self.msgid, self.topic.encode(), self.headers.raw, self.body]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """SCHEDULE; ``interval`` is None in the document's 7-frame form, -1 for cron."""
+
+    msgid: bytes
+    queue: str
+    headers: Headers
+    body: bytes
+    interval: int | None = None
+    cron: str = ""
+
+    command = SCHEDULE
+
+    def encode(self) -> list[bytes]:
+        frames = [b"", PROTOCOL, self.command, self.msgid, self.queue.encode(), self.headers.raw]
+        if self.interval is None:
+            return [*frames, self.body]
+        return [*frames, str(self.interval).encode(), self.body, self.cron.encode()]
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedule(Schedule):
+    command = UNSCHEDULE
+
+
+@dataclass(frozen=True, slots=True)
+class Inform:
+    """INFORM. ``queues`` are (weight, name), highest weight first.
+
+    ``meta`` is an optional extension frame (JSON object) our peers add: host,
+    pid, role (``manager`` or ``slot``) and the manager a slot belongs to.
+    """
+
+    msgid: bytes
+    queues: tuple[tuple[int, str], ...]
+    peer_type: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> list[bytes]:
+        queues = json.dumps([[w, q] for w, q in self.queues]).encode() if self.queues else b""
+        frames = [b"", PROTOCOL, INFORM, self.msgid, queues, self.peer_type.encode()]
+        if self.meta:
+            frames.append(json.dumps(self.meta, separators=(",", ":")).encode())
+        return frames
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    msgid: bytes
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, READY, self.msgid]
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """Extension: the broker refused the command ``ref_msgid`` for ``reason``."""
+
+    msgid: bytes
+    ref_msgid: bytes
+    reason: str
+    code: str = "refused"
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, ERROR, self.msgid, self.ref_msgid, self.code.encode(),
+                self.reason.encode()]
+
+
+Command: TypeAlias = (
+    Ack | Reply | Heartbeat | Disconnect | Kbye | Request | Publish | Schedule | Unschedule
+    | Inform | Ready | Error
+)
+
+
+def _text(frame: bytes, what: str, frames: Sequence[bytes], limit: int = MAX_NAME_LENGTH) -> str:
+    if len(frame) > limit:
+        raise ProtocolError(f"{what} longer than {limit} bytes", frames)
+    try:
+        return frame.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} is not UTF-8", frames) from None
+
+
+def _count(frames: Sequence[bytes], name: str, *allowed: int) -> None:
+    if len(frames) not in allowed:
+        want = " or ".join(str(n) for n in allowed)
+        raise ProtocolError(f"{name} needs {want} frames, got {len(frames)}", frames)
+
+
+def _queue_name(frame: bytes, frames: Sequence[bytes]) -> str:
+    name = _text(frame, "queue name", frames)
+    if not name:
+        raise ProtocolError("empty queue name", frames)
+    return name
+
+
+STATUS_OK = b"ok"
+STATUS_FAILED = b"failed"
+FLAG_READY = b"ready"
+
+
+@lru_cache(maxsize=64)
+def reply_flags(status: bytes) -> tuple[bool, bool]:
+    """(failed, ready) from a REPLY status frame such as ``failed,ready``.
+
+    ``ready`` lets our job manager return its slot's credit with the REPLY
+    instead of a separate READY; a REPLY without it gives no credit back.
+    """
+    tokens = status.split(b",")
+    return STATUS_FAILED in tokens, FLAG_READY in tokens
+
+
+def _decode_ack(f: Sequence[bytes]) -> Ack:
+    _count(f, "ACK", 5)
+    return Ack(f[3], f[4])
+
+
+def _decode_reply(f: Sequence[bytes]) -> Reply:
+    _count(f, "REPLY", 5, 6, 7)
+    request_msgid = f[5] if len(f) > 5 else b""
+    status = f[6] if len(f) > 6 else b""
+    if len(status) > 64:
+        raise ProtocolError("REPLY status frame too long", f)
+    return Reply(f[3], f[4], request_msgid, status)
+
+
+def _decode_heartbeat(f: Sequence[bytes]) -> Heartbeat:
+    _count(f, "HEARTBEAT", 4, 5)
+    stamp = 0.0
+    if len(f) == 5 and f[4]:
+        try:
+            stamp = float(f[4])
+        except ValueError:
+            raise ProtocolError("HEARTBEAT timestamp is not a number", f) from None
+    return Heartbeat(f[3], stamp)
+
+
+def _decode_disconnect(f: Sequence[bytes]) -> Disconnect:
+    _count(f, "DISCONNECT", 4)
+    return Disconnect(f[3])
+
+
+def _decode_kbye(f: Sequence[bytes]) -> Kbye:
+    _count(f, "KBYE", 4)
+    return Kbye(f[3])
+
+
+def _decode_request(f: Sequence[bytes]) -> Request:
+    _count(f, "REQUEST", 7)
+    return Request(f[3], _queue_name(f[4], f), parse_headers(f[5]), f[6])
+
+
+def _decode_publish(f: Sequence[bytes]) -> Publish:
+    _count(f, "PUBLISH", 6, 7)
+    if len(f) == 6:
+        return Publish(f[3], _queue_name(f[4], f), Headers(), f[5])
+    return Publish(f[3], _queue_name(f[4], f), parse_headers(f[5]), f[6])
+
+
+def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Schedule]:
+    def decode(f: Sequence[bytes]) -> Schedule:
+        _count(f, cls.command.decode(), 7, 9)
+        queue = _text(f[4], "queue name", f)
+        headers = parse_headers(f[5])
+        if len(f) == 7:
+            return cls(f[3], queue, headers, f[6])
+        try:
+            interval = int(f[6])
+        except ValueError:
+            raise ProtocolError("interval is not an integer", f) from None
+        cron = _text(f[8], "cron expression", f)
+        if interval < 0 and interval != -1:
+            raise ProtocolError("interval must be >= 0, or -1 for cron", f)
+        if interval == -1 and not cron:
+            raise ProtocolError("interval -1 needs a cron expression", f)
+        return cls(f[3], queue, headers, f[7], interval, cron)
+
+    return decode
+
+
+def parse_queues(frame: bytes, frames: Sequence[bytes] = ()) -> tuple[tuple[int, str], ...]:
+    """Parse INFORM's queues: JSON ``[[10, "default"], ...]``, ``[40, "email"]``
+    pairs without the outer list as the document writes them, or ``name:weight``."""
+    if not frame.strip():
+        return ()
+    text = _text(frame, "queues", frames or [frame], limit=65536)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            data = json.loads(f"[{text}]")
+        except ValueError:
+            data = [_pair_from_colon(item, frames) for item in text.split(",") if item.strip()]
+    if isinstance(data, list) and len(data) == 2 and not isinstance(data[0], list):
+        data = [data]
+    if not isinstance(data, list):
+        raise ProtocolError("queues must be a list of [weight, name]", frames)
+    result = [_pair(item, frames) for item in data]
+    result.sort(key=lambda p: -p[0])
+    return tuple(result)
+
+
+def _pair_from_colon(item: str, frames: Sequence[bytes]) -> list[Any]:
+    name, _, weight = item.strip().partition(":")
+    try:
+        return [int(weight or 10), name]
+    except ValueError:
+        raise ProtocolError(f"bad queue weight in {item!r}", frames) from None
+
+
+def _pair(item: Any, frames: Sequence[bytes]) -> tuple[int, str]:
+    if not isinstance(item, list | tuple) or len(item) != 2:
+        raise ProtocolError("each queue must be [weight, name]", frames)
+    a, b = item
+    if isinstance(a, str) and isinstance(b, int):
+        a, b = b, a
+    if not isinstance(a, int) or isinstance(a, bool) or not isinstance(b, str) or not b:
+        raise ProtocolError("each queue must be [integer weight, name]", frames)
+    if len(b) > MAX_NAME_LENGTH:
+        raise ProtocolError("queue name too long", frames)
+    return a, b
+
+
+def _decode_inform(f: Sequence[bytes]) -> Inform:
+    _count(f, "INFORM", 6, 7)
+    peer_type = _text(f[5], "peer type", f)
+    if peer_type not in (PEER_WORKER, PEER_SCHEDULER):
+        raise ProtocolError(f"unknown peer type {peer_type!r}", f)
+    queues = parse_queues(f[4], f)
+    meta: dict[str, Any] = {}
+    if len(f) == 7 and f[6]:
+        try:
+            meta = json.loads(f[6])
+        except ValueError:
+            raise ProtocolError("INFORM meta frame is not JSON", f) from None
+        if not isinstance(meta, dict):
+            raise ProtocolError("INFORM meta frame must be a JSON object", f)
+    return Inform(f[3], queues, peer_type, meta)
+
+
+def _decode_ready(f: Sequence[bytes]) -> Ready:
+    _count(f, "READY", 4)
+    return Ready(f[3])
+
+
+def _decode_error(f: Sequence[bytes]) -> Error:
+    _count(f, "ERROR", 7)
+    return Error(f[3], f[4], _text(f[6], "reason", f, 4096), _text(f[5], "code", f))
+
+
+_DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
+    ACK: _decode_ack,
+    REPLY: _decode_reply,
+    HEARTBEAT: _decode_heartbeat,
+    DISCONNECT: _decode_disconnect,
+    KBYE: _decode_kbye,
+    KBAI: _decode_kbye,
+    REQUEST: _decode_request,
+    PUBLISH: _decode_publish,
+    SCHEDULE: _decode_schedule_like(Schedule),
+    UNSCHEDULE: _decode_schedule_like(Unschedule),
+    INFORM: _decode_inform,
+    READY: _decode_ready,
+    ERROR: _decode_error,
+}
+
+
+def decode(frames: Sequence[bytes]) -> Command:
+    """Decode one message (without ROUTER identity); raises ``ProtocolError``."""
+    if len(frames) < 4:
+        raise ProtocolError(f"too few frames ({len(frames)})", frames)
+    if frames[0]:
+        raise ProtocolError("first frame must be empty", frames)
+    if frames[1] != PROTOCOL:
+        raise ProtocolError(f"unknown protocol {bytes(frames[1][:32])!r}", frames)
+    decoder = _DECODERS.get(frames[2])
+    if decoder is None:
+        raise ProtocolError(f"unknown command {bytes(frames[2][:32])!r}", frames)
+    if not frames[3] or len(frames[3]) > MAX_ID_LENGTH:
+        raise ProtocolError("msgid must be 1 to 255 bytes", frames)
+    return decoder(frames)

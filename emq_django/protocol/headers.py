@@ -1,0 +1,106 @@
+"""The eMQP headers frame: comma-separated flags and ``key:value`` pairs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from emq_django.exceptions import ProtocolError
+
+MAX_HEADERS_LENGTH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """Parsed headers. ``raw`` is kept so that the broker forwards them unchanged."""
+
+    raw: bytes = b""
+    reply_requested: bool = False
+    guarantee: bool = False
+    nohaste: bool = False
+    retry_count: int = 0
+    timeout: float = 0.0
+    run_after: float = 0.0
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        for name, value in self.extra:
+            if name == key:
+                return value
+        return default
+
+
+def _number(key: str, value: str, raw: bytes, cast: type[int] | type[float]) -> float:
+    try:
+        number = cast(value)
+    except ValueError:
+        raise ProtocolError(f"header {key!r} needs a number, got {value!r}", [raw]) from None
+    if number < 0 or number != number:  # negative or NaN
+        raise ProtocolError(f"header {key!r} must be >= 0, got {value!r}", [raw])
+    return number
+
+
+@lru_cache(maxsize=1024)
+def parse_headers(raw: bytes) -> Headers:
+    """Parse a headers frame; raises ``ProtocolError`` on a malformed one.
+
+    Cached: the same few header strings repeat on every message of a queue.
+    """
+    if not raw:
+        return Headers()
+    if len(raw) > MAX_HEADERS_LENGTH:
+        raise ProtocolError("headers frame too long", [raw[:64]])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("headers frame is not UTF-8", [raw]) from None
+    fields: dict[str, object] = {}
+    extra: list[tuple[str, str]] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition(":")
+        if key == "reply-requested":
+            fields["reply_requested"] = True
+        elif key == "guarantee":
+            fields["guarantee"] = True
+        elif key == "nohaste":
+            fields["nohaste"] = True
+        elif key == "retry-count":
+            fields["retry_count"] = int(_number(key, value, raw, int))
+        elif key == "timeout":
+            fields["timeout"] = float(_number(key, value, raw, float))
+        elif key == "run-after":
+            fields["run_after"] = float(_number(key, value, raw, float))
+        else:
+            extra.append((key, value if sep else ""))
+    return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
+
+
+def format_headers(
+    *,
+    reply_requested: bool = False,
+    guarantee: bool = False,
+    nohaste: bool = False,
+    retry_count: int = 0,
+    timeout: float = 0,
+    run_after: float = 0,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    """Build a headers frame, in the order EventMQ writes them."""
+    items: list[str] = []
+    if reply_requested:
+        items.append("reply-requested")
+    if guarantee:
+        items.append("guarantee")
+    if nohaste:
+        items.append("nohaste")
+    if retry_count:
+        items.append(f"retry-count:{int(retry_count)}")
+    if timeout:
+        items.append(f"timeout:{timeout:g}")
+    if run_after:
+        items.append(f"run-after:{run_after:.6f}")
+    items.extend(f"{k}:{v}" if v else k for k, v in extra)
+    return ",".join(items).encode()

@@ -1,0 +1,59 @@
+"""The registry of ``@emq.task`` functions: the only callables a job manager runs."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from emq_django.exceptions import TaskNotFound
+
+if TYPE_CHECKING:
+    from emq_django.task import Task
+
+log = logging.getLogger(__name__)
+
+_tasks: dict[str, Task] = {}
+
+
+def register(task: Task) -> None:
+    existing = _tasks.get(task.name)
+    if existing is not None and existing.fn is not task.fn:
+        log.warning("task %s registered twice; the later definition wins", task.name)
+    _tasks[task.name] = task
+
+
+def get(name: str) -> Task:
+    """The task registered as ``name``; raises ``TaskNotFound``. Never imports anything."""
+    try:
+        return _tasks[name]
+    except KeyError:
+        raise TaskNotFound(f"{name!r} is not a registered task (decorate it with @emq.task "
+                           "and list its module in INSTALLED_APPS or EMQ_IMPORTS)") from None
+
+
+def find(name: str) -> Task | None:
+    return _tasks.get(name)
+
+
+def names() -> list[str]:
+    return sorted(_tasks)
+
+
+def autodiscover(imports: Iterable[str] = ()) -> list[str]:
+    """Import the ``tasks`` module of every installed app, then ``EMQ_IMPORTS``.
+
+    Returns the registered task names. A module in ``imports`` that fails to import
+    raises ``ImportError`` naming it: a job manager must not start half-configured.
+    """
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("tasks")
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(f"EMQ_IMPORTS names {module!r}, which cannot be imported: {exc}") \
+                from exc
+    return names()

@@ -1,0 +1,129 @@
+"""``@emq.task``: a registered function that can be sent to job managers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from emq_django import registry
+from emq_django.protocol.body import encode_run_body
+from emq_django.protocol.headers import format_headers
+from emq_django.result import EagerResult, Result
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Task(Generic[P, R]):
+    """A function registered with ``@emq.task``. Calling it runs it here."""
+
+    def __init__(self, fn: Callable[P, R], *, queue: str, retries: int, timeout: float,
+                 guarantee: bool, reply: bool) -> None:
+        if fn.__module__ == "__main__":
+            raise ValueError(f"@emq.task on {fn.__qualname__} in __main__: define tasks in an "
+                             "importable module so that job managers can find them")
+        if retries < 0 or timeout < 0:
+            raise ValueError("retries and timeout must be >= 0")
+        if not queue:
+            raise ValueError("queue must be a non-empty name")
+        self.fn = fn
+        self.path = fn.__module__
+        self.callable = fn.__qualname__
+        self.name = f"{self.path}.{self.callable}"
+        self.queue = queue
+        self.retries = retries
+        self.timeout = timeout
+        self.guarantee = guarantee
+        self.reply = reply
+        self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"<emq task {self.name} queue={self.queue}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> Result:
+        """Send the task with these arguments; see ``apply_async``."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+                    queue: str | None = None, retries: int | None = None,
+                    timeout: float | None = None, guarantee: bool | None = None,
+                    reply: bool | None = None, countdown: float | None = None,
+                    eta: dt.datetime | None = None) -> Result:
+        """Send the task. Raises ``TypeError`` for arguments JSON cannot carry,
+        ``BrokerUnavailable`` when the broker does not acknowledge in time and
+        ``QueueFull``/``JobRefused`` when the broker refuses the job."""
+        from emq_django.client import get_client
+        from emq_django.conf import cached_settings
+
+        body = encode_run_body(self.path, self.callable, args, kwargs)
+        want_reply = self.reply if reply is None else reply
+        if cached_settings().EAGER:
+            return self._run_eagerly(body, want_reply)
+        run_after = _run_after(countdown, eta)
+        if (retries, timeout, guarantee, reply, run_after) == (None, None, None, None, 0.0):
+            headers = self._headers
+        else:
+            headers = self._build_headers(
+                want_reply, self.guarantee if guarantee is None else guarantee,
+                self.retries if retries is None else retries,
+                self.timeout if timeout is None else timeout, run_after)
+        confirm = self.guarantee if guarantee is None else guarantee
+        client = get_client()
+        job_id = client.send(queue or self.queue, headers, body, confirm=confirm)
+        return Result(job_id, self.name, reply=want_reply, client=client)
+
+    @staticmethod
+    def _build_headers(reply: bool, guarantee: bool, retries: int, timeout: float,
+                       run_after: float) -> bytes:
+        return format_headers(reply_requested=reply, guarantee=guarantee, retry_count=retries,
+                              timeout=timeout, run_after=run_after)
+
+    def _run_eagerly(self, body: bytes, reply: bool) -> Result:
+        """``EMQ_EAGER``: run here and now, through the same JSON round trip."""
+        spec = json.loads(body)[1]
+        try:
+            value = self.fn(*spec["args"], **spec["kwargs"])
+            json.dumps(value)
+        except Exception as exc:  # the result carries it, as a remote failure would
+            return EagerResult(self.name, error=exc)
+        return EagerResult(self.name, value=value)
+
+
+def _run_after(countdown: float | None, eta: dt.datetime | None) -> float:
+    if countdown is not None and eta is not None:
+        raise ValueError("give countdown or eta, not both")
+    if countdown:
+        return time.time() + countdown
+    if eta is not None:
+        if eta.tzinfo is None:
+            raise ValueError("eta must be timezone-aware (use django.utils.timezone.now())")
+        return eta.timestamp()
+    return 0.0
+
+
+@overload
+def task(fn: Callable[P, R], /) -> Task[P, R]: ...
+@overload
+def task(*, queue: str = ..., retries: int = ..., timeout: float = ..., guarantee: bool = ...,
+         reply: bool = ...) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+def task(fn: Callable[P, R] | None = None, /, *, queue: str = "default", retries: int = 0,
+         timeout: float = 0, guarantee: bool = False, reply: bool = True) -> Any:
+    """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``."""
+
+    def wrap(f: Callable[P, R]) -> Task[P, R]:
+        t = Task(f, queue=queue, retries=retries, timeout=timeout, guarantee=guarantee,
+                 reply=reply)
+        registry.register(t)
+        return t
+
+    return wrap(fn) if fn is not None else wrap

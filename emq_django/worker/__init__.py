@@ -1,0 +1,1 @@
+"""Job managers: a supervisor process and its worker processes (slots)."""

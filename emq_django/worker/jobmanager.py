@@ -1,0 +1,280 @@
+"""The job manager: supervises a pool of worker processes (slots).
+
+It holds a control connection to the broker (INFORM with ``role: manager``,
+heartbeats), forks one process per slot, restarts those that die, kills those
+that overrun their time limit, and answers for a job whose process it lost. The
+first SIGTERM lets running jobs finish and says goodbye; a second stops at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket as pysocket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol import frames as F
+from emq_django.protocol.body import encode_failure
+from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.worker.process import SlotConfig, SlotWorker
+from emq_django.worker.slots import SlotTable
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobManagerConfig:
+    broker_url: str
+    queues: tuple[tuple[int, str], ...]
+    concurrency: int
+    heartbeat_interval: float = 1.0
+    heartbeat_liveness: int = 3
+    prefetch: int = 1
+    name: str = ""
+    kill_grace: float = 3.0
+    max_jobs_per_worker: int = 0
+
+
+def parse_queue_option(text: str) -> tuple[tuple[int, str], ...]:
+    """``email:40,default:10`` -> ((40, 'email'), (10, 'default')); raises ValueError."""
+    result = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, weight = item.partition(":")
+        if not name:
+            raise ValueError(f"empty queue name in {text!r}")
+        try:
+            result.append((int(weight) if weight else 10, name))
+        except ValueError:
+            raise ValueError(f"queue weight must be an integer in {item!r}") from None
+    if not result:
+        raise ValueError("give at least one queue, e.g. --queues default:10")
+    return tuple(sorted(result, key=lambda p: -p[0]))
+
+
+class JobManager:
+    def __init__(self, config: JobManagerConfig) -> None:
+        self.config = config
+        self.name = config.name or f"{pysocket.gethostname()}:{os.getpid()}"
+        self.table = SlotTable(config.concurrency)
+        self.children: dict[int, int] = {}  # pid -> slot
+        self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
+        self.signals = 0
+        self.context: zmq.Context[Any] | None = None
+        self.sock: zmq.Socket[Any] | None = None
+        self._n = 0
+        self.last_recv = self.last_send = 0.0
+
+    def _id(self) -> bytes:
+        self._n += 1
+        return b"jm-%x-%x" % (os.getpid(), self._n)
+
+    # ---- lifecycle ----------------------------------------------------------
+
+    def run(self) -> int:
+        from django.db import connections
+
+        connections.close_all()  # children must not share the parent's connections
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for slot in range(self.config.concurrency):
+            self._spawn(slot)
+        self.context = zmq.Context()
+        self._connect()
+        log.info("job manager %s: %d worker processes on queues %s, broker %s", self.name,
+                 self.config.concurrency,
+                 ",".join(f"{n}:{w}" for w, n in self.config.queues), self.config.broker_url)
+        try:
+            return self._loop()
+        finally:
+            if self.sock is not None:
+                self.sock.close(linger=200)
+            self.context.term()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("stopping: letting running jobs finish (send the signal again to stop now)")
+            for pid in list(self.children):
+                _kill(pid, signal.SIGTERM)
+        else:
+            log.warning("stopping now: killing %d worker processes", len(self.children))
+            for pid in list(self.children):
+                _kill(pid, signal.SIGKILL)
+
+    def _loop(self) -> int:
+        c = self.config
+        silence_limit = c.heartbeat_interval * c.heartbeat_liveness
+        while True:
+            assert self.sock is not None
+            timeout = self._poll_timeout()
+            if self.sock.poll(timeout * 1000):
+                self._drain()
+            self._reap()
+            if self.signals and not self.children:
+                self._goodbye()
+                return 0
+            if self.signals > 1:
+                return 1
+            now = time.monotonic()
+            self._enforce_time_limits(now)
+            if now - self.last_recv > silence_limit:
+                log.warning("broker at %s silent for %.1f s; connecting again", c.broker_url,
+                            now - self.last_recv)
+                self._connect()
+            elif now - self.last_send >= c.heartbeat_interval:
+                self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
+
+    def _poll_timeout(self) -> float:
+        timeout = self.config.heartbeat_interval
+        if self.signals or self.kill_deadlines:
+            return min(timeout, 0.1)
+        now = time.monotonic()
+        for slot in range(self.config.concurrency):
+            _, started, limit = self.table.read(slot)
+            if limit:
+                timeout = min(timeout, max(0.01, started + limit - now))
+        return timeout
+
+    # ---- broker connection --------------------------------------------------
+
+    def _connect(self) -> None:
+        assert self.context is not None
+        if self.sock is not None:
+            self.sock.close(linger=0)
+        sock = self.context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(self.config.broker_url)
+        meta = {"role": "manager", "manager": self.name, "host": pysocket.gethostname(),
+                "pid": os.getpid(), "concurrency": self.config.concurrency}
+        sock.send_multipart(F.Inform(self._id(), self.config.queues, F.PEER_WORKER,
+                                     meta).encode())
+        self.sock = sock
+        self.last_recv = self.last_send = time.monotonic()
+
+    def _drain(self) -> None:
+        assert self.sock is not None
+        while self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+            frames = self.sock.recv_multipart()
+            self.last_recv = time.monotonic()
+            try:
+                cmd = decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed message from the broker: %s", exc)
+                continue
+            if type(cmd) is F.Kbye and not self.signals:
+                log.info("the broker said goodbye; connecting again")
+                self._connect()
+                return
+
+    def _send(self, frames: list[bytes]) -> None:
+        assert self.sock is not None
+        self.sock.send_multipart(frames)
+        self.last_send = time.monotonic()
+
+    def _goodbye(self) -> None:
+        assert self.sock is not None
+        self._send([b"", PROTOCOL, F.DISCONNECT, self._id()])
+        if self.sock.poll(500):
+            self._drain()
+        log.info("job manager %s stopped", self.name)
+
+    # ---- worker processes ---------------------------------------------------
+
+    def _spawn(self, slot: int) -> None:
+        c = self.config
+        cfg = SlotConfig(c.broker_url, c.queues, self.name, slot, c.heartbeat_interval,
+                         c.heartbeat_liveness, c.prefetch, c.max_jobs_per_worker)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                _die_with_parent()
+                code = SlotWorker(cfg, self.table).run()
+            except BaseException:
+                log.exception("worker process for slot %d crashed", slot)
+            finally:
+                os._exit(code)
+        self.children[pid] = slot
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            slot = self.children.pop(pid, None)
+            self.kill_deadlines.pop(pid, None)
+            if slot is None:
+                continue
+            self._answer_for_lost_job(slot, pid, status)
+            if not self.signals:
+                self._spawn(slot)
+
+    def _answer_for_lost_job(self, slot: int, pid: int, status: int) -> None:
+        attempt_id, started, limit = self.table.read(slot)
+        if not attempt_id:
+            return
+        self.table.clear(slot)
+        overran = limit and time.monotonic() - started >= limit
+        if overran:
+            body = encode_failure("TimeoutError", f"job ran longer than its time limit of "
+                                  f"{limit:g} s and its worker process was killed", "")
+        else:
+            body = encode_failure("emq_django.exceptions.WorkerLost",
+                                  f"worker process {pid} died mid-job "
+                                  f"({_describe_status(status)})", "")
+        log.warning("slot %d: job %s %s", slot, attempt_id.decode(errors="replace"),
+                    "timed out" if overran else "lost its worker process")
+        self._send([b"", PROTOCOL, F.REPLY, self._id(), body, attempt_id, b"failed,lost"])
+
+    def _enforce_time_limits(self, now: float) -> None:
+        for pid, slot in list(self.children.items()):
+            deadline = self.kill_deadlines.get(pid)
+            if deadline is not None:
+                if now >= deadline:
+                    _kill(pid, signal.SIGKILL)
+                continue
+            _, started, limit = self.table.read(slot)
+            if limit and now - started >= limit:
+                log.warning("slot %d: job over its %g s time limit; stopping process %d",
+                            slot, limit, pid)
+                _kill(pid, signal.SIGTERM)
+                # SIGTERM asks the job to finish: only SIGKILL stops a stuck one
+                self.kill_deadlines[pid] = now + self.config.kill_grace
+                _kill(pid, signal.SIGKILL) if self.config.kill_grace <= 0 else None
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the job manager dies (even by kill -9)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit code {os.WEXITSTATUS(status)}"

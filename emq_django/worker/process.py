@@ -1,0 +1,158 @@
+"""A worker process (a slot of a job manager): its own DEALER to the broker.
+
+Jobs come straight from the broker to the process that runs them, with no hop
+through the job manager: one READY per free slot, and the REPLY carries the
+slot's credit back (status ``ok,ready``). The job manager watches over the
+process through the shared ``SlotTable`` and vouches for it while it is busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from emq_django import wire
+from emq_django.protocol import frames as F
+from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.exceptions import ProtocolError
+from emq_django.worker.execution import STATUS_FAILED, STATUS_OK, execute
+from emq_django.worker.slots import SlotTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotConfig:
+    broker_url: str
+    queues: tuple[tuple[int, str], ...]
+    manager: str
+    slot: int
+    heartbeat_interval: float
+    heartbeat_liveness: int
+    prefetch: int = 1
+    max_jobs: int = 0  # 0: no limit; else exit after this many (the manager respawns)
+
+
+class SlotWorker:
+    def __init__(self, config: SlotConfig, table: SlotTable) -> None:
+        self.config = config
+        self.table = table
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.sock: zmq.Socket[Any] | None = None
+        self.stopping = False
+        self.jobs_done = 0
+        self._n = 0
+        self._prefix = f"{os.getpid():x}-{config.slot}-".encode()
+        self.last_recv = self.last_send = 0.0
+
+    def _id(self) -> bytes:
+        self._n += 1
+        return self._prefix + b"%x" % self._n
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
+        self._connect()
+        try:
+            self._loop()
+        finally:
+            if self.sock is not None:
+                self.sock.close(linger=500)
+            self.context.term()
+        return 0
+
+    def _connect(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+        c = self.config
+        sock = self.context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(c.broker_url)
+        meta = {"role": "slot", "manager": c.manager, "slot": c.slot, "pid": os.getpid()}
+        sock.send_multipart(F.Inform(self._id(), c.queues, F.PEER_WORKER, meta).encode())
+        for _ in range(c.prefetch):
+            sock.send_multipart([b"", PROTOCOL, F.READY, self._id()])
+        self.sock = sock
+        self.last_recv = self.last_send = time.monotonic()
+
+    def _loop(self) -> None:
+        c = self.config
+        silence_limit = c.heartbeat_interval * c.heartbeat_liveness
+        while not self.stopping:
+            assert self.sock is not None
+            if self.sock.poll(c.heartbeat_interval * 1000):
+                self._drain()
+            now = time.monotonic()
+            if self.stopping:
+                break
+            if now - self.last_recv > silence_limit:
+                log.info("broker silent for %.1f s; connecting again", now - self.last_recv)
+                self._connect()
+            elif now - self.last_send >= c.heartbeat_interval:
+                self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
+            if c.max_jobs and self.jobs_done >= c.max_jobs:
+                break
+        self._goodbye()
+
+    def _drain(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        while True:
+            try:
+                frames = wire.recv(sock)
+            except zmq.Again:
+                return
+            self.last_recv = time.monotonic()
+            try:
+                cmd = decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed message from the broker: %s", exc)
+                continue
+            kind = type(cmd)
+            if kind is F.Request:
+                self._run(cmd)  # type: ignore[arg-type]
+            elif kind is F.Kbye:
+                log.info("the broker said goodbye; connecting again")
+                self._connect()
+                return
+
+    def _run(self, req: F.Request) -> None:
+        self.table.start(self.config.slot, req.msgid, time.monotonic(), req.headers.timeout)
+        body, failed = execute(req.body, req.msgid)
+        self.table.clear(self.config.slot)
+        self.jobs_done += 1
+        status = STATUS_FAILED if failed else STATUS_OK
+        if self.stopping or (self.config.max_jobs and self.jobs_done >= self.config.max_jobs):
+            status = status.replace(b",ready", b"")  # no more credit from this process
+        self._send([b"", PROTOCOL, F.REPLY, self._id(), body, req.msgid, status])
+
+    def _send(self, frames: list[bytes]) -> None:
+        assert self.sock is not None
+        wire.send(self.sock, frames, nonblocking=False)
+        self.last_send = time.monotonic()
+
+    def _goodbye(self) -> None:
+        """DISCONNECT, then run whatever the broker had already sent until its KBYE."""
+        if self.sock is None:
+            return
+        self._send([b"", PROTOCOL, F.DISCONNECT, self._id()])
+        deadline = time.monotonic() + self.config.heartbeat_interval * 2
+        while time.monotonic() < deadline and self.sock.poll(100):
+            frames = self.sock.recv_multipart()
+            try:
+                cmd = decode(frames)
+            except ProtocolError:
+                continue
+            if type(cmd) is F.Request:
+                self._run(cmd)  # type: ignore[arg-type]
+            elif type(cmd) is F.Kbye:
+                return
