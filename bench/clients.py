@@ -14,7 +14,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import psutil
 
@@ -48,7 +49,9 @@ class CeleryAdapter:
         from bench import celery_app
 
         self.m = celery_app
-        self.redis = redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+        self.redis = redis.Redis.from_url(
+            os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+        )
         self.redis.delete(celery_app.DONE_KEY)
 
     def enqueue_noop(self) -> None:
@@ -160,7 +163,6 @@ class EmqAdapter:
 
         django.setup()
         import emq_django as emq
-
         from bench import emq_bench_tasks
 
         self.emq = emq
@@ -261,7 +263,13 @@ def drain(a: Adapter, n: int, roles: dict[str, list[int]]) -> dict[str, Any]:
 
 def _machine_busy() -> float:
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return (
+        sum(t)
+        - t.idle
+        - getattr(t, "iowait", 0.0)
+        - getattr(t, "guest", 0.0)
+        - getattr(t, "guest_nice", 0.0)
+    )
 
 
 def latency(a: Adapter, n: int, warmup: int) -> dict[str, Any]:

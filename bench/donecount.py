@@ -36,7 +36,9 @@ def _start_flusher(key: str) -> None:
             return
         _owner_pid = os.getpid()
         _count = 0  # a forked child does not inherit its parent's count
-    threading.Thread(target=_flush_forever, args=(key,), name="bench-donecount", daemon=True).start()
+    threading.Thread(
+        target=_flush_forever, args=(key,), name="bench-donecount", daemon=True
+    ).start()
 
 
 def _flush_forever(key: str) -> None:

@@ -75,8 +75,13 @@ class ServerSet:
         log_path = os.path.join(self.log_dir, f"{name}.log")
         log = open(log_path, "wb")
         popen = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches us only
+            argv,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches us only
         )
         log.close()
         server = Server(name, role, popen, log_path)

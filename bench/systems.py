@@ -58,10 +58,23 @@ def start_celery(servers: ServerSet, opts: object) -> Started:
     reset_redis_keys([DONE_KEY])
     env = base_env(BENCH_CELERY_BACKEND=backend, BENCH_CELERY_PREFETCH=str(opts.celery_prefetch))  # type: ignore[attr-defined]
     argv = [
-        os.path.join(VENV_BIN, "celery"), "-A", "bench.celery_app", "worker",
-        "--concurrency", "2", "--pool", "prefork", "-Q", QUEUE, "--loglevel", "WARNING",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "-O", opts.celery_optimization,  # type: ignore[attr-defined]
+        os.path.join(VENV_BIN, "celery"),
+        "-A",
+        "bench.celery_app",
+        "worker",
+        "--concurrency",
+        "2",
+        "--pool",
+        "prefork",
+        "-Q",
+        QUEUE,
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-O",
+        opts.celery_optimization,  # type: ignore[attr-defined]
     ]
     w = servers.start("celery-worker", "workers", argv, env)
     roles = {"workers": [w.pid], **service_roles(with_redis=True)}
@@ -82,14 +95,20 @@ def start_dramatiq(servers: ServerSet, opts: object) -> Started:
     prefetch = opts.dramatiq_prefetch  # type: ignore[attr-defined]
     env = base_env(**({"dramatiq_queue_prefetch": str(prefetch)} if prefetch else {}))
     argv = [
-        os.path.join(VENV_BIN, "dramatiq"), "bench.dramatiq_app",
-        "--processes", procs, "--threads", threads, "--queues", QUEUE,
+        os.path.join(VENV_BIN, "dramatiq"),
+        "bench.dramatiq_app",
+        "--processes",
+        procs,
+        "--threads",
+        threads,
+        "--queues",
+        QUEUE,
     ]
     w = servers.start("dramatiq-worker", "workers", argv, env)
     roles = {"workers": [w.pid], **service_roles(with_redis=True)}
     notes = [
-        f"--processes {procs} --threads {threads}, queue prefetch {prefetch or 'default (2 x threads)'}, "
-        "no confirm_delivery",
+        f"--processes {procs} --threads {threads}, "
+        f"queue prefetch {prefetch or 'default (2 x threads)'}, no confirm_delivery",
         "noop store_results off; echo results via the Redis results backend",
     ]
     return Started(env=env, roles=roles, notes=notes)
@@ -101,13 +120,23 @@ def start_zmq(servers: ServerSet, opts: object) -> Started:
     mod = [PYTHON, "-m", "bench.zmq_ref"]
     f = servers.start("zmq-forwarder", "broker", mod + ["forwarder", front, back], env)
     credit = str(opts.zmq_credit)  # type: ignore[attr-defined]
-    ws = [servers.start(f"zmq-worker{i}", "workers", mod + ["worker", back, credit], env) for i in range(2)]
+    ws = [
+        servers.start(f"zmq-worker{i}", "workers", mod + ["worker", back, credit], env)
+        for i in range(2)
+    ]
     notes = [f"ROUTER-ROUTER forwarder, 2 DEALER worker processes, {credit} READY credit(s) each"]
-    return Started(env=env, endpoint=front, roles={"broker": [f.pid], "workers": [w.pid for w in ws]}, notes=notes)
+    return Started(
+        env=env,
+        endpoint=front,
+        roles={"broker": [f.pid], "workers": [w.pid for w in ws]},
+        notes=notes,
+    )
 
 
 def emq_available() -> bool:
-    return os.path.exists(os.path.join(REPO, "emq_django", "management", "commands", "emq_broker.py"))
+    return os.path.exists(
+        os.path.join(REPO, "emq_django", "management", "commands", "emq_broker.py")
+    )
 
 
 def start_emq(servers: ServerSet, opts: object) -> Started:
@@ -115,19 +144,26 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
     urls = {p: f"tcp://127.0.0.1:{p}" for p in (p1, p2, p3)}
     env = base_env(
         DJANGO_SETTINGS_MODULE="project.settings",
-        EMQ_FRONTEND_BIND=urls[p1], EMQ_BROKER_URL=urls[p1],
-        EMQ_BACKEND_BIND=urls[p2], EMQ_WORKER_URL=urls[p2],
-        EMQ_MONITOR_BIND=urls[p3], EMQ_MONITOR_URL=urls[p3],
+        EMQ_FRONTEND_BIND=urls[p1],
+        EMQ_BROKER_URL=urls[p1],
+        EMQ_BACKEND_BIND=urls[p2],
+        EMQ_WORKER_URL=urls[p2],
+        EMQ_MONITOR_BIND=urls[p3],
+        EMQ_MONITOR_URL=urls[p3],
         EMQ_IMPORTS="bench.emq_bench_tasks",
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     b = servers.start("emq-broker", "broker", manage + ["emq_broker"], env)
     jm = servers.start(
-        "emq-jobmanager", "workers",
-        manage + ["emq_jobmanager", "--queues", "bench:10", "--concurrency", "2"], env,
+        "emq-jobmanager",
+        "workers",
+        manage + ["emq_jobmanager", "--queues", "bench:10", "--concurrency", "2"],
+        env,
     )
     notes = ["1 broker, 1 job manager --queues bench:10 --concurrency 2"]
-    return Started(env=env, endpoint=urls[p3], roles={"broker": [b.pid], "workers": [jm.pid]}, notes=notes)
+    return Started(
+        env=env, endpoint=urls[p3], roles={"broker": [b.pid], "workers": [jm.pid]}, notes=notes
+    )
 
 
 STARTERS = {"emq": start_emq, "celery": start_celery, "dramatiq": start_dramatiq, "zmq": start_zmq}
