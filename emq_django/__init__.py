@@ -20,7 +20,18 @@ from emq_django.result import Result
 from emq_django.task import Task, task
 
 __all__ = [
-    "BrokerUnavailable", "EmqError", "JobRefused", "ProtocolError", "QueueFull", "Result",
-    "ResultTimeout", "ResultUnavailable", "Retry", "Task", "TaskFailed", "TaskNotFound", "task",
+    "BrokerUnavailable",
+    "EmqError",
+    "JobRefused",
+    "ProtocolError",
+    "QueueFull",
+    "Result",
+    "ResultTimeout",
+    "ResultUnavailable",
+    "Retry",
+    "Task",
+    "TaskFailed",
+    "TaskNotFound",
+    "task",
 ]
 __version__ = "0.1.0"

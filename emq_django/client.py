@@ -30,8 +30,14 @@ MAX_KEPT_REPLIES = 100_000
 
 
 class Client:
-    def __init__(self, url: str, *, ack_timeout: float = 5.0, window: int = 1000,
-                 context: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        ack_timeout: float = 5.0,
+        window: int = 1000,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
         self.url = url
         self.ack_timeout = ack_timeout
         self.window = window
@@ -62,8 +68,11 @@ class Client:
             self._drain(sock)
             if self._pending:
                 self._check_overdue()
-            wire.send(sock, [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body],
-                      nonblocking=False)
+            wire.send(
+                sock,
+                [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body],
+                nonblocking=False,
+            )
             self._pending[msgid] = time.monotonic()
             if confirm or not self._confirmed:
                 self._wait_ack(msgid)
@@ -106,7 +115,7 @@ class Client:
                 slice_ms = 20 if threading.active_count() > 1 else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
-                if sock.poll(max(wait, 1)):
+                if sock.poll(max(int(wait), 1)):
                     self._drain(sock)
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
@@ -147,12 +156,8 @@ class Client:
             self._sock = None
 
     def _drain(self, sock: zmq.Socket[Any]) -> None:
-        while True:
-            try:
-                frames = wire.recv(sock)
-            except zmq.Again:
-                return
-            self._handle(frames)
+        while wire.readable(sock):
+            self._handle(wire.recv(sock))
 
     def _handle(self, frames: list[bytes]) -> None:
         try:
@@ -170,15 +175,16 @@ class Client:
         elif type(cmd) is F.Error:
             self._pending.pop(cmd.ref_msgid, None)
             self._errors[cmd.ref_msgid] = cmd
-            log.warning("the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"),
-                        cmd.reason)
+            log.warning(
+                "the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"), cmd.reason
+            )
 
     def _wait_ack(self, msgid: bytes) -> None:
         deadline = time.monotonic() + self.ack_timeout
         sock = self._socket()
         while msgid in self._pending:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(remaining * 1000):
+            if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
                 if msgid in self._pending:
                     self._unavailable()
                 break
@@ -191,7 +197,7 @@ class Client:
         sock = self._socket()
         while len(self._pending) >= limit:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(remaining * 1000):
+            if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
                 if len(self._pending) >= limit:
                     self._unavailable()
             self._drain(sock)
@@ -200,8 +206,10 @@ class Client:
         oldest = next(iter(self._pending.values()))
         if time.monotonic() - oldest > self.ack_timeout:
             self._drain(self._socket())
-            if self._pending and time.monotonic() - next(iter(self._pending.values())) > \
-                    self.ack_timeout:
+            if (
+                self._pending
+                and time.monotonic() - next(iter(self._pending.values())) > self.ack_timeout
+            ):
                 self._unavailable()
 
     def _unavailable(self) -> None:
@@ -213,8 +221,8 @@ class Client:
         )
 
 
-def _refusal(error: F.Error) -> JobRefused:
-    cls = QueueFull if error.code == "queue-full" else JobRefused
+def _refusal(error: F.Error) -> JobRefused | QueueFull:
+    cls: type[JobRefused | QueueFull] = QueueFull if error.code == "queue-full" else JobRefused
     return cls(error.reason)
 
 

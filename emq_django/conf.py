@@ -91,8 +91,14 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_ACK_TIMEOUT must be > 0 seconds")
     if s.PREFETCH < 1:
         raise ImproperlyConfigured("EMQ_PREFETCH must be >= 1")
-    for name in ("BROKER_URL", "WORKER_URL", "MONITOR_URL", "FRONTEND_BIND", "BACKEND_BIND",
-                 "MONITOR_BIND"):
+    for name in (
+        "BROKER_URL",
+        "WORKER_URL",
+        "MONITOR_URL",
+        "FRONTEND_BIND",
+        "BACKEND_BIND",
+        "MONITOR_BIND",
+    ):
         url = getattr(s, name)
         if "://" not in url:
             raise ImproperlyConfigured(

@@ -29,8 +29,10 @@ def get(name: str) -> Task:
     try:
         return _tasks[name]
     except KeyError:
-        raise TaskNotFound(f"{name!r} is not a registered task (decorate it with @emq.task "
-                           "and list its module in INSTALLED_APPS or EMQ_IMPORTS)") from None
+        raise TaskNotFound(
+            f"{name!r} is not a registered task (decorate it with @emq.task "
+            "and list its module in INSTALLED_APPS or EMQ_IMPORTS)"
+        ) from None
 
 
 def find(name: str) -> Task | None:
@@ -54,6 +56,7 @@ def autodiscover(imports: Iterable[str] = ()) -> list[str]:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ImportError(f"EMQ_IMPORTS names {module!r}, which cannot be imported: {exc}") \
-                from exc
+            raise ImportError(
+                f"EMQ_IMPORTS names {module!r}, which cannot be imported: {exc}"
+            ) from exc
     return names()

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 class Result:
     """A job's handle: ``.id`` and ``.get(timeout=)``."""
 
-    def __init__(self, job_id: str, task_name: str, *, reply: bool = True,
-                 client: Client | None = None) -> None:
+    def __init__(
+        self, job_id: str, task_name: str, *, reply: bool = True, client: Client | None = None
+    ) -> None:
         self.id = job_id
         self.task_name = task_name
         self.reply = reply
@@ -34,8 +35,10 @@ class Result:
         ``JobRefused`` if the broker refused it."""
         if not self._done:
             if not self.reply:
-                raise ResultUnavailable(f"job {self.id} ({self.task_name}) was sent with "
-                                        "reply=False, so no result comes back")
+                raise ResultUnavailable(
+                    f"job {self.id} ({self.task_name}) was sent with "
+                    "reply=False, so no result comes back"
+                )
             from emq_django.client import get_client
 
             client = self._client or get_client()
@@ -69,8 +72,11 @@ def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
         return None, TaskFailed("ProtocolError", f"reply body is not JSON: {body[:100]!r}")
     if isinstance(data, dict) and "error" in data and isinstance(data["error"], dict):
         err = data["error"]
-        return None, TaskFailed(str(err.get("type", "Exception")), str(err.get("message", "")),
-                                str(err.get("traceback", "")))
+        return None, TaskFailed(
+            str(err.get("type", "Exception")),
+            str(err.get("message", "")),
+            str(err.get("traceback", "")),
+        )
     if isinstance(data, dict) and "value" in data:
         return data["value"], None
     return data, None  # a peer that replies with a bare value
@@ -79,8 +85,9 @@ def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
 class EagerResult(Result):
     """The result of a task run in-process under ``EMQ_EAGER``."""
 
-    def __init__(self, task_name: str, *, value: Any = None,
-                 error: BaseException | None = None) -> None:
+    def __init__(
+        self, task_name: str, *, value: Any = None, error: BaseException | None = None
+    ) -> None:
         import uuid
 
         super().__init__(uuid.uuid4().hex, task_name)
@@ -90,5 +97,6 @@ class EagerResult(Result):
             import traceback
 
             tb = "".join(traceback.format_exception(error))
-            self._error = TaskFailed(f"{type(error).__module__}.{type(error).__qualname__}",
-                                     str(error), tb)
+            self._error = TaskFailed(
+                f"{type(error).__module__}.{type(error).__qualname__}", str(error), tb
+            )

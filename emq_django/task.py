@@ -21,11 +21,21 @@ R = TypeVar("R")
 class Task(Generic[P, R]):
     """A function registered with ``@emq.task``. Calling it runs it here."""
 
-    def __init__(self, fn: Callable[P, R], *, queue: str, retries: int, timeout: float,
-                 guarantee: bool, reply: bool) -> None:
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        queue: str,
+        retries: int,
+        timeout: float,
+        guarantee: bool,
+        reply: bool,
+    ) -> None:
         if fn.__module__ == "__main__":
-            raise ValueError(f"@emq.task on {fn.__qualname__} in __main__: define tasks in an "
-                             "importable module so that job managers can find them")
+            raise ValueError(
+                f"@emq.task on {fn.__qualname__} in __main__: define tasks in an "
+                "importable module so that job managers can find them"
+            )
         if retries < 0 or timeout < 0:
             raise ValueError("retries and timeout must be >= 0")
         if not queue:
@@ -40,7 +50,7 @@ class Task(Generic[P, R]):
         self.guarantee = guarantee
         self.reply = reply
         self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0)
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
         return f"<emq task {self.name} queue={self.queue}>"
@@ -52,11 +62,19 @@ class Task(Generic[P, R]):
         """Send the task with these arguments; see ``apply_async``."""
         return self.apply_async(args, kwargs)
 
-    def apply_async(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
-                    queue: str | None = None, retries: int | None = None,
-                    timeout: float | None = None, guarantee: bool | None = None,
-                    reply: bool | None = None, countdown: float | None = None,
-                    eta: dt.datetime | None = None) -> Result:
+    def apply_async(
+        self,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        retries: int | None = None,
+        timeout: float | None = None,
+        guarantee: bool | None = None,
+        reply: bool | None = None,
+        countdown: float | None = None,
+        eta: dt.datetime | None = None,
+    ) -> Result:
         """Send the task. Raises ``TypeError`` for arguments JSON cannot carry,
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
         ``QueueFull``/``JobRefused`` when the broker refuses the job."""
@@ -72,19 +90,28 @@ class Task(Generic[P, R]):
             headers = self._headers
         else:
             headers = self._build_headers(
-                want_reply, self.guarantee if guarantee is None else guarantee,
+                want_reply,
+                self.guarantee if guarantee is None else guarantee,
                 self.retries if retries is None else retries,
-                self.timeout if timeout is None else timeout, run_after)
+                self.timeout if timeout is None else timeout,
+                run_after,
+            )
         confirm = self.guarantee if guarantee is None else guarantee
         client = get_client()
         job_id = client.send(queue or self.queue, headers, body, confirm=confirm)
         return Result(job_id, self.name, reply=want_reply, client=client)
 
     @staticmethod
-    def _build_headers(reply: bool, guarantee: bool, retries: int, timeout: float,
-                       run_after: float) -> bytes:
-        return format_headers(reply_requested=reply, guarantee=guarantee, retry_count=retries,
-                              timeout=timeout, run_after=run_after)
+    def _build_headers(
+        reply: bool, guarantee: bool, retries: int, timeout: float, run_after: float
+    ) -> bytes:
+        return format_headers(
+            reply_requested=reply,
+            guarantee=guarantee,
+            retry_count=retries,
+            timeout=timeout,
+            run_after=run_after,
+        )
 
     def _run_eagerly(self, body: bytes, reply: bool) -> Result:
         """``EMQ_EAGER``: run here and now, through the same JSON round trip."""
@@ -112,17 +139,30 @@ def _run_after(countdown: float | None, eta: dt.datetime | None) -> float:
 @overload
 def task(fn: Callable[P, R], /) -> Task[P, R]: ...
 @overload
-def task(*, queue: str = ..., retries: int = ..., timeout: float = ..., guarantee: bool = ...,
-         reply: bool = ...) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+def task(
+    *,
+    queue: str = ...,
+    retries: int = ...,
+    timeout: float = ...,
+    guarantee: bool = ...,
+    reply: bool = ...,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
-def task(fn: Callable[P, R] | None = None, /, *, queue: str = "default", retries: int = 0,
-         timeout: float = 0, guarantee: bool = False, reply: bool = True) -> Any:
+def task(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    queue: str = "default",
+    retries: int = 0,
+    timeout: float = 0,
+    guarantee: bool = False,
+    reply: bool = True,
+) -> Any:
     """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``."""
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
-        t = Task(f, queue=queue, retries=retries, timeout=timeout, guarantee=guarantee,
-                 reply=reply)
+        t = Task(f, queue=queue, retries=retries, timeout=timeout, guarantee=guarantee, reply=reply)
         registry.register(t)
         return t
 

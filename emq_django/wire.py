@@ -40,3 +40,14 @@ def recv(sock: zmq.Socket[Any], nonblocking: bool = True) -> list[bytes]:
         frame = _recv(sock, flags, False)
         parts.append(frame.bytes)
     return parts
+
+
+_get = _BackendSocket.get
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
+
+def readable(sock: zmq.Socket[Any]) -> bool:
+    """True when a message waits (cheaper than a recv that raises ``zmq.Again``)."""
+    events: int = _get(sock, _EVENTS)  # type: ignore[assignment]
+    return bool(events & _POLLIN)

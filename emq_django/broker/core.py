@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from emq_django.broker.state import ROLE_MANAGER, ROLE_SLOT, IdGenerator, Job, Peer, Queue
 from emq_django.exceptions import ProtocolError
@@ -26,9 +27,20 @@ MAX_QUEUES = 10_000
 MAX_HELD_SCHEDULES = 10_000
 
 COUNTERS = (
-    "received", "acked", "dispatched", "succeeded", "failed", "refused", "requeued",
-    "protocol_errors", "stale_replies", "unknown_peer", "peers_expired", "unroutable",
-    "published", "schedules_forwarded",
+    "received",
+    "acked",
+    "dispatched",
+    "succeeded",
+    "failed",
+    "refused",
+    "requeued",
+    "protocol_errors",
+    "stale_replies",
+    "unknown_peer",
+    "peers_expired",
+    "unroutable",
+    "published",
+    "schedules_forwarded",
 )
 
 
@@ -131,7 +143,9 @@ class BrokerCore:
             return
         if len(queue.pending) >= self.config.max_pending:
             self._refuse(
-                identity, cmd.msgid, "queue-full",
+                identity,
+                cmd.msgid,
+                "queue-full",
                 f"queue {cmd.queue!r} is full: {len(queue.pending)} jobs wait and none of "
                 f"{len(queue.servers)} job managers has a free slot",
             )
@@ -148,8 +162,12 @@ class BrokerCore:
 
     def _new_queue(self, identity: bytes, cmd: F.Request) -> Queue | None:
         if len(self.queues) >= MAX_QUEUES:
-            self._refuse(identity, cmd.msgid, "too-many-queues",
-                         f"the broker already has {MAX_QUEUES} queues")
+            self._refuse(
+                identity,
+                cmd.msgid,
+                "too-many-queues",
+                f"the broker already has {MAX_QUEUES} queues",
+            )
             return None
         queue = self.queues[cmd.queue] = Queue(cmd.queue)
         return queue
@@ -161,8 +179,11 @@ class BrokerCore:
             if len(self.held_schedules) < MAX_HELD_SCHEDULES:
                 self.held_schedules.append(frames)
             else:
-                log.warning("no scheduler connected and %d schedules held; dropping %s",
-                            MAX_HELD_SCHEDULES, _show(cmd.msgid))
+                log.warning(
+                    "no scheduler connected and %d schedules held; dropping %s",
+                    MAX_HELD_SCHEDULES,
+                    _show(cmd.msgid),
+                )
             return
         for sched in self.schedulers:
             self.out.append((FRONTEND, sched, frames))
@@ -174,10 +195,12 @@ class BrokerCore:
 
     def _frontend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
         if cmd.peer_type != F.PEER_SCHEDULER:
-            raise ProtocolError("only schedulers INFORM on the client port; job managers use "
-                                "the worker port", [])
-        self.schedulers[identity] = Peer(identity, cmd.peer_type, (), now, cmd.meta,
-                                         connected_at=now)
+            raise ProtocolError(
+                "only schedulers INFORM on the client port; job managers use the worker port", []
+            )
+        self.schedulers[identity] = Peer(
+            identity, cmd.peer_type, (), now, cmd.meta, connected_at=now
+        )
         log.info("scheduler %s connected", _show(identity))
         self._ack(FRONTEND, identity, cmd.msgid)
         self.out.append((FRONTEND, identity, self._heartbeat(now)))
@@ -216,8 +239,12 @@ class BrokerCore:
             queue = self.queues.get(name) or self.queues.setdefault(name, Queue(name))
             queue.add_server(identity, weight)
         if peer.role != ROLE_SLOT:
-            log.info("job manager %s connected: queues %s, %s", _show(identity),
-                     ",".join(f"{n}:{w}" for w, n in queues), _describe(cmd.meta))
+            log.info(
+                "job manager %s connected: queues %s, %s",
+                _show(identity),
+                ",".join(f"{n}:{w}" for w, n in queues),
+                _describe(cmd.meta),
+            )
         self._ack(BACKEND, identity, cmd.msgid)
         self.out.append((BACKEND, identity, self._heartbeat(now)))
 
@@ -238,8 +265,13 @@ class BrokerCore:
                 if owner is not None:  # its job manager says the process is gone
                     self._drop_peer(owner, now, "lost its worker process")
             if job.client is not None:
-                self.out.append((FRONTEND, job.client, [
-                    b"", PROTOCOL, F.REPLY, self.new_id(), cmd.body, job.id, cmd.status]))
+                self.out.append(
+                    (
+                        FRONTEND,
+                        job.client,
+                        [b"", PROTOCOL, F.REPLY, self.new_id(), cmd.body, job.id, cmd.status],
+                    )
+                )
         if ready:
             self._credit(peer, now)
 
@@ -278,8 +310,9 @@ class BrokerCore:
             for weight, name in peer.queues:
                 self.queues[name].ready(peer.identity, weight)
 
-    def _dispatch(self, job: Job, queue: Queue, peer: Peer, now: float,
-                  returning: bool = False) -> None:
+    def _dispatch(
+        self, job: Job, queue: Queue, peer: Peer, now: float, returning: bool = False
+    ) -> None:
         """Send ``job`` to ``peer``. ``returning``: the peer's credit is being
         given back by this very dispatch, so it is not taken."""
         job.attempt += 1
@@ -292,9 +325,21 @@ class BrokerCore:
         if not returning:
             self._set_credit(peer, peer.credit - 1)
         self.counters["dispatched"] += 1
-        self.out.append((BACKEND, peer.identity, [
-            b"", PROTOCOL, F.REQUEST, job.attempt_id, queue.name.encode(),
-            _reply_always(job.headers.raw), job.body]))
+        self.out.append(
+            (
+                BACKEND,
+                peer.identity,
+                [
+                    b"",
+                    PROTOCOL,
+                    F.REQUEST,
+                    job.attempt_id,
+                    queue.name.encode(),
+                    _reply_always(job.headers.raw),
+                    job.body,
+                ],
+            )
+        )
 
     def _may_answer(self, peer: Peer, job: Job) -> bool:
         if job.peer == peer.identity:
@@ -336,8 +381,12 @@ class BrokerCore:
         lost = [self.inflight.pop(a) for a in sorted(peer.inflight) if a in self.inflight]
         peer.inflight.clear()
         if peer.role != ROLE_SLOT or lost:
-            log.info("job manager %s %s; requeueing %d in-flight jobs", _show(peer.identity),
-                     why, len(lost))
+            log.info(
+                "job manager %s %s; requeueing %d in-flight jobs",
+                _show(peer.identity),
+                why,
+                len(lost),
+            )
         for job in lost:
             self._requeue(job, now)
 
@@ -353,8 +402,12 @@ class BrokerCore:
         limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
         expired = [p for p in self.peers.values() if now - p.last_seen > limit]
         for peer in expired:
-            if (peer.role == ROLE_SLOT and peer.inflight and not peer.draining
-                    and peer.manager in self.managers):
+            if (
+                peer.role == ROLE_SLOT
+                and peer.inflight
+                and not peer.draining
+                and peer.manager in self.managers
+            ):
                 continue  # busy running a job; its job manager vouches for it
             self.counters["peers_expired"] += 1
             self._drop_peer(peer, now, f"missed {self.config.heartbeat_liveness} heartbeats")
@@ -389,8 +442,13 @@ class BrokerCore:
         n = self.counters["protocol_errors"]
         if self._error_log_budget > 0 or n % 10_000 == 0:
             self._error_log_budget -= 1
-            log.warning("dropped a malformed message on the %s port from %s: %s (%d so far)",
-                        where, _show(identity), exc, n)
+            log.warning(
+                "dropped a malformed message on the %s port from %s: %s (%d so far)",
+                where,
+                _show(identity),
+                exc,
+                n,
+            )
 
 
 @lru_cache(maxsize=1024)
@@ -415,7 +473,8 @@ def _describe(meta: dict[str, object]) -> str:
     return " ".join(f"{k}={meta[k]}" for k in ("host", "pid", "concurrency") if k in meta)
 
 
-_FRONTEND_HANDLERS = {
+_Handler = Callable[[BrokerCore, bytes, Any, float], None]
+_FRONTEND_HANDLERS: dict[type, _Handler] = {
     F.Request: BrokerCore._client_request,
     F.Schedule: BrokerCore._client_schedule,
     F.Unschedule: BrokerCore._client_schedule,
@@ -426,7 +485,7 @@ _FRONTEND_HANDLERS = {
     F.Kbye: BrokerCore._frontend_disconnect,
     F.Ack: BrokerCore._frontend_ignore,
 }
-_BACKEND_HANDLERS = {
+_BACKEND_HANDLERS: dict[type, _Handler] = {
     F.Inform: BrokerCore._backend_inform,
     F.Ready: BrokerCore._backend_ready,
     F.Reply: BrokerCore._backend_reply,

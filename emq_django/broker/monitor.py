@@ -31,17 +31,29 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
         entry = groups.get(key)
         if entry is None:
             entry = groups[key] = {
-                "identity": key, "host": None, "pid": None, "kind": "eventmq",
-                "queues": [[w, n] for w, n in peer.queues], "slots": 0, "free_slots": 0,
-                "busy": 0, "jobs_done": 0, "last_heartbeat": None, "draining": False,
+                "identity": key,
+                "host": None,
+                "pid": None,
+                "kind": "eventmq",
+                "queues": [[w, n] for w, n in peer.queues],
+                "slots": 0,
+                "free_slots": 0,
+                "busy": 0,
+                "jobs_done": 0,
+                "last_heartbeat": None,
+                "draining": False,
             }
         seen = wall - (now - peer.last_seen)
         if entry["last_heartbeat"] is None or seen > entry["last_heartbeat"]:
             entry["last_heartbeat"] = round(seen, 3)
         entry["draining"] = entry["draining"] or peer.draining
         if peer.role == ROLE_MANAGER:
-            entry.update(kind="emq", host=peer.meta.get("host"), pid=peer.meta.get("pid"),
-                         concurrency=peer.meta.get("concurrency"))
+            entry.update(
+                kind="emq",
+                host=peer.meta.get("host"),
+                pid=peer.meta.get("pid"),
+                concurrency=peer.meta.get("concurrency"),
+            )
             continue
         if peer.role == ROLE_SLOT:
             entry["kind"] = "emq"
@@ -64,25 +76,38 @@ def queues(core: BrokerCore) -> list[dict[str, Any]]:
             key = _group_key(peer)
             entry = serving.setdefault(key, {"identity": key, "weight": weight, "free_slots": 0})
             entry["free_slots"] += peer.credit
-        result.append({
-            "name": queue.name, "depth": len(queue.pending), "in_flight": queue.in_flight,
-            "job_managers": sorted(serving.values(), key=lambda e: -e["weight"]),
-        })
+        result.append(
+            {
+                "name": queue.name,
+                "depth": len(queue.pending),
+                "in_flight": queue.in_flight,
+                "job_managers": sorted(serving.values(), key=lambda e: -e["weight"]),
+            }
+        )
     return sorted(result, key=lambda q: q["name"])
 
 
 def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) -> dict[str, Any]:
     limit = core.config.heartbeat_interval * core.config.heartbeat_liveness
     return {
-        "broker": {**info, "uptime": round(now - core.started_at, 3), "stopping": core.stopping,
-                   "heartbeat_interval": core.config.heartbeat_interval,
-                   "peer_timeout": limit, "time": wall},
+        "broker": {
+            **info,
+            "uptime": round(now - core.started_at, 3),
+            "stopping": core.stopping,
+            "heartbeat_interval": core.config.heartbeat_interval,
+            "peer_timeout": limit,
+            "time": wall,
+        },
         "counters": dict(core.counters),
         "queues": queues(core),
         "job_managers": job_managers(core, now, wall),
         "schedulers": [
-            {"identity": _show(p.identity), "host": p.meta.get("host"), "pid": p.meta.get("pid"),
-             "last_heartbeat": round(wall - (now - p.last_seen), 3)}
+            {
+                "identity": _show(p.identity),
+                "host": p.meta.get("host"),
+                "pid": p.meta.get("pid"),
+                "last_heartbeat": round(wall - (now - p.last_seen), 3),
+            }
             for p in core.schedulers.values()
         ],
         "held_schedules": len(core.held_schedules),

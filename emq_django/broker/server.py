@@ -19,9 +19,9 @@ from typing import Any
 
 import zmq
 
+from emq_django import wire
 from emq_django.broker import monitor
 from emq_django.broker.core import BACKEND, FRONTEND, BrokerConfig, BrokerCore
-from emq_django import wire
 from emq_django.conf import EmqSettings
 
 log = logging.getLogger(__name__)
@@ -32,25 +32,36 @@ FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
 
 
 class BrokerServer:
-    def __init__(self, settings: EmqSettings, context: zmq.Context[Any] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 shutdown_grace: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: EmqSettings,
+        context: zmq.Context[Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        shutdown_grace: float | None = None,
+    ) -> None:
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.clock = clock
         self.grace = settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.core = BrokerCore(
-            BrokerConfig(settings.HEARTBEAT_INTERVAL, settings.HEARTBEAT_LIVENESS,
-                         settings.MAX_PENDING),
+            BrokerConfig(
+                settings.HEARTBEAT_INTERVAL, settings.HEARTBEAT_LIVENESS, settings.MAX_PENDING
+            ),
             clock(),
         )
         self.core.wall_offset = time.time() - clock()
-        self.info = {"host": pysocket.gethostname(), "pid": os.getpid(),
-                     "frontend": settings.FRONTEND_BIND, "backend": settings.BACKEND_BIND,
-                     "monitor": settings.MONITOR_BIND, "started_at": time.time()}
+        self.info = {
+            "host": pysocket.gethostname(),
+            "pid": os.getpid(),
+            "frontend": settings.FRONTEND_BIND,
+            "backend": settings.BACKEND_BIND,
+            "monitor": settings.MONITOR_BIND,
+            "started_at": time.time(),
+        }
         self.internal_errors = 0
         self.dropped_sends = 0
         self._shutdown_requests = 0
+        self._signals_installed = False
         self._wake_r, self._wake_w = pysocket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -61,7 +72,7 @@ class BrokerServer:
         self.sockets = {FRONTEND: self.frontend, BACKEND: self.backend}
 
     def _router(self, hwm: int | None = None) -> zmq.Socket[Any]:
-        sock = self.context.socket(zmq.ROUTER)
+        sock: zmq.Socket[Any] = self.context.socket(zmq.ROUTER)
         sock.linger = 0
         sock.router_mandatory = 1  # an unroutable peer raises instead of a silent drop
         if hwm is not None:
@@ -70,19 +81,26 @@ class BrokerServer:
 
     def bind(self) -> None:
         """Bind the three ports; raises ``zmq.ZMQError`` naming the address on failure."""
-        for sock, addr in ((self.frontend, self.settings.FRONTEND_BIND),
-                           (self.backend, self.settings.BACKEND_BIND),
-                           (self.monitor, self.settings.MONITOR_BIND)):
+        for sock, addr in (
+            (self.frontend, self.settings.FRONTEND_BIND),
+            (self.backend, self.settings.BACKEND_BIND),
+            (self.monitor, self.settings.MONITOR_BIND),
+        ):
             try:
                 sock.bind(addr)
             except zmq.ZMQError as exc:
                 raise zmq.ZMQError(exc.errno, f"cannot bind {addr}: {exc.strerror}") from exc
-        log.info("broker up: clients on %s, job managers on %s, monitor on %s (pid %d)",
-                 self.settings.FRONTEND_BIND, self.settings.BACKEND_BIND,
-                 self.settings.MONITOR_BIND, os.getpid())
+        log.info(
+            "broker up: clients on %s, job managers on %s, monitor on %s (pid %d)",
+            self.settings.FRONTEND_BIND,
+            self.settings.BACKEND_BIND,
+            self.settings.MONITOR_BIND,
+            os.getpid(),
+        )
 
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        self._signals_installed = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
 
@@ -107,19 +125,22 @@ class BrokerServer:
         while True:
             now = self.clock()
             if self._shutdown_requests and not core.stopping:
-                log.info("shutting down: KBYE sent to every peer; waiting up to %.0f s for "
-                         "%d in-flight jobs", self.grace, len(core.inflight))
+                log.info(
+                    "shutting down: KBYE sent to every peer; waiting up to %.0f s for "
+                    "%d in-flight jobs",
+                    self.grace,
+                    len(core.inflight),
+                )
                 core.begin_shutdown()
                 deadline = now + self.grace
-            if core.stopping and (core.drained or now >= deadline
-                                  or self._shutdown_requests > 1):
+            if core.stopping and (core.drained or now >= deadline or self._shutdown_requests > 1):
                 self._flush()
                 self._log_exit()
                 return
             core.on_timer(now)
             self._flush()
             timeout = max(0.0, min(core.next_deadline(), deadline) - self.clock())
-            for sock, _ in poller.poll(timeout * 1000):
+            for sock, _ in poller.poll(int(timeout * 1000) + 1):
                 if sock is self.frontend:
                     self._drain(self.frontend, core.on_frontend)
                 elif sock is self.backend:
@@ -129,15 +150,15 @@ class BrokerServer:
                 else:
                     self._clear_wakeups()
 
-    def _drain(self, sock: zmq.Socket[Any],
-               handler: Callable[[bytes, Sequence[bytes], float], None]) -> None:
+    def _drain(
+        self, sock: zmq.Socket[Any], handler: Callable[[bytes, Sequence[bytes], float], None]
+    ) -> None:
         now = self.clock()
         core = self.core
         for n in range(DRAIN_LIMIT):
-            try:
-                frames = wire.recv(sock)
-            except zmq.Again:
+            if not wire.readable(sock):
                 break
+            frames = wire.recv(sock)
             try:
                 handler(frames[0], frames[1:], now)
             except Exception:  # a bug must not take the broker down
@@ -158,8 +179,11 @@ class BrokerServer:
                 except zmq.Again:
                     self.dropped_sends += 1
                     if self.dropped_sends % 1000 == 1:
-                        log.warning("peer %r is not reading; dropped %d messages so far",
-                                    identity[:32], self.dropped_sends)
+                        log.warning(
+                            "peer %r is not reading; dropped %d messages so far",
+                            identity[:32],
+                            self.dropped_sends,
+                        )
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
@@ -208,11 +232,15 @@ class BrokerServer:
 
     def _log_exit(self) -> None:
         lost = sum(len(q.pending) for q in self.core.queues.values())
-        log.info("broker stopped: %d jobs still in flight, %d waiting (not guaranteed: dropped)",
-                 len(self.core.inflight), lost)
+        log.info(
+            "broker stopped: %d jobs still in flight, %d waiting (not guaranteed: dropped)",
+            len(self.core.inflight),
+            lost,
+        )
 
     def close(self) -> None:
-        signal.set_wakeup_fd(-1)
+        if self._signals_installed:
+            signal.set_wakeup_fd(-1)
         for sock in (self.frontend, self.backend, self.monitor):
             sock.close(linger=0)
         self._wake_r.close()

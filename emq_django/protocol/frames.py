@@ -114,7 +114,15 @@ class Request:
     body: bytes
 
     def encode(self) -> list[bytes]:
-        return [b"", PROTOCOL, REQUEST, self.msgid, self.queue.encode(), self.headers.raw, self.body]
+        return [
+            b"",
+            PROTOCOL,
+            REQUEST,
+            self.msgid,
+            self.queue.encode(),
+            self.headers.raw,
+            self.body,
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +133,15 @@ class Publish:
     body: bytes
 
     def encode(self) -> list[bytes]:
-        return [b"", PROTOCOL, PUBLISH, self.msgid, self.topic.encode(), self.headers.raw, self.body]
+        return [
+            b"",
+            PROTOCOL,
+            PUBLISH,
+            self.msgid,
+            self.topic.encode(),
+            self.headers.raw,
+            self.body,
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +208,30 @@ class Error:
     code: str = "refused"
 
     def encode(self) -> list[bytes]:
-        return [b"", PROTOCOL, ERROR, self.msgid, self.ref_msgid, self.code.encode(),
-                self.reason.encode()]
+        return [
+            b"",
+            PROTOCOL,
+            ERROR,
+            self.msgid,
+            self.ref_msgid,
+            self.code.encode(),
+            self.reason.encode(),
+        ]
 
 
 Command: TypeAlias = (
-    Ack | Reply | Heartbeat | Disconnect | Kbye | Request | Publish | Schedule | Unschedule
-    | Inform | Ready | Error
+    Ack
+    | Reply
+    | Heartbeat
+    | Disconnect
+    | Kbye
+    | Request
+    | Publish
+    | Schedule
+    | Unschedule
+    | Inform
+    | Ready
+    | Error
 )
 
 

@@ -19,7 +19,9 @@ STATUS_FAILED = b"failed,ready"
 
 def _type_name(exc: BaseException) -> str:
     cls = type(exc)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
 
 
 def failure(exc: BaseException, tb: str = "") -> bytes:
@@ -35,17 +37,26 @@ def execute(body: bytes, job_id: bytes = b"") -> tuple[bytes, bool]:
         return encode_failure("emq_django.exceptions.ProtocolError", exc.reason, ""), True
     task = registry.find(spec.task_name)
     if task is None:
-        log.warning("refused job %s: %s is not a registered task; it was not imported",
-                    job_id.decode(errors="replace"), spec.task_name)
-        return encode_failure("emq_django.exceptions.TaskNotFound",
-                              f"{spec.task_name!r} is not a registered task", ""), True
+        log.warning(
+            "refused job %s: %s is not a registered task; it was not imported",
+            job_id.decode(errors="replace"),
+            spec.task_name,
+        )
+        return encode_failure(
+            "emq_django.exceptions.TaskNotFound", f"{spec.task_name!r} is not a registered task", ""
+        ), True
     # Closing after every job also closes "before" the next one: nothing runs between
     # jobs, and the job manager closes all connections before it forks.
     try:
         value = task.fn(*spec.args, **spec.kwargs)
     except Exception as exc:
-        log.info("job %s (%s) failed: %s: %s", job_id.decode(errors="replace"), task.name,
-                 _type_name(exc), exc)
+        log.info(
+            "job %s (%s) failed: %s: %s",
+            job_id.decode(errors="replace"),
+            task.name,
+            _type_name(exc),
+            exc,
+        )
         return failure(exc, traceback.format_exc()), True
     finally:
         close_old_connections()

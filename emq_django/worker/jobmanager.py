@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from emq_django import wire
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
@@ -92,9 +93,13 @@ class JobManager:
             self._spawn(slot)
         self.context = zmq.Context()
         self._connect()
-        log.info("job manager %s: %d worker processes on queues %s, broker %s", self.name,
-                 self.config.concurrency,
-                 ",".join(f"{n}:{w}" for w, n in self.config.queues), self.config.broker_url)
+        log.info(
+            "job manager %s: %d worker processes on queues %s, broker %s",
+            self.name,
+            self.config.concurrency,
+            ",".join(f"{n}:{w}" for w, n in self.config.queues),
+            self.config.broker_url,
+        )
         try:
             return self._loop()
         finally:
@@ -119,7 +124,7 @@ class JobManager:
         while True:
             assert self.sock is not None
             timeout = self._poll_timeout()
-            if self.sock.poll(timeout * 1000):
+            if self.sock.poll(int(timeout * 1000) + 1):
                 self._drain()
             self._reap()
             if self.signals and not self.children:
@@ -130,8 +135,11 @@ class JobManager:
             now = time.monotonic()
             self._enforce_time_limits(now)
             if now - self.last_recv > silence_limit:
-                log.warning("broker at %s silent for %.1f s; connecting again", c.broker_url,
-                            now - self.last_recv)
+                log.warning(
+                    "broker at %s silent for %.1f s; connecting again",
+                    c.broker_url,
+                    now - self.last_recv,
+                )
                 self._connect()
             elif now - self.last_send >= c.heartbeat_interval:
                 self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
@@ -156,17 +164,21 @@ class JobManager:
         sock = self.context.socket(zmq.DEALER)
         sock.linger = 0
         sock.connect(self.config.broker_url)
-        meta = {"role": "manager", "manager": self.name, "host": pysocket.gethostname(),
-                "pid": os.getpid(), "concurrency": self.config.concurrency}
-        sock.send_multipart(F.Inform(self._id(), self.config.queues, F.PEER_WORKER,
-                                     meta).encode())
+        meta = {
+            "role": "manager",
+            "manager": self.name,
+            "host": pysocket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": self.config.concurrency,
+        }
+        sock.send_multipart(F.Inform(self._id(), self.config.queues, F.PEER_WORKER, meta).encode())
         self.sock = sock
         self.last_recv = self.last_send = time.monotonic()
 
     def _drain(self) -> None:
         assert self.sock is not None
-        while self.sock.get(zmq.EVENTS) & zmq.POLLIN:
-            frames = self.sock.recv_multipart()
+        while wire.readable(self.sock):
+            frames = wire.recv(self.sock)
             self.last_recv = time.monotonic()
             try:
                 cmd = decode(frames)
@@ -180,7 +192,7 @@ class JobManager:
 
     def _send(self, frames: list[bytes]) -> None:
         assert self.sock is not None
-        self.sock.send_multipart(frames)
+        wire.send(self.sock, frames, nonblocking=False)
         self.last_send = time.monotonic()
 
     def _goodbye(self) -> None:
@@ -194,8 +206,16 @@ class JobManager:
 
     def _spawn(self, slot: int) -> None:
         c = self.config
-        cfg = SlotConfig(c.broker_url, c.queues, self.name, slot, c.heartbeat_interval,
-                         c.heartbeat_liveness, c.prefetch, c.max_jobs_per_worker)
+        cfg = SlotConfig(
+            c.broker_url,
+            c.queues,
+            self.name,
+            slot,
+            c.heartbeat_interval,
+            c.heartbeat_liveness,
+            c.prefetch,
+            c.max_jobs_per_worker,
+        )
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 1
@@ -231,14 +251,24 @@ class JobManager:
         self.table.clear(slot)
         overran = limit and time.monotonic() - started >= limit
         if overran:
-            body = encode_failure("TimeoutError", f"job ran longer than its time limit of "
-                                  f"{limit:g} s and its worker process was killed", "")
+            body = encode_failure(
+                "TimeoutError",
+                f"job ran longer than its time limit of "
+                f"{limit:g} s and its worker process was killed",
+                "",
+            )
         else:
-            body = encode_failure("emq_django.exceptions.WorkerLost",
-                                  f"worker process {pid} died mid-job "
-                                  f"({_describe_status(status)})", "")
-        log.warning("slot %d: job %s %s", slot, attempt_id.decode(errors="replace"),
-                    "timed out" if overran else "lost its worker process")
+            body = encode_failure(
+                "emq_django.exceptions.WorkerLost",
+                f"worker process {pid} died mid-job ({_describe_status(status)})",
+                "",
+            )
+        log.warning(
+            "slot %d: job %s %s",
+            slot,
+            attempt_id.decode(errors="replace"),
+            "timed out" if overran else "lost its worker process",
+        )
         self._send([b"", PROTOCOL, F.REPLY, self._id(), body, attempt_id, b"failed,lost"])
 
     def _enforce_time_limits(self, now: float) -> None:
@@ -250,12 +280,12 @@ class JobManager:
                 continue
             _, started, limit = self.table.read(slot)
             if limit and now - started >= limit:
-                log.warning("slot %d: job over its %g s time limit; stopping process %d",
-                            slot, limit, pid)
+                log.warning(
+                    "slot %d: job over its %g s time limit; stopping process %d", slot, limit, pid
+                )
+                # SIGTERM first, for cleanup handlers; SIGKILL after the grace period
                 _kill(pid, signal.SIGTERM)
-                # SIGTERM asks the job to finish: only SIGKILL stops a stuck one
                 self.kill_deadlines[pid] = now + self.config.kill_grace
-                _kill(pid, signal.SIGKILL) if self.config.kill_grace <= 0 else None
 
 
 def _kill(pid: int, sig: int) -> None:

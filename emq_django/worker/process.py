@@ -18,9 +18,9 @@ from typing import Any
 import zmq
 
 from emq_django import wire
+from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
-from emq_django.exceptions import ProtocolError
 from emq_django.worker.execution import STATUS_FAILED, STATUS_OK, execute
 from emq_django.worker.slots import SlotTable
 
@@ -89,7 +89,7 @@ class SlotWorker:
         silence_limit = c.heartbeat_interval * c.heartbeat_liveness
         while not self.stopping:
             assert self.sock is not None
-            if self.sock.poll(c.heartbeat_interval * 1000):
+            if self.sock.poll(int(c.heartbeat_interval * 1000)):
                 self._drain()
             now = time.monotonic()
             if self.stopping:
@@ -106,11 +106,8 @@ class SlotWorker:
     def _drain(self) -> None:
         sock = self.sock
         assert sock is not None
-        while True:
-            try:
-                frames = wire.recv(sock)
-            except zmq.Again:
-                return
+        while wire.readable(sock):
+            frames = wire.recv(sock)
             self.last_recv = time.monotonic()
             try:
                 cmd = decode(frames)
@@ -153,6 +150,6 @@ class SlotWorker:
             except ProtocolError:
                 continue
             if type(cmd) is F.Request:
-                self._run(cmd)  # type: ignore[arg-type]
+                self._run(cmd)
             elif type(cmd) is F.Kbye:
                 return

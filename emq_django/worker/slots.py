@@ -22,7 +22,7 @@ class SlotTable:
     def start(self, slot: int, attempt_id: bytes, started: float, timeout: float) -> None:
         attempt_id = attempt_id[:MAX_ATTEMPT_ID]
         base = slot * SLOT_SIZE
-        self._mem[base + _HEADER.size: base + _HEADER.size + len(attempt_id)] = attempt_id
+        self._mem[base + _HEADER.size : base + _HEADER.size + len(attempt_id)] = attempt_id
         _HEADER.pack_into(self._mem, base, started, timeout, len(attempt_id))
 
     def clear(self, slot: int) -> None:
@@ -34,5 +34,8 @@ class SlotTable:
         started, timeout, length = _HEADER.unpack_from(self._mem, base)
         if not length:
             return b"", 0.0, 0.0
-        return bytes(self._mem[base + _HEADER.size: base + _HEADER.size + length]), started, \
-            timeout
+        return (
+            bytes(self._mem[base + _HEADER.size : base + _HEADER.size + length]),
+            started,
+            timeout,
+        )

@@ -15,15 +15,24 @@ class Command(BaseCommand):
     help = "Run the emq broker (eMQP/1.0 over ZeroMQ)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--frontend", help="bind address for clients and schedulers "
-                            "(default EMQ_FRONTEND_BIND, tcp://127.0.0.1:47291)")
-        parser.add_argument("--backend", help="bind address for job managers "
-                            "(default EMQ_BACKEND_BIND, tcp://127.0.0.1:47290)")
-        parser.add_argument("--monitor", help="bind address of the monitor channel "
-                            "(default EMQ_MONITOR_BIND, tcp://127.0.0.1:47293)")
+        parser.add_argument(
+            "--frontend",
+            help="bind address for clients and schedulers "
+            "(default EMQ_FRONTEND_BIND, tcp://127.0.0.1:47291)",
+        )
+        parser.add_argument(
+            "--backend",
+            help="bind address for job managers (default EMQ_BACKEND_BIND, tcp://127.0.0.1:47290)",
+        )
+        parser.add_argument(
+            "--monitor",
+            help="bind address of the monitor channel "
+            "(default EMQ_MONITOR_BIND, tcp://127.0.0.1:47293)",
+        )
         parser.add_argument("--heartbeat-interval", type=float)
-        parser.add_argument("--heartbeat-liveness", type=int,
-                            help="missed heartbeats before a peer is dropped")
+        parser.add_argument(
+            "--heartbeat-liveness", type=int, help="missed heartbeats before a peer is dropped"
+        )
         parser.add_argument("--max-pending", type=int, help="waiting jobs allowed per queue")
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -31,9 +40,13 @@ class Command(BaseCommand):
 
         configure_command_logging(opts["verbosity"])
         settings = get_settings(
-            frontend_bind=opts["frontend"], backend_bind=opts["backend"],
-            monitor_bind=opts["monitor"], heartbeat_interval=opts["heartbeat_interval"],
-            heartbeat_liveness=opts["heartbeat_liveness"], max_pending=opts["max_pending"])
+            frontend_bind=opts["frontend"],
+            backend_bind=opts["backend"],
+            monitor_bind=opts["monitor"],
+            heartbeat_interval=opts["heartbeat_interval"],
+            heartbeat_liveness=opts["heartbeat_liveness"],
+            max_pending=opts["max_pending"],
+        )
         server = BrokerServer(settings)
         try:
             server.bind()

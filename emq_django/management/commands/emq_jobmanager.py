@@ -17,16 +17,27 @@ class Command(BaseCommand):
     help = "Run a job manager: a pool of worker processes that run registered tasks."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--queues", default="default:10",
-                            help="queues and weights, e.g. email:40,default:10")
-        parser.add_argument("--concurrency", type=int, default=os.cpu_count() or 1,
-                            help="worker processes (default: CPU count)")
-        parser.add_argument("--broker", help="broker's job manager address (default "
-                            "EMQ_WORKER_URL, tcp://127.0.0.1:47290)")
+        parser.add_argument(
+            "--queues", default="default:10", help="queues and weights, e.g. email:40,default:10"
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=os.cpu_count() or 1,
+            help="worker processes (default: CPU count)",
+        )
+        parser.add_argument(
+            "--broker",
+            help="broker's job manager address (default EMQ_WORKER_URL, tcp://127.0.0.1:47290)",
+        )
         parser.add_argument("--name", default="", help="name shown in the monitor")
         parser.add_argument("--prefetch", type=int, help="jobs each worker may hold (default 1)")
-        parser.add_argument("--max-jobs-per-worker", type=int, default=0,
-                            help="restart a worker process after this many jobs (0: never)")
+        parser.add_argument(
+            "--max-jobs-per-worker",
+            type=int,
+            default=0,
+            help="restart a worker process after this many jobs (0: never)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         configure_command_logging(opts["verbosity"])
@@ -43,10 +54,15 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.stderr.write(f"registered tasks: {', '.join(names) or '(none)'}")
         config = JobManagerConfig(
-            broker_url=settings.WORKER_URL, queues=queues, concurrency=opts["concurrency"],
+            broker_url=settings.WORKER_URL,
+            queues=queues,
+            concurrency=opts["concurrency"],
             heartbeat_interval=settings.HEARTBEAT_INTERVAL,
-            heartbeat_liveness=settings.HEARTBEAT_LIVENESS, prefetch=settings.PREFETCH,
-            name=opts["name"], max_jobs_per_worker=opts["max_jobs_per_worker"])
+            heartbeat_liveness=settings.HEARTBEAT_LIVENESS,
+            prefetch=settings.PREFETCH,
+            name=opts["name"],
+            max_jobs_per_worker=opts["max_jobs_per_worker"],
+        )
         code = JobManager(config).run()
         if code:
             raise SystemExit(code)

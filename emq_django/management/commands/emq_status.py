@@ -16,8 +16,7 @@ from emq_django.monitor_client import status
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
     cells = [headers] + [["" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -49,26 +48,71 @@ class Command(BaseCommand):
     def render(doc: dict[str, Any]) -> str:
         now = doc["broker"].get("time") or dt.datetime.now().timestamp()
         b = doc["broker"]
-        out = [f"broker pid {b.get('pid')} on {b.get('host')}, up {b.get('uptime')} s"
-               f"{' (stopping)' if b.get('stopping') else ''}", "", "Queues"]
-        out.append(_table(
-            [[q["name"], q["depth"], q["in_flight"],
-              ", ".join(f"{m['identity']} (w{m['weight']}, {m['free_slots']} free)"
-                        for m in q["job_managers"]) or "-"] for q in doc["queues"]],
-            ["queue", "depth", "in flight", "job managers"]))
+        out = [
+            f"broker pid {b.get('pid')} on {b.get('host')}, up {b.get('uptime')} s"
+            f"{' (stopping)' if b.get('stopping') else ''}",
+            "",
+            "Queues",
+        ]
+        out.append(
+            _table(
+                [
+                    [
+                        q["name"],
+                        q["depth"],
+                        q["in_flight"],
+                        ", ".join(
+                            f"{m['identity']} (w{m['weight']}, {m['free_slots']} free)"
+                            for m in q["job_managers"]
+                        )
+                        or "-",
+                    ]
+                    for q in doc["queues"]
+                ],
+                ["queue", "depth", "in flight", "job managers"],
+            )
+        )
         out += ["", "Job managers"]
-        out.append(_table(
-            [[m["identity"], m.get("host"), m.get("pid"),
-              ",".join(f"{n}:{w}" for w, n in m["queues"]), m["slots"], m["busy"],
-              m["free_slots"], m["jobs_done"], _ago(m["last_heartbeat"], now)]
-             for m in doc["job_managers"]],
-            ["job manager", "host", "pid", "queues", "slots", "busy", "free", "done",
-             "last heartbeat"]))
+        out.append(
+            _table(
+                [
+                    [
+                        m["identity"],
+                        m.get("host"),
+                        m.get("pid"),
+                        ",".join(f"{n}:{w}" for w, n in m["queues"]),
+                        m["slots"],
+                        m["busy"],
+                        m["free_slots"],
+                        m["jobs_done"],
+                        _ago(m["last_heartbeat"], now),
+                    ]
+                    for m in doc["job_managers"]
+                ],
+                [
+                    "job manager",
+                    "host",
+                    "pid",
+                    "queues",
+                    "slots",
+                    "busy",
+                    "free",
+                    "done",
+                    "last heartbeat",
+                ],
+            )
+        )
         if doc.get("schedulers"):
             out += ["", "Schedulers"]
-            out.append(_table([[s["identity"], s.get("host"), s.get("pid"),
-                                _ago(s["last_heartbeat"], now)] for s in doc["schedulers"]],
-                              ["scheduler", "host", "pid", "last heartbeat"]))
+            out.append(
+                _table(
+                    [
+                        [s["identity"], s.get("host"), s.get("pid"), _ago(s["last_heartbeat"], now)]
+                        for s in doc["schedulers"]
+                    ],
+                    ["scheduler", "host", "pid", "last heartbeat"],
+                )
+            )
         out += ["", "Counters"]
         out.append(_table([[k, v] for k, v in doc["counters"].items()], ["counter", "value"]))
         return "\n".join(out) + "\n"
