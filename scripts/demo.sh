@@ -44,6 +44,20 @@ start() {
   echo "started $name (pid $!)"
 }
 
+# SIGTERM one process, give it 5 s, then SIGKILL its whole group (workers included).
+stop_one() {
+  local pid=$1 name=$2 t
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((t = 0; t < 50; t++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "$name (pid $pid) did not stop in 5 s; killing it"
+  fi
+  kill -KILL -- "-$pid" 2>/dev/null || true
+}
+
 stopping=0
 stop_all() {
   [ "$stopping" = 1 ] && return
@@ -51,23 +65,9 @@ stop_all() {
   echo
   echo "stopping demo processes..."
   local i
-  # Newest first: producer, web, job manager, broker.
+  # Newest first: producer, web, job manager, then the broker they talk to.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM -- "-${pids[i]}" 2>/dev/null || kill -TERM "${pids[i]}" 2>/dev/null || true
-  done
-  for ((i = 0; i < 50; i++)); do
-    local alive=0 pid
-    for pid in "${pids[@]}"; do
-      kill -0 "$pid" 2>/dev/null && alive=1
-    done
-    [ "$alive" = 0 ] && break
-    sleep 0.1
-  done
-  for i in "${!pids[@]}"; do
-    if kill -0 "${pids[i]}" 2>/dev/null; then
-      echo "${names[i]} (pid ${pids[i]}) did not stop in 5 s; killing it"
-    fi
-    kill -KILL -- "-${pids[i]}" 2>/dev/null || true
+    stop_one "${pids[i]}" "${names[i]}"
   done
   wait 2>/dev/null || true
 }
