@@ -66,6 +66,7 @@ class BrokerCore:
         self.started_at = now
         self.wall_offset = 0.0  # wall clock minus ``now``, for HEARTBEAT timestamps
         self.next_heartbeat = now + config.heartbeat_interval
+        self.next_expiry_check = now + config.heartbeat_interval / 4
         self.stopping = False
         self._error_log_budget = 100
 
@@ -101,10 +102,13 @@ class BrokerCore:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.config.heartbeat_interval
             self._send_heartbeats(now)
+        if now >= self.next_expiry_check:
+            # a quarter interval: a dead peer is noticed within liveness + 1/4 intervals
+            self.next_expiry_check = now + self.config.heartbeat_interval / 4
             self._expire_peers(now)
 
     def next_deadline(self) -> float:
-        return self.next_heartbeat
+        return min(self.next_heartbeat, self.next_expiry_check)
 
     def peer_unreachable(self, socket: int, identity: bytes, now: float) -> None:
         """The socket refused to route to ``identity``: that peer is gone."""
@@ -376,8 +380,13 @@ class BrokerCore:
             queue = self.queues[name]
             queue.remove_server(peer.identity)
             queue.unready(peer.identity, weight)
+        orphans: list[Peer] = []
         if peer.role == ROLE_MANAGER and self.managers.get(peer.manager or "") == peer.identity:
             del self.managers[peer.manager or ""]
+            # its worker processes die with it (PDEATHSIG): do not wait for them to expire
+            orphans = [p for p in self.peers.values() if p.manager == peer.manager]
+            for orphan in orphans:
+                self._set_credit(orphan, 0)  # so that nothing is requeued onto them
         lost = [self.inflight.pop(a) for a in sorted(peer.inflight) if a in self.inflight]
         peer.inflight.clear()
         if peer.role != ROLE_SLOT or lost:
@@ -389,6 +398,8 @@ class BrokerCore:
             )
         for job in lost:
             self._requeue(job, now)
+        for orphan in orphans:
+            self._drop_peer(orphan, now, f"went with its job manager {peer.manager}")
 
     # ---- heartbeats ---------------------------------------------------------
 
@@ -401,7 +412,10 @@ class BrokerCore:
     def _expire_peers(self, now: float) -> None:
         limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
         expired = [p for p in self.peers.values() if now - p.last_seen > limit]
+        expired.sort(key=lambda p: p.role == ROLE_SLOT)  # managers first: they vouch for slots
         for peer in expired:
+            if peer.identity not in self.peers:
+                continue  # went with its job manager
             if (
                 peer.role == ROLE_SLOT
                 and peer.inflight

@@ -26,8 +26,7 @@ from emq_django.conf import EmqSettings
 
 log = logging.getLogger(__name__)
 
-DRAIN_LIMIT = 5000  # messages from one socket before looking at the others
-FLUSH_EVERY = 512
+CHUNK = 256  # messages from one socket before turning to the other
 FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
 
 
@@ -141,33 +140,46 @@ class BrokerServer:
             self._flush()
             timeout = max(0.0, min(core.next_deadline(), deadline) - self.clock())
             for sock, _ in poller.poll(int(timeout * 1000) + 1):
-                if sock is self.frontend:
-                    self._drain(self.frontend, core.on_frontend)
-                elif sock is self.backend:
-                    self._drain(self.backend, core.on_backend)
-                elif sock is self.monitor:
+                if sock is self.monitor:
                     self._serve_monitor()
-                else:
+                elif sock is not self.frontend and sock is not self.backend:
                     self._clear_wakeups()
+            self._drain_both()
+
+    def _drain_both(self) -> None:
+        """Take turns between job managers and clients until neither has anything.
+
+        Replies from job managers return credit, so they never wait behind a flood
+        of new jobs; polling again only when both are empty saves a system call
+        per message under load.
+        """
+        core = self.core
+        while True:
+            got = self._drain(self.backend, core.on_backend)
+            got += self._drain(self.frontend, core.on_frontend)
+            if not got:
+                return
+            now = self.clock()
+            if now >= core.next_deadline():
+                core.on_timer(now)
 
     def _drain(
         self, sock: zmq.Socket[Any], handler: Callable[[bytes, Sequence[bytes], float], None]
-    ) -> None:
+    ) -> int:
+        """Handle up to CHUNK waiting messages, then send what they produced."""
         now = self.clock()
-        core = self.core
-        for n in range(DRAIN_LIMIT):
-            if not wire.readable(sock):
-                break
+        n = 0
+        while n < CHUNK and wire.readable(sock):
             frames = wire.recv(sock)
+            n += 1
             try:
                 handler(frames[0], frames[1:], now)
             except Exception:  # a bug must not take the broker down
                 self.internal_errors += 1
                 log.exception("internal error handling a message from %r", frames[0][:32])
-            if len(core.out) >= FLUSH_EVERY or n % 256 == 255:
-                self._flush()
-                now = self.clock()
-        self._flush()
+        if n:
+            self._flush()
+        return n
 
     def _flush(self) -> None:
         core = self.core
