@@ -114,6 +114,19 @@ class EmqProcesses:
         """Start `manage.py command *args` with os.environ + the base env + `env`."""
         name = name or f"{command}-{len(self.processes)}"
         argv = [sys.executable, str(REPO_ROOT / "manage.py"), command, *args]
+        return self.start_program(argv, env=env, name=name)
+
+    def start_program(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+    ) -> ManagedProcess:
+        """Start any program (e.g. EventMQ's `emq-jobmanager`) the way `start` does:
+        os.environ + the base env + `env`, cwd the repo root, its own session, logs
+        in `log_dir`, stopped by PID (and its process group) in teardown."""
+        name = name or f"{Path(argv[0]).name}-{len(self.processes)}"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stdout_path = self.log_dir / f"{name}.stdout.log"

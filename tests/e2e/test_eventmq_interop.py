@@ -1,0 +1,517 @@
+"""Interop with the released EventMQ 0.3.13 peers, over real loopback TCP.
+
+- EventMQ's client (``Sender`` + ``defer_job``) -> our broker -> our job manager:
+  registered ``@emq.task`` functions run, anything else is refused and counted failed.
+- Our client (``task.delay()``) -> our broker -> EventMQ's ``emq-jobmanager``: the job
+  runs and ``.get()`` returns the value from EventMQ's ``{"value": ...}`` REPLY.
+- EventMQ's ``schedule()`` frames (SCHEDULE, cron SCHEDULE, UNSCHEDULE) are ACKed by
+  our broker, held while no scheduler is connected, and forwarded unchanged to the
+  first scheduler that INFORMs.
+
+See docs/eventmq-wire.md for what those peers send. Every process is started through
+the ``emq_processes`` fixture and stopped by PID in teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from django.test import override_settings
+
+from emq_django import monitor_client
+from emq_django.client import reset_client
+from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
+from tests.e2e import interop_tasks
+
+pytestmark = [pytest.mark.e2e, pytest.mark.interop, pytest.mark.timeout(60)]
+
+eventmq = pytest.importorskip("eventmq", reason="eventmq==0.3.13 is installed by `make venv`")
+
+TASKS_MODULE = interop_tasks.__name__  # "tests.e2e.interop_tasks"
+PROTOCOL = b"eMQP/1.0"
+
+
+# ---- helpers -----------------------------------------------------------------------
+
+
+def wait_until(
+    what: str, check: Callable[[], Any], timeout: float = 10.0, procs: EmqProcesses | None = None
+) -> Any:
+    """Poll ``check`` until it returns something truthy; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        if procs is not None:
+            dead = [p.name for p in procs.processes if not p.alive()]
+            if dead:
+                raise AssertionError(f"{', '.join(dead)} exited while waiting for {what}")
+        time.sleep(0.05)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def status(env: dict[str, str]) -> dict[str, Any]:
+    return monitor_client.status(env["EMQ_MONITOR_URL"])
+
+
+def counters(env: dict[str, str]) -> dict[str, int]:
+    return status(env)["counters"]
+
+
+def free_slots(env: dict[str, str], queue: str = "default") -> int:
+    for q in status(env)["queues"]:
+        if q["name"] == queue:
+            return sum(jm["free_slots"] for jm in q["job_managers"])
+    return 0
+
+
+def marker_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def start_broker(
+    procs: EmqProcesses, env: dict[str, str], extra_env: dict[str, str] | None = None
+) -> ManagedProcess:
+    broker = procs.start("emq_broker", name="broker", env=extra_env)
+    procs.wait_for_port(port_of(env["EMQ_FRONTEND_BIND"]), proc=broker)
+    procs.wait_for_port(port_of(env["EMQ_BACKEND_BIND"]), proc=broker)
+    procs.wait_for_port(port_of(env["EMQ_MONITOR_BIND"]), proc=broker)
+    return broker
+
+
+def start_our_jobmanager(procs: EmqProcesses, env: dict[str, str], marker: Path) -> ManagedProcess:
+    jm = procs.start(
+        "emq_jobmanager",
+        "--queues",
+        "default:10",
+        "--concurrency",
+        "2",
+        name="jobmanager",
+        env={"EMQ_IMPORTS": TASKS_MODULE, interop_tasks.MARKER_ENV: str(marker)},
+    )
+    procs.wait_for_output(jm, f"{TASKS_MODULE}.record")  # "registered tasks: ..."
+    # Both worker processes have connected and given their credit.
+    wait_until(
+        "our job manager's 2 slots on queue default",
+        lambda: free_slots(env) >= 2,
+        timeout=15,
+        procs=procs,
+    )
+    return jm
+
+
+def eventmq_jobmanager_path() -> Path:
+    path = Path(sys.executable).parent / "emq-jobmanager"
+    if not path.exists():
+        pytest.skip(f"{path} is missing: run `make venv` (pip install --no-deps eventmq==0.3.13)")
+    return path
+
+
+class EventMQClient:
+    """EventMQ's own client socket (``eventmq.sender.Sender``), plus reading what our
+    broker sends back to it (EventMQ's client never reads; the test does)."""
+
+    def __init__(self, url: str) -> None:
+        from eventmq.sender import Sender
+
+        self.sender = Sender()
+        self.sender.connect(url)
+        self.received: list[list[bytes]] = []
+
+    @property
+    def socket(self) -> zmq.Socket[Any]:
+        return self.sender.zsocket
+
+    def defer_job(self, func: str, **kwargs: Any) -> str:
+        from eventmq.client.messages import defer_job
+
+        msgid = defer_job(self.sender, func, **kwargs)
+        assert msgid, f"EventMQ's defer_job refused to send {func!r}"
+        return str(msgid)
+
+    def schedule(self, func: str, **kwargs: Any) -> str:
+        from eventmq.client.messages import schedule
+
+        msgid = schedule(self.sender, func, **kwargs)
+        assert msgid, f"EventMQ's schedule refused to send {func!r}"
+        return str(msgid)
+
+    def _pump(self, timeout: float) -> None:
+        if self.socket.poll(int(timeout * 1000)):
+            while self.socket.poll(0):
+                self.received.append(self.socket.recv_multipart())
+
+    def wait_for(
+        self, what: str, match: Callable[[list[bytes]], bool], timeout: float = 10.0
+    ) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for frames in self.received:
+                if match(frames):
+                    return frames
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {what} within {timeout} s; got {self.received!r}")
+            self._pump(min(remaining, 0.2))
+
+    def wait_ack(self, msgid: str, timeout: float = 5.0) -> list[bytes]:
+        frames = self.wait_for(
+            f"ACK of {msgid}",
+            lambda f: len(f) >= 3 and f[2] == b"ACK" and f[-1] == msgid.encode(),
+            timeout,
+        )
+        assert frames[:2] == [b"", PROTOCOL]
+        assert len(frames) == 5, f"ACK must be ['', 'eMQP/1.0', 'ACK', newid, msgid]: {frames}"
+        return frames
+
+    def wait_reply(self, msgid: str, timeout: float = 10.0) -> list[bytes]:
+        return self.wait_for(
+            f"REPLY to {msgid}",
+            lambda f: len(f) >= 5 and f[2] == b"REPLY" and msgid.encode() in f[4:],
+            timeout,
+        )
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+@pytest.fixture
+def eventmq_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep EventMQ's settings loader in this process off /etc/eventmq.conf."""
+    monkeypatch.setenv("EVENTMQ_CONFIG_FILE", "/nonexistent")
+
+
+@pytest.fixture
+def eventmq_client(emq_env: dict[str, str], eventmq_env: None) -> Iterator[EventMQClient]:
+    client = EventMQClient(emq_env["EMQ_BROKER_URL"])
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    return tmp_path / "ran.txt"
+
+
+@pytest.fixture
+def our_client(emq_env: dict[str, str]) -> Iterator[None]:
+    """This process's emq client talks to the test's broker."""
+    reset_client()
+    with override_settings(
+        EMQ_BROKER_URL=emq_env["EMQ_BROKER_URL"], EMQ_EAGER=False, EMQ_ACK_TIMEOUT=5.0
+    ):
+        yield
+        reset_client()
+
+
+# ---- 1. EventMQ client -> our broker -> our job manager: registered tasks run -------
+
+
+def test_eventmq_client_runs_registered_task_on_our_jobmanager(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    eventmq_client: EventMQClient,
+    marker: Path,
+) -> None:
+    start_broker(emq_processes, emq_env)
+    start_our_jobmanager(emq_processes, emq_env, marker)
+
+    # Fire and forget, as EventMQ users do: no reply requested.
+    first = eventmq_client.defer_job(f"{TASKS_MODULE}.record", args=["from-eventmq"])
+    eventmq_client.wait_ack(first)
+    wait_until(
+        "the task's side effect",
+        lambda: any(line.startswith("record from-eventmq ") for line in marker_lines(marker)),
+        procs=emq_processes,
+    )
+
+    # kwargs, and reply-requested: our broker sends the result back to the client.
+    second = eventmq_client.defer_job(
+        f"{TASKS_MODULE}.add", kwargs={"x": 2, "y": 3}, reply_requested=True
+    )
+    eventmq_client.wait_ack(second)
+    reply = eventmq_client.wait_reply(second)
+    assert json.loads(reply[4]) == {"value": 5}
+    assert "add 2 3" in marker_lines(marker)
+
+    c = wait_until(
+        "2 jobs counted as succeeded", lambda: (c := counters(emq_env))["succeeded"] >= 2 and c
+    )
+    assert c["succeeded"] == 2
+    assert c["failed"] == 0
+    assert c["received"] == 2
+    assert c["protocol_errors"] == 0
+    assert len([line for line in marker_lines(marker) if line.startswith("record ")]) == 1
+
+
+# ---- 2. ... and anything that is not a registered task is refused --------------------
+
+
+def test_eventmq_client_cannot_run_unregistered_callables(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    eventmq_client: EventMQClient,
+    marker: Path,
+    tmp_path: Path,
+) -> None:
+    start_broker(emq_processes, emq_env)
+    jm = start_our_jobmanager(emq_processes, emq_env, marker)
+    pwned = tmp_path / "pwned"
+
+    # EventMQ's own job manager would import `os` and call system(); ours must not.
+    system = eventmq_client.defer_job("os.system", args=[f"touch {pwned}"], reply_requested=True)
+    # Importable, in the very module EMQ_IMPORTS names, but not an @emq.task.
+    plain = eventmq_client.defer_job(
+        f"{TASKS_MODULE}.unregistered", args=["nope"], reply_requested=True
+    )
+    # The class form EventMQ supports: `module:Class` + method name.
+    method = eventmq_client.defer_job("pathlib:Path.cwd", reply_requested=True)
+    for msgid in (system, plain, method):
+        eventmq_client.wait_ack(msgid)
+
+    for msgid in (system, plain, method):
+        body = json.loads(eventmq_client.wait_reply(msgid)[4])
+        assert "value" not in body, f"an unregistered callable ran: {body}"
+        assert body["error"]["type"] == "emq_django.exceptions.TaskNotFound", body
+
+    c = wait_until(
+        "3 jobs counted as failed",
+        lambda: (c := counters(emq_env))["failed"] >= 3 and c,
+        procs=emq_processes,
+    )
+    assert c["failed"] == 3
+    assert c["succeeded"] == 0
+    assert c["protocol_errors"] == 0
+
+    # A registered task still runs afterwards: the refusals did not break the slots.
+    ok = eventmq_client.defer_job(f"{TASKS_MODULE}.record", args=["still-works"])
+    eventmq_client.wait_ack(ok)
+    wait_until(
+        "the registered task after the refusals",
+        lambda: any(line.startswith("record still-works ") for line in marker_lines(marker)),
+        procs=emq_processes,
+    )
+    wait_until("it counted as succeeded", lambda: counters(emq_env)["succeeded"] == 1)
+
+    assert not pwned.exists(), "os.system ran: the job manager executed an unregistered callable"
+    assert not any(line.startswith("unregistered") for line in marker_lines(marker))
+    log = jm.stderr()
+    for name in ("os.system", f"{TASKS_MODULE}.unregistered", "pathlib:Path.cwd"):
+        assert f"{name} is not a registered task" in log, f"no refusal logged for {name}"
+    assert log.count("refused job") >= 3
+
+
+# ---- 3. our client -> our broker -> EventMQ's job manager ----------------------------
+
+
+@pytest.mark.parametrize(
+    "heartbeat_interval", ["0.5", "1.0"], ids=["heartbeat-0.5s", "heartbeat-default-1s"]
+)
+def test_our_client_runs_jobs_on_eventmq_jobmanager(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    our_client: None,
+    marker: Path,
+    heartbeat_interval: str,
+) -> None:
+    # EMQ_HEARTBEAT_INTERVAL is the broker's own beat; EventMQ's job manager beats every
+    # 3 s whatever the broker does, and the broker must keep it all the same.
+    start_broker(emq_processes, emq_env, {"EMQ_HEARTBEAT_INTERVAL": heartbeat_interval})
+    jm = emq_processes.start_program(
+        [str(eventmq_jobmanager_path()), "--broker-addr", emq_env["EMQ_WORKER_URL"]],
+        name="eventmq-jobmanager",
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+            ),
+            "EVENTMQ_CONFIG_FILE": "/nonexistent",
+            "EVENTMQ_QUEUES": '[[10, "default"]]',
+            "EVENTMQ_CONCURRENT_JOBS": "2",
+            interop_tasks.MARKER_ENV: str(marker),
+        },
+    )
+    # INFORM -> our ACK + HEARTBEAT -> it forks its 2 workers -> one READY each.
+    wait_until(
+        "EventMQ's job manager to report 2 free slots",
+        lambda: free_slots(emq_env) >= 2,
+        timeout=15,
+        procs=emq_processes,
+    )
+    managers = status(emq_env)["job_managers"]
+    assert [m["kind"] for m in managers] == ["eventmq"], managers
+
+    assert interop_tasks.add.delay(2, 3).get(timeout=10) == 5
+    assert interop_tasks.record.delay("via-eventmq").get(timeout=10) == "via-eventmq"
+    lines = marker_lines(marker)
+    assert "add 2 3" in lines
+    assert any(line.startswith("record via-eventmq ") for line in lines), lines
+
+    # EventMQ's job manager heartbeats only every 3 s: an idle spell longer than that
+    # (and than our own heartbeat liveness) must not lose it.
+    time.sleep(4.0)
+    assert interop_tasks.add.delay(20, 22).get(timeout=10) == 42
+
+    c = counters(emq_env)
+    assert c["succeeded"] == 3
+    assert c["failed"] == 0
+    assert c["protocol_errors"] == 0
+    assert c["peers_expired"] == 0
+    managers = status(emq_env)["job_managers"]
+    assert len(managers) == 1, f"EventMQ's job manager reconnected: {managers}"
+    assert jm.alive()
+
+
+# ---- 4. EventMQ's schedule() frames: ACKed, held, forwarded unchanged ----------------
+# The scheduler itself is a later issue; the broker must already accept these frames,
+# ACK them, hold them while no scheduler is connected and hand them over unchanged.
+
+
+def run_body(func_args: list[Any]) -> bytes:
+    """The body EventMQ's client sends for `record(*func_args)` (docs/eventmq-wire.md 1.3)."""
+    return json.dumps(
+        [
+            "run",
+            {
+                "callable": "record",
+                "path": TASKS_MODULE,
+                "args": func_args,
+                "kwargs": {},
+                "class_args": [],
+                "class_kwargs": {},
+            },
+        ]
+    ).encode()
+
+
+def connect_fake_scheduler(url: str, expect: int, timeout: float = 10.0) -> list[list[bytes]]:
+    """INFORM as a scheduler on the client port, as EventMQ's scheduler does; return the
+    SCHEDULE/UNSCHEDULE frames received until `expect` of them came (or time ran out)."""
+    sched: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sched.linger = 0
+    sched.setsockopt_string(zmq.IDENTITY, str(uuid.uuid4()))
+    try:
+        sched.connect(url)
+        inform_id = str(uuid.uuid4()).encode()
+        sched.send_multipart([b"", PROTOCOL, b"INFORM", inform_id, b"", b"scheduler"])
+        got: list[list[bytes]] = []
+        forwarded: list[list[bytes]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(forwarded) < expect:
+            if sched.poll(100):
+                frames = sched.recv_multipart()
+                got.append(frames)
+                if frames[2:3] in ([b"SCHEDULE"], [b"UNSCHEDULE"]):
+                    forwarded.append(frames)
+        assert got and got[0][2] == b"ACK" and got[0][4] == inform_id, got
+        return forwarded
+    finally:
+        sched.close(linger=0)
+
+
+def test_eventmq_schedule_frames_are_acked_held_and_forwarded(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    eventmq_client: EventMQClient,
+) -> None:
+    start_broker(emq_processes, emq_env)
+    func = f"{TASKS_MODULE}.record"
+
+    interval = eventmq_client.schedule(func, interval_secs=60, args=["every-minute"])
+    cron = eventmq_client.schedule(func, cron="*/5 * * * *", args=["cron"], headers=("nohaste",))
+    for msgid in (interval, cron):
+        eventmq_client.wait_ack(msgid)
+
+    c = counters(emq_env)
+    assert c["protocol_errors"] == 0
+    assert c["acked"] == 2
+    assert c["received"] == 0, "a SCHEDULE is not a job to run now"
+
+    # The 9 frames EventMQ's client sent, byte for byte, client msgid kept.
+    assert connect_fake_scheduler(emq_env["EMQ_BROKER_URL"], expect=2) == [
+        [
+            b"",
+            PROTOCOL,
+            b"SCHEDULE",
+            interval.encode(),
+            b"default",
+            b"guarantee",
+            b"60",
+            run_body(["every-minute"]),
+            b"",
+        ],
+        [
+            b"",
+            PROTOCOL,
+            b"SCHEDULE",
+            cron.encode(),
+            b"default",
+            b"nohaste",
+            b"-1",
+            run_body(["cron"]),
+            b"*/5 * * * *",
+        ],
+    ]
+    assert counters(emq_env)["protocol_errors"] == 0
+
+
+def test_eventmq_unschedule_frames_are_acked_and_forwarded(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    eventmq_client: EventMQClient,
+) -> None:
+    """EventMQ users unschedule with `messages.schedule(sock, ..., unschedule=True)`
+    (`jobs.unschedule` always raises). With neither interval nor cron given, that
+    sends interval `-1` and an empty cron frame: valid for UNSCHEDULE, which names the
+    job by its body only."""
+    start_broker(emq_processes, emq_env)
+    func = f"{TASKS_MODULE}.record"
+
+    unschedule = eventmq_client.schedule(func, args=["every-minute"], unschedule=True)
+    # With an interval too, as `jobs.unschedule` would have sent it.
+    with_interval = eventmq_client.schedule(
+        func, interval_secs=60, args=["every-minute"], unschedule=True
+    )
+    for msgid in (unschedule, with_interval):
+        eventmq_client.wait_ack(msgid)
+    assert counters(emq_env)["protocol_errors"] == 0
+
+    assert connect_fake_scheduler(emq_env["EMQ_BROKER_URL"], expect=2) == [
+        [
+            b"",
+            PROTOCOL,
+            b"UNSCHEDULE",
+            unschedule.encode(),
+            b"default",
+            b"guarantee",
+            b"-1",
+            run_body(["every-minute"]),
+            b"",
+        ],
+        [
+            b"",
+            PROTOCOL,
+            b"UNSCHEDULE",
+            with_interval.encode(),
+            b"default",
+            b"guarantee",
+            b"60",
+            run_body(["every-minute"]),
+            b"",
+        ],
+    ]
+    assert counters(emq_env)["protocol_errors"] == 0
