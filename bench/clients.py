@@ -32,12 +32,18 @@ class Adapter(Protocol):
     def done(self) -> int: ...
     def roundtrip(self, i: int) -> None: ...
     def close(self) -> None: ...
+    def diagnose(self) -> str: ...
+
+
+class _NoDiagnosis:
+    def diagnose(self) -> str:
+        return ""
 
 
 # ------------------------------------------------------------------ adapters
 
 
-class CeleryAdapter:
+class CeleryAdapter(_NoDiagnosis):
     completion_method = (
         "each worker process counts finished no-op tasks in memory and a thread "
         "adds the increase to a Redis key every 5 ms; producer polls it every 20 ms"
@@ -75,7 +81,7 @@ class CeleryAdapter:
         pass
 
 
-class DramatiqAdapter:
+class DramatiqAdapter(_NoDiagnosis):
     completion_method = CeleryAdapter.completion_method
 
     def __init__(self, opts: argparse.Namespace) -> None:
@@ -107,7 +113,7 @@ class DramatiqAdapter:
         self.m.broker.close()
 
 
-class ZmqAdapter:
+class ZmqAdapter(_NoDiagnosis):
     completion_method = "the producer counts the replies it has received"
 
     def __init__(self, opts: argparse.Namespace) -> None:
@@ -184,12 +190,20 @@ class EmqAdapter:
     def flush(self) -> None:
         self.emq.client.get_client().flush(timeout=120)
 
-    def done(self) -> int:
+    def _monitor(self) -> dict[str, Any]:
         self.mon.send(b"MONITOR JSON")
         if not self.mon.poll(5000):
             raise RuntimeError(f"emq monitor at {self.monitor_url} did not answer in 5 s")
-        doc = json.loads(self.mon.recv())
-        counters = doc["counters"]
+        doc: dict[str, Any] = json.loads(self.mon.recv())
+        return doc
+
+    def diagnose(self) -> str:
+        doc = self._monitor()
+        keep = {k: doc.get(k) for k in ("counters", "queues", "job_managers", "in_flight")}
+        return "; broker monitor: " + json.dumps(keep)
+
+    def done(self) -> int:
+        counters = self._monitor()["counters"]
         return int(counters.get("succeeded", 0)) + int(counters.get("failed", 0))
 
     def roundtrip(self, i: int) -> None:
@@ -211,11 +225,24 @@ ADAPTERS: dict[str, Callable[[argparse.Namespace], Adapter]] = {
 # ------------------------------------------------------------------ phases
 
 
+STALL_LIMIT = 30.0
+
+
 def wait_done(a: Adapter, target: int, timeout: float) -> None:
+    """Poll until ``target``; raise TimeoutError on timeout or 30 s without progress."""
     deadline = time.monotonic() + timeout
-    while a.done() < target:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {a.done()} of {target} tasks finished after {timeout:.0f} s")
+    last, last_change = -1, time.monotonic()
+    while (done := a.done()) < target:
+        now = time.monotonic()
+        if done != last:
+            last, last_change = done, now
+        elif now - last_change > STALL_LIMIT:
+            raise TimeoutError(
+                f"stalled: {done} of {target} tasks finished, no progress for {STALL_LIMIT:.0f} s"
+                f"{a.diagnose()}"
+            )
+        if now > deadline:
+            raise TimeoutError(f"only {done} of {target} tasks finished after {timeout:.0f} s")
         if not isinstance(a, ZmqAdapter):  # ZmqAdapter.done() already waits in poll()
             time.sleep(POLL_INTERVAL)
 

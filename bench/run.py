@@ -325,7 +325,11 @@ def main(argv: list[str]) -> int:
         print(f"results written to {opts.json}")
     if opts.keep_logs:
         print(f"server logs in {log_dir}")
-    return 0 if all("error" not in res for res in results.values()) else 1
+    failed = {n: [r for r in rs if "error" in r] for n, rs in runs.items()}
+    for n, bad in failed.items():
+        for r in bad:
+            print(f"{n}: a run failed: {r['error'][:2000]}", file=sys.stderr)
+    return 0 if not any(failed.values()) else 1
 
 
 if __name__ == "__main__":
