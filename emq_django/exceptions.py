@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def type_name(exc: BaseException) -> str:
+    """How a remote error is named: ``ValueError`` for builtins, else ``pkg.mod.Error``."""
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class EmqError(Exception):
     """Base class of every error raised by emq-django."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from emq_django.exceptions import ResultUnavailable, TaskFailed
+from emq_django.exceptions import ResultUnavailable, TaskFailed, type_name
 
 if TYPE_CHECKING:
     from emq_django.client import Client
@@ -97,6 +97,4 @@ class EagerResult(Result):
             import traceback
 
             tb = "".join(traceback.format_exception(error))
-            self._error = TaskFailed(
-                f"{type(error).__module__}.{type(error).__qualname__}", str(error), tb
-            )
+            self._error = TaskFailed(type_name(error), str(error), tb)

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from emq_django.broker.state import ROLE_MANAGER, ROLE_SLOT, IdGenerator, Job, Peer, Queue
+from emq_django.broker.state import (
+    ROLE_MANAGER,
+    ROLE_PLAIN,
+    ROLE_SLOT,
+    IdGenerator,
+    Job,
+    Peer,
+    Queue,
+)
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
@@ -24,6 +32,7 @@ log = logging.getLogger(__name__)
 FRONTEND = 0
 BACKEND = 1
 MAX_QUEUES = 10_000
+EVENTMQ_HEARTBEAT = 3.0  # seconds between the released EventMQ peers' heartbeats
 MAX_HELD_SCHEDULES = 10_000
 
 COUNTERS = (
@@ -350,7 +359,9 @@ class BrokerCore:
             return True
         # our job manager answers for a slot whose process it had to kill
         owner = self.peers.get(job.peer) if job.peer else None
-        return bool(owner and peer.role == ROLE_MANAGER and owner.manager == peer.manager)
+        return bool(
+            owner and peer.role == ROLE_MANAGER and peer.manager and owner.manager == peer.manager
+        )
 
     def _finish(self, job: Job, failed: bool, now: float) -> None:
         self.counters["failed" if failed else "succeeded"] += 1
@@ -411,7 +422,13 @@ class BrokerCore:
 
     def _expire_peers(self, now: float) -> None:
         limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
-        expired = [p for p in self.peers.values() if now - p.last_seen > limit]
+        # EventMQ's peers beat every 3 s whatever we ask: give them their own limit
+        plain_limit = max(limit, EVENTMQ_HEARTBEAT * self.config.heartbeat_liveness + 1)
+        expired = [
+            p
+            for p in self.peers.values()
+            if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit)
+        ]
         expired.sort(key=lambda p: p.role == ROLE_SLOT)  # managers first: they vouch for slots
         for peer in expired:
             if peer.identity not in self.peers:
@@ -444,12 +461,13 @@ class BrokerCore:
         self.out.append((FRONTEND, identity, F.Error(self.new_id(), msgid, reason, code).encode()))
 
     def _unknown_peer(self, identity: bytes, cmd: F.Command) -> None:
+        # A job manager from before a broker restart, or one dropped as silent. No
+        # answer: it hears no heartbeats from us and INFORMs again (ours after
+        # liveness intervals, EventMQ's after 15 s). EventMQ's ignores KBYE, and
+        # any message would reset its reconnect timer.
         self.counters["unknown_peer"] += 1
         if isinstance(cmd, F.Reply):
             self.counters["stale_replies"] += 1
-        if isinstance(cmd, F.Ready | F.Heartbeat | F.Reply):
-            # a job manager from before a broker restart: ask it to INFORM again
-            self.out.append((BACKEND, identity, F.Kbye(self.new_id()).encode()))
 
     def _protocol_error(self, where: str, identity: bytes, exc: ProtocolError) -> None:
         self.counters["protocol_errors"] += 1

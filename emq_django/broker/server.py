@@ -208,11 +208,11 @@ class BrokerServer:
             except zmq.Again:
                 return
             envelope, request = frames[:-1], frames[-1].strip().upper()
-            if len(frames) < 2 or len(request) > 64:
+            if len(frames) < 2:
                 self.core.counters["protocol_errors"] += 1
                 continue
             try:
-                reply = self.monitor_reply(request)
+                reply = self.monitor_reply(request[:64])
             except Exception:
                 self.internal_errors += 1
                 log.exception("internal error answering the monitor")

@@ -334,7 +334,8 @@ def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Sc
         cron = _text(f[8], "cron expression", f)
         if interval < 0 and interval != -1:
             raise ProtocolError("interval must be >= 0, or -1 for cron", f)
-        if interval == -1 and not cron:
+        if interval == -1 and not cron and cls is Schedule:
+            # EventMQ's unschedule sends -1 with no cron; only SCHEDULE needs one
             raise ProtocolError("interval -1 needs a cron expression", f)
         return cls(f[3], queue, headers, f[7], interval, cron)
 
@@ -350,9 +351,13 @@ def parse_queues(frame: bytes, frames: Sequence[bytes] = ()) -> tuple[tuple[int,
     try:
         data = json.loads(text)
     except ValueError:
+        # the document writes Python-style pairs: [40, 'email'], [10, 'default']
+        relaxed = text.replace("'", '"')
         try:
-            data = json.loads(f"[{text}]")
+            data = json.loads(relaxed if relaxed.lstrip().startswith("[[") else f"[{relaxed}]")
         except ValueError:
+            if any(c in text for c in "[]'\"{}"):
+                raise ProtocolError("queues must be a list of [weight, name]", frames) from None
             data = [_pair_from_colon(item, frames) for item in text.split(",") if item.strip()]
     if isinstance(data, list) and len(data) == 2 and not isinstance(data[0], list):
         data = [data]

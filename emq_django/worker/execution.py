@@ -8,7 +8,7 @@ import traceback
 from django.db import close_old_connections
 
 from emq_django import registry
-from emq_django.exceptions import ProtocolError
+from emq_django.exceptions import ProtocolError, type_name
 from emq_django.protocol.body import decode_run_body, encode_failure, encode_result
 
 log = logging.getLogger(__name__)
@@ -17,15 +17,8 @@ STATUS_OK = b"ok,ready"
 STATUS_FAILED = b"failed,ready"
 
 
-def _type_name(exc: BaseException) -> str:
-    cls = type(exc)
-    return (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
-
-
 def failure(exc: BaseException, tb: str = "") -> bytes:
-    return encode_failure(_type_name(exc), str(exc), tb)
+    return encode_failure(type_name(exc), str(exc), tb)
 
 
 def execute(body: bytes, job_id: bytes = b"") -> tuple[bytes, bool]:
@@ -54,7 +47,7 @@ def execute(body: bytes, job_id: bytes = b"") -> tuple[bytes, bool]:
             "job %s (%s) failed: %s: %s",
             job_id.decode(errors="replace"),
             task.name,
-            _type_name(exc),
+            type_name(exc),
             exc,
         )
         return failure(exc, traceback.format_exc()), True

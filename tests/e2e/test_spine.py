@@ -533,11 +533,6 @@ def test_eager_runs_in_process(emq_env: dict[str, str]) -> None:
     assert failed["type"].endswith("ValueError")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: EagerResult names a builtin exception "
-    "'builtins.ValueError', a job manager names it 'ValueError'",
-)
 def test_eager_failure_type_matches_remote(emq_env: dict[str, str]) -> None:
     # Code that inspects TaskFailed.type must behave the same under EMQ_EAGER as
     # against a job manager, which reports "ValueError" (test 1).

@@ -362,14 +362,14 @@ def test_silent_peer_is_dropped_and_its_jobs_go_to_another_peer() -> None:
         tick(core, now, keep_alive=(b"alive",))
     assert b"silent" in core.peers  # not yet: fewer than `liveness` intervals
     requeued: list[Request] = []
-    for now in (3.0, 4.0):
+    for now in (3.0, 11.0):  # plain (EventMQ) peers: 3 s x liveness + 1
         requeued += requests_to(tick(core, now, keep_alive=(b"alive",)), b"alive")
     assert b"silent" not in core.peers
     assert core.counters["peers_expired"] == 1 and core.counters["requeued"] == 1
     assert [r.msgid for r in requeued] == [b"j1#2"]
     assert list(core.inflight) == [b"j1#2"]
     # the result of the second attempt still reaches the client with its own msgid
-    out = reply(core, b"alive", b"j1#2", now=4.0)
+    out = reply(core, b"alive", b"j1#2", now=11.0)
     assert [c.request_msgid for c in sent_to(out, FRONTEND, b"client")] == [b"j1"]
 
 
@@ -378,13 +378,13 @@ def test_requeued_job_waits_when_no_other_peer_has_credit() -> None:
     inform(core, b"silent")
     ready(core, b"silent")
     request(core, b"client", b"j1")
-    for now in (1.0, 2.0, 3.0, 4.0):
+    for now in (1.0, 2.0, 3.0, 11.0):
         tick(core, now)
     assert not core.peers
     assert [j.id for j in core.queues["default"].pending] == [b"j1"]
     assert core.queues["default"].in_flight == 0
-    inform(core, b"new", now=4.0)
-    out = ready(core, b"new", now=4.0)
+    inform(core, b"new", now=11.0)
+    out = ready(core, b"new", now=11.0)
     assert [r.msgid for r in requests_to(out, b"new")] == [b"j1#2"]
 
 
@@ -519,14 +519,14 @@ def test_reply_for_an_attempt_that_was_requeued_is_stale() -> None:
     request(core, b"client", b"j", headers=b"reply-requested")
     inform(core, b"other")
     ready(core, b"other")
-    for now in (1.0, 2.0, 3.0, 4.0):
+    for now in (1.0, 2.0, 3.0, 11.0):
         tick(core, now, keep_alive=(b"other",))
     assert list(core.inflight) == [b"j#2"]
-    inform(core, b"slow", now=4.5)  # it comes back and answers the first attempt
-    out = reply(core, b"slow", b"j#1", now=4.5)
+    inform(core, b"slow", now=11.5)  # it comes back and answers the first attempt
+    out = reply(core, b"slow", b"j#1", now=11.5)
     assert core.counters["stale_replies"] == 1
     assert [s for s, _, _ in out if s == FRONTEND] == []
-    out = reply(core, b"other", b"j#2", now=4.6)
+    out = reply(core, b"other", b"j#2", now=11.6)
     assert [c.request_msgid for c in sent_to(out, FRONTEND, b"client")] == [b"j"]
     assert core.counters["succeeded"] == 1
 
@@ -549,11 +549,13 @@ def test_reply_from_the_wrong_worker_is_stale() -> None:
         pytest.param([b"", P, b"REPLY", b"r", b"{}", b"x#1", b"ok,ready"], id="reply"),
     ],
 )
-def test_unknown_peer_is_told_kbye(frames: list[bytes]) -> None:
+def test_unknown_peer_is_counted_and_not_answered(frames: list[bytes]) -> None:
+    # No KBYE: EventMQ's job manager ignores it, and any message resets its 15 s
+    # reconnect timer, so an answer would keep it away for good.
     core = make_core()
     core.on_backend(b"stranger", frames, 0.0)
     out = take(core)
-    assert [type(c) for c in sent_to(out, BACKEND, b"stranger")] == [Kbye]
+    assert sent_to(out, BACKEND, b"stranger") == []
     assert core.counters["unknown_peer"] == 1
     assert b"stranger" not in core.peers
 
@@ -770,3 +772,14 @@ def test_nameless_manager_cannot_answer_for_a_plain_workers_job(rogue_meta: dict
     assert core.counters["stale_replies"] == 1
     assert [s for s, _, _ in out if s == FRONTEND] == []
     assert b"eventmq-w" in core.peers and b"j#1" in core.inflight
+
+
+def test_eventmq_peer_gets_its_own_heartbeat_allowance() -> None:
+    """EventMQ's job manager beats every 3 s whatever our interval: with a 0.5 s
+    interval it must not be dropped after 1.5 s, only after 3 s x liveness."""
+    core = BrokerCore(BrokerConfig(heartbeat_interval=0.5, heartbeat_liveness=3), 0.0)
+    inform(core, b"emq-jm")
+    core.on_timer(2.0)
+    assert b"emq-jm" in core.peers
+    core.on_timer(10.5)
+    assert b"emq-jm" not in core.peers
