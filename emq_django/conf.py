@@ -34,7 +34,7 @@ class EmqSettings:
     IMPORTS: tuple[str, ...] = ()
     MAX_PENDING: int = 100_000
     DEFAULT_QUEUE: str = "default"
-    PREFETCH: int = 4
+    PREFETCH: int = 64  # the most; each worker process adapts below it (worker/credit.py)
     SHUTDOWN_GRACE: float = 30.0
 
 

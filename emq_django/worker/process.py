@@ -21,6 +21,7 @@ from emq_django import wire
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import STATUS_FAILED, STATUS_OK, execute
 from emq_django.worker.slots import SlotTable
 
@@ -50,6 +51,8 @@ class SlotWorker:
         self._n = 0
         self._prefix = f"{os.getpid():x}-{config.slot}-".encode()
         self.last_recv = self.last_send = 0.0
+        self.policy = CreditPolicy(config.prefetch)
+        self.credit = 0
 
     def _id(self) -> bytes:
         self._n += 1
@@ -79,9 +82,9 @@ class SlotWorker:
         sock.connect(c.broker_url)
         meta = {"role": "slot", "manager": c.manager, "slot": c.slot, "pid": os.getpid()}
         sock.send_multipart(F.Inform(self._id(), c.queues, F.PEER_WORKER, meta).encode())
-        for _ in range(c.prefetch):
-            sock.send_multipart([b"", PROTOCOL, F.READY, self._id()])
         self.sock = sock
+        self.credit = 0  # jobs the broker may still send us
+        self._grant(self.policy.wanted())
         self.last_recv = self.last_send = time.monotonic()
 
     def _loop(self) -> None:
@@ -123,14 +126,33 @@ class SlotWorker:
                 return
 
     def _run(self, req: F.Request) -> None:
-        self.table.start(self.config.slot, req.msgid, time.monotonic(), req.headers.timeout)
+        self.credit -= 1
+        started = time.monotonic()
+        self.table.start(self.config.slot, req.msgid, started, req.headers.timeout)
         body, failed = execute(req.body, req.msgid)
         self.table.clear(self.config.slot)
         self.jobs_done += 1
-        status = STATUS_FAILED if failed else STATUS_OK
+        self.policy.observe(time.monotonic() - started)
+        wanted = self.policy.wanted()
         if self.stopping or (self.config.max_jobs and self.jobs_done >= self.config.max_jobs):
-            status = status.replace(b",ready", b"")  # no more credit from this process
+            wanted = 0  # no more credit from this process
+        # the REPLY gives one credit back ("ready") when we want more than we hold
+        give_back = self.credit < wanted
+        status = (
+            (STATUS_FAILED if failed else STATUS_OK)
+            if give_back
+            else (b"failed" if failed else b"ok")
+        )
         self._send([b"", PROTOCOL, F.REPLY, self._id(), body, req.msgid, status])
+        if give_back:
+            self.credit += 1
+            self._grant(wanted - self.credit)
+
+    def _grant(self, count: int) -> None:
+        """Send ``count`` READYs: one credit each."""
+        for _ in range(count):
+            self._send([b"", PROTOCOL, F.READY, self._id()])
+        self.credit += max(count, 0)
 
     def _send(self, frames: list[bytes]) -> None:
         assert self.sock is not None
