@@ -163,15 +163,15 @@ class BrokerCore:
                 f"{len(queue.servers)} job managers has a free slot",
             )
             return
-        self._ack(FRONTEND, identity, cmd.msgid)
         client = identity if cmd.headers.reply_requested else None
         job = Job(cmd.msgid, cmd.queue, cmd.headers, cmd.body, client, now)
-        if not queue.pending:
-            target = queue.pick()
-            if target is not None:
-                self._dispatch(job, queue, self.peers[target], now)
-                return
-        queue.pending.append(job)
+        target = None if queue.pending else queue.pick()
+        if target is not None:
+            self._dispatch(job, queue, self.peers[target], now)
+        else:
+            queue.pending.append(job)
+        # the ACK goes out after the job: the worker can start a little sooner
+        self._ack(FRONTEND, identity, cmd.msgid)
 
     def _new_queue(self, identity: bytes, cmd: F.Request) -> Queue | None:
         if len(self.queues) >= MAX_QUEUES:
