@@ -36,6 +36,8 @@ class EmqSettings:
     DEFAULT_QUEUE: str = "default"
     PREFETCH: int = 64  # the most; each worker process adapts below it (worker/credit.py)
     SHUTDOWN_GRACE: float = 30.0
+    RECORDER: str = ""  # dotted path of a JobRecorder class (worker/recording.py)
+    TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:

@@ -101,9 +101,8 @@ class Task(Generic[P, R]):
         job_id = client.send(queue or self.queue, headers, body, confirm=confirm)
         return Result(job_id, self.name, reply=want_reply, client=client)
 
-    @staticmethod
     def _build_headers(
-        reply: bool, guarantee: bool, retries: int, timeout: float, run_after: float
+        self, reply: bool, guarantee: bool, retries: int, timeout: float, run_after: float
     ) -> bytes:
         return format_headers(
             reply_requested=reply,
@@ -111,6 +110,7 @@ class Task(Generic[P, R]):
             retry_count=retries,
             timeout=timeout,
             run_after=run_after,
+            task=self.name,
         )
 
     def _run_eagerly(self, body: bytes, reply: bool) -> Result:

@@ -25,7 +25,7 @@ from emq_django.broker.state import (
 )
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
-from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
+from emq_django.protocol.frames import PROTOCOL, decode, reply_error, reply_flags
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,10 @@ COUNTERS = (
 )
 
 
+# (event, now, job id, attempt, queue, task, job manager, error, enqueued at, dispatched at)
+TraceEvent = tuple[str, float, bytes, int, str, str, str, str, float, float]
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     heartbeat_interval: float = 1.0
@@ -71,6 +75,9 @@ class BrokerCore:
         self.held_schedules: list[list[bytes]] = []  # waiting for a scheduler
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.out: list[tuple[int, bytes, list[bytes]]] = []
+        # job state changes for the trace log, or None when tracing is off; the
+        # server hands them to the writer once per loop turn
+        self.trace: list[TraceEvent] | None = None
         self.new_id = IdGenerator(id_prefix or os.urandom(4).hex().encode() + b"-")
         self.started_at = now
         self.wall_offset = 0.0  # wall clock minus ``now``, for HEARTBEAT timestamps
@@ -165,6 +172,8 @@ class BrokerCore:
             return
         client = identity if cmd.headers.reply_requested else None
         job = Job(cmd.msgid, cmd.queue, cmd.headers, cmd.body, client, now)
+        if self.trace is not None:
+            self._trace("enqueued", job, now)
         target = None if queue.pending else queue.pick()
         if target is not None:
             self._dispatch(job, queue, self.peers[target], now)
@@ -273,6 +282,12 @@ class BrokerCore:
         else:
             del self.inflight[cmd.request_msgid]
             self._finish(job, failed, now)
+            if self.trace is not None:
+                error = reply_error(cmd.status) if failed else ""
+                event = (
+                    "timed_out" if error == "TimeoutError" else "failed" if failed else "succeeded"
+                )
+                self._trace(event, job, now, error)
             if job.peer != identity and b"lost" in cmd.status:
                 owner = self.peers.get(job.peer or b"")
                 if owner is not None:  # its job manager says the process is gone
@@ -332,6 +347,8 @@ class BrokerCore:
         job.attempt_id = job.id + b"#%d" % job.attempt
         job.peer = peer.identity
         job.dispatched_at = now
+        if self.trace is not None:
+            self._trace("dispatched", job, now, peer=peer)
         self.inflight[job.attempt_id] = job
         peer.inflight.add(job.attempt_id)
         queue.in_flight += 1
@@ -373,7 +390,9 @@ class BrokerCore:
             if owner.draining and not owner.inflight:
                 self._drop_peer(owner, now, "said goodbye")
 
-    def _requeue(self, job: Job, now: float) -> None:
+    def _requeue(self, job: Job, now: float, lost_from: Peer | None = None) -> None:
+        if self.trace is not None:
+            self._trace("requeued", job, now, "PeerLost", peer=lost_from)
         queue = self.queues[job.queue]
         queue.in_flight -= 1
         self.counters["requeued"] += 1
@@ -408,7 +427,7 @@ class BrokerCore:
                 len(lost),
             )
         for job in lost:
-            self._requeue(job, now)
+            self._requeue(job, now, lost_from=peer)
         for orphan in orphans:
             self._drop_peer(orphan, now, f"went with its job manager {peer.manager}")
 
@@ -447,6 +466,28 @@ class BrokerCore:
             del self.schedulers[identity]
 
     # ---- helpers ------------------------------------------------------------
+
+    def _trace(
+        self, event: str, job: Job, now: float, error: str = "", peer: Peer | None = None
+    ) -> None:
+        assert self.trace is not None
+        if peer is None and job.peer is not None:
+            peer = self.peers.get(job.peer)
+        name = (peer.manager or _show(peer.identity)) if peer is not None else ""
+        self.trace.append(
+            (
+                event,
+                now,
+                job.id,
+                job.attempt,
+                job.queue,
+                job.headers.task,
+                name,
+                error,
+                job.enqueued_at,
+                job.dispatched_at,
+            )
+        )
 
     def _heartbeat(self, now: float) -> list[bytes]:
         return [b"", PROTOCOL, F.HEARTBEAT, self.new_id(), b"%.6f" % (now + self.wall_offset)]

@@ -22,6 +22,7 @@ import zmq
 from emq_django import wire
 from emq_django.broker import monitor
 from emq_django.broker.core import BACKEND, FRONTEND, BrokerConfig, BrokerCore
+from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ class BrokerServer:
             clock(),
         )
         self.core.wall_offset = time.time() - clock()
+        self.tracer: TraceWriter | None = None
+        if settings.TRACE_DIR:
+            self.tracer = TraceWriter(settings.TRACE_DIR)
+            self.core.trace = []
         self.info = {
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
@@ -187,6 +192,9 @@ class BrokerServer:
 
     def _flush(self) -> None:
         core = self.core
+        if core.trace and self.tracer is not None:
+            events, core.trace = core.trace, []
+            self.tracer.write(events, core.wall_offset)
         while core.out:
             batch, core.out = core.out, []
             for socket_id, identity, frames in batch:
@@ -237,6 +245,9 @@ class BrokerServer:
         doc = monitor.snapshot(self.core, self.clock(), time.time(), self.info)
         doc["counters"]["internal_errors"] = self.internal_errors
         doc["counters"]["dropped_sends"] = self.dropped_sends
+        if self.tracer is not None:
+            doc["counters"]["trace_written"] = self.tracer.written
+            doc["counters"]["trace_dropped"] = self.tracer.dropped
         return doc
 
     def _clear_wakeups(self) -> None:
@@ -261,3 +272,5 @@ class BrokerServer:
             sock.close(linger=0)
         self._wake_r.close()
         self._wake_w.close()
+        if self.tracer is not None:
+            self.tracer.close()

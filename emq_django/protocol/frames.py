@@ -262,7 +262,7 @@ STATUS_FAILED = b"failed"
 FLAG_READY = b"ready"
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)
 def reply_flags(status: bytes) -> tuple[bool, bool]:
     """(failed, ready) from a REPLY status frame such as ``failed,ready``.
 
@@ -271,6 +271,15 @@ def reply_flags(status: bytes) -> tuple[bool, bool]:
     """
     tokens = status.split(b",")
     return STATUS_FAILED in tokens, FLAG_READY in tokens
+
+
+@lru_cache(maxsize=1024)
+def reply_error(status: bytes) -> str:
+    """The error type in a status frame (``failed,ready,error:ValueError``), or ''."""
+    for token in status.split(b","):
+        if token.startswith(b"error:"):
+            return token[6:].decode("utf-8", "replace")
+    return ""
 
 
 def _decode_ack(f: Sequence[bytes]) -> Ack:

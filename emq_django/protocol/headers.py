@@ -21,6 +21,7 @@ class Headers:
     retry_count: int = 0
     timeout: float = 0.0
     run_after: float = 0.0
+    task: str = ""  # extension: the task's registered name, so the broker can trace it
     extra: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -73,6 +74,8 @@ def parse_headers(raw: bytes) -> Headers:
             fields["timeout"] = float(_number(key, value, raw, float))
         elif key == "run-after":
             fields["run_after"] = float(_number(key, value, raw, float))
+        elif key == "task":
+            fields["task"] = value
         else:
             extra.append((key, value if sep else ""))
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
@@ -86,6 +89,7 @@ def format_headers(
     retry_count: int = 0,
     timeout: float = 0,
     run_after: float = 0,
+    task: str = "",
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """Build a headers frame, in the order EventMQ writes them."""
@@ -102,5 +106,9 @@ def format_headers(
         items.append(f"timeout:{timeout:g}")
     if run_after:
         items.append(f"run-after:{run_after:.6f}")
+    if task:
+        if "," in task:
+            raise ValueError(f"a task name cannot contain a comma: {task!r}")
+        items.append(f"task:{task}")
     items.extend(f"{k}:{v}" if v else k for k, v in extra)
     return ",".join(items).encode()

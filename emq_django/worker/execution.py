@@ -4,30 +4,49 @@ from __future__ import annotations
 
 import logging
 import traceback
+from dataclasses import dataclass
 
 from django.db import close_old_connections
 
 from emq_django import registry
 from emq_django.exceptions import ProtocolError, type_name
-from emq_django.protocol.body import decode_run_body, encode_failure, encode_result
+from emq_django.protocol.body import RunBody, decode_run_body, encode_failure, encode_result
 
 log = logging.getLogger(__name__)
 
-STATUS_OK = b"ok,ready"
-STATUS_FAILED = b"failed,ready"
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a job came to: the REPLY body, and what the trace and results need."""
+
+    body: bytes
+    failed: bool
+    error_type: str = ""
+    spec: RunBody | None = None
+
+    def status(self, ready: bool) -> bytes:
+        """The REPLY's status frame: ``ok``/``failed``, ``ready``, ``error:<type>``."""
+        if not self.failed:
+            return b"ok,ready" if ready else b"ok"
+        status = b"failed,ready" if ready else b"failed"
+        if self.error_type:
+            status += b",error:" + self.error_type.replace(",", "_").encode()[:64]
+        return status
 
 
-def failure(exc: BaseException, tb: str = "") -> bytes:
-    return encode_failure(type_name(exc), str(exc), tb)
+def failure(exc: BaseException, tb: str = "", spec: RunBody | None = None) -> Outcome:
+    name = type_name(exc)
+    return Outcome(encode_failure(name, str(exc), tb), True, name, spec)
 
 
-def execute(body: bytes, job_id: bytes = b"") -> tuple[bytes, bool]:
-    """Run the job in ``body``; returns (reply body, failed). Never raises."""
+def execute(body: bytes, job_id: bytes = b"") -> Outcome:
+    """Run the job in ``body``. Never raises: every failure is an ``Outcome``."""
     try:
         spec = decode_run_body(body)
     except ProtocolError as exc:
         log.warning("refused job %s: %s", job_id.decode(errors="replace"), exc.reason)
-        return encode_failure("emq_django.exceptions.ProtocolError", exc.reason, ""), True
+        name = "emq_django.exceptions.ProtocolError"
+        return Outcome(encode_failure(name, exc.reason, ""), True, name)
     task = registry.find(spec.task_name)
     if task is None:
         log.warning(
@@ -35,9 +54,9 @@ def execute(body: bytes, job_id: bytes = b"") -> tuple[bytes, bool]:
             job_id.decode(errors="replace"),
             spec.task_name,
         )
-        return encode_failure(
-            "emq_django.exceptions.TaskNotFound", f"{spec.task_name!r} is not a registered task", ""
-        ), True
+        name = "emq_django.exceptions.TaskNotFound"
+        message = f"{spec.task_name!r} is not a registered task"
+        return Outcome(encode_failure(name, message, ""), True, name, spec)
     # Closing after every job also closes "before" the next one: nothing runs between
     # jobs, and the job manager closes all connections before it forks.
     try:
@@ -50,11 +69,12 @@ def execute(body: bytes, job_id: bytes = b"") -> tuple[bytes, bool]:
             type_name(exc),
             exc,
         )
-        return failure(exc, traceback.format_exc()), True
+        return failure(exc, traceback.format_exc(), spec)
     finally:
         close_old_connections()
     try:
-        return encode_result(value), False
+        return Outcome(encode_result(value), False, "", spec)
     except (TypeError, ValueError) as exc:
-        err = TypeError(f"the result of {task.name} is not JSON serializable: {exc}")
-        return failure(err), True
+        return failure(
+            TypeError(f"the result of {task.name} is not JSON serializable: {exc}"), spec=spec
+        )

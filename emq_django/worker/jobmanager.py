@@ -25,6 +25,7 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.frames import PROTOCOL, decode
 from emq_django.worker.process import SlotConfig, SlotWorker
+from emq_django.worker.recording import JobRecord, JobRecorder, load_recorder, split_attempt
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class JobManagerConfig:
     name: str = ""
     kill_grace: float = 3.0
     max_jobs_per_worker: int = 0
+    recorder: str = ""  # EMQ_RECORDER
 
 
 def parse_queue_option(text: str) -> tuple[tuple[int, str], ...]:
@@ -76,6 +78,7 @@ class JobManager:
         self.sock: zmq.Socket[Any] | None = None
         self._n = 0
         self.last_recv = self.last_send = 0.0
+        self.recorder: JobRecorder | None = None  # created in run(), after the forks
 
     def _id(self) -> bytes:
         self._n += 1
@@ -91,6 +94,7 @@ class JobManager:
         signal.signal(signal.SIGINT, self._on_signal)
         for slot in range(self.config.concurrency):
             self._spawn(slot)
+        self.recorder = load_recorder(self.config.recorder)
         self.context = zmq.Context()
         self._connect()
         log.info(
@@ -215,6 +219,7 @@ class JobManager:
             c.heartbeat_liveness,
             c.prefetch,
             c.max_jobs_per_worker,
+            c.recorder,
         )
         pid = os.fork()
         if pid == 0:  # the child: never returns
@@ -245,31 +250,48 @@ class JobManager:
                 self._spawn(slot)
 
     def _answer_for_lost_job(self, slot: int, pid: int, status: int) -> None:
+        """Send the REPLY a dead worker process could not: TimeoutError or WorkerLost."""
         attempt_id, started, limit = self.table.read(slot)
         if not attempt_id:
             return
         self.table.clear(slot)
-        overran = limit and time.monotonic() - started >= limit
-        if overran:
-            body = encode_failure(
-                "TimeoutError",
-                f"job ran longer than its time limit of "
-                f"{limit:g} s and its worker process was killed",
-                "",
+        elapsed = time.monotonic() - started
+        if limit and elapsed >= limit:
+            error = "TimeoutError"
+            message = (
+                f"job ran longer than its time limit of {limit:g} s "
+                "and its worker process was killed"
             )
         else:
-            body = encode_failure(
-                "emq_django.exceptions.WorkerLost",
-                f"worker process {pid} died mid-job ({_describe_status(status)})",
+            error = "emq_django.exceptions.WorkerLost"
+            message = f"worker process {pid} died mid-job ({_describe_status(status)})"
+        log.warning("slot %d: job %s: %s", slot, attempt_id.decode(errors="replace"), message)
+        body = encode_failure(error, message, "")
+        status_frame = b"failed,lost,error:" + error.encode()
+        self._send([b"", PROTOCOL, F.REPLY, self._id(), body, attempt_id, status_frame])
+        if self.recorder is not None:
+            job_id, attempt = split_attempt(attempt_id)
+            now = time.time()
+            record = JobRecord(
+                job_id,
+                attempt,
                 "",
+                "",
+                [],
+                {},
+                now - elapsed,
+                now,
+                True,
+                error,
+                body,
+                self.name,
+                lost=True,
             )
-        log.warning(
-            "slot %d: job %s %s",
-            slot,
-            attempt_id.decode(errors="replace"),
-            "timed out" if overran else "lost its worker process",
-        )
-        self._send([b"", PROTOCOL, F.REPLY, self._id(), body, attempt_id, b"failed,lost"])
+            try:
+                self.recorder.record(record)
+                self.recorder.flush()
+            except Exception:
+                log.exception("the job recorder failed on lost job %s", job_id)
 
     def _enforce_time_limits(self, now: float) -> None:
         for pid, slot in list(self.children.items()):

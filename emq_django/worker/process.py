@@ -22,7 +22,8 @@ from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
 from emq_django.worker.credit import CreditPolicy
-from emq_django.worker.execution import STATUS_FAILED, STATUS_OK, execute
+from emq_django.worker.execution import Outcome, execute
+from emq_django.worker.recording import JobRecord, JobRecorder, load_recorder, split_attempt
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class SlotConfig:
     heartbeat_liveness: int
     prefetch: int = 1
     max_jobs: int = 0  # 0: no limit; else exit after this many (the manager respawns)
+    recorder: str = ""  # EMQ_RECORDER: dotted path of a JobRecorder class
 
 
 class SlotWorker:
@@ -52,6 +54,7 @@ class SlotWorker:
         self._prefix = f"{os.getpid():x}-{config.slot}-".encode()
         self.last_recv = self.last_send = 0.0
         self.policy = CreditPolicy(config.prefetch)
+        self.recorder: JobRecorder | None = load_recorder(config.recorder)
         self.credit = 0
 
     def _id(self) -> bytes:
@@ -68,6 +71,7 @@ class SlotWorker:
         try:
             self._loop()
         finally:
+            self._flush_recorder()
             if self.sock is not None:
                 self.sock.close(linger=500)
             self.context.term()
@@ -92,6 +96,7 @@ class SlotWorker:
         silence_limit = c.heartbeat_interval * c.heartbeat_liveness
         while not self.stopping:
             assert self.sock is not None
+            self._flush_recorder()
             if self.sock.poll(int(c.heartbeat_interval * 1000)):
                 self._drain()
             now = time.monotonic()
@@ -129,24 +134,54 @@ class SlotWorker:
         self.credit -= 1
         started = time.monotonic()
         self.table.start(self.config.slot, req.msgid, started, req.headers.timeout)
-        body, failed = execute(req.body, req.msgid)
+        outcome = execute(req.body, req.msgid)
         self.table.clear(self.config.slot)
         self.jobs_done += 1
-        self.policy.observe(time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self.policy.observe(elapsed)
+        if self.recorder is not None:
+            self._record(req, outcome, elapsed)
         wanted = self.policy.wanted()
         if self.stopping or (self.config.max_jobs and self.jobs_done >= self.config.max_jobs):
             wanted = 0  # no more credit from this process
         # the REPLY gives one credit back ("ready") when we want more than we hold
         give_back = self.credit < wanted
-        status = (
-            (STATUS_FAILED if failed else STATUS_OK)
-            if give_back
-            else (b"failed" if failed else b"ok")
-        )
-        self._send([b"", PROTOCOL, F.REPLY, self._id(), body, req.msgid, status])
+        status = outcome.status(ready=give_back)
+        self._send([b"", PROTOCOL, F.REPLY, self._id(), outcome.body, req.msgid, status])
         if give_back:
             self.credit += 1
             self._grant(wanted - self.credit)
+
+    def _record(self, req: F.Request, outcome: Outcome, elapsed: float) -> None:
+        assert self.recorder is not None
+        job_id, attempt = split_attempt(req.msgid)
+        spec = outcome.spec
+        finished = time.time()
+        record = JobRecord(
+            job_id,
+            attempt,
+            req.headers.task or (spec.task_name if spec else ""),
+            req.queue,
+            spec.args if spec else [],
+            spec.kwargs if spec else {},
+            finished - elapsed,
+            finished,
+            outcome.failed,
+            outcome.error_type,
+            outcome.body,
+            self.config.manager,
+        )
+        try:
+            self.recorder.record(record)
+        except Exception:
+            log.exception("the job recorder failed on job %s", job_id)
+
+    def _flush_recorder(self) -> None:
+        if self.recorder is not None:
+            try:
+                self.recorder.flush()
+            except Exception:
+                log.exception("the job recorder failed to flush")
 
     def _grant(self, count: int) -> None:
         """Send ``count`` READYs: one credit each."""

@@ -62,6 +62,7 @@ class Command(BaseCommand):
             prefetch=settings.PREFETCH,
             name=opts["name"],
             max_jobs_per_worker=opts["max_jobs_per_worker"],
+            recorder=settings.RECORDER,
         )
         code = JobManager(config).run()
         if code:

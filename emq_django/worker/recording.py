@@ -1,0 +1,60 @@
+"""The hook through which a job manager records finished jobs (results, history).
+
+``EMQ_RECORDER`` names a class (dotted path) with ``record(JobRecord)`` and
+``flush()``. Worker processes call ``record`` after every job and ``flush``
+when they are about to wait for work, so a recorder can write in batches and
+never costs a database round trip per job.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.utils.module_loading import import_string
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: str  # the client's msgid: Result.id
+    attempt: int
+    task: str  # registered name, '' when the body named none
+    queue: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    started: float  # wall clock, seconds
+    finished: float
+    failed: bool
+    error_type: str
+    body: bytes  # the REPLY body: {"value": ...} or {"error": {...}}
+    manager: str  # the job manager's name
+    lost: bool = False  # the worker process died or was killed; the manager answered
+
+
+class JobRecorder(Protocol):
+    def record(self, record: JobRecord) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+def split_attempt(attempt_id: bytes) -> tuple[str, int]:
+    """``b"<job id>#2"`` -> ("<job id>", 2); an id without ``#`` is attempt 1."""
+    job_id, sep, number = attempt_id.rpartition(b"#")
+    if not sep or not number.isdigit():
+        return attempt_id.decode("utf-8", "replace"), 1
+    return job_id.decode("utf-8", "replace"), int(number)
+
+
+def load_recorder(path: str) -> JobRecorder | None:
+    """Instantiate ``EMQ_RECORDER``; raises ImportError naming it when it is wrong."""
+    if not path:
+        return None
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ImportError(f"EMQ_RECORDER={path!r} cannot be imported: {exc}") from exc
+    recorder: JobRecorder = cls()
+    return recorder
