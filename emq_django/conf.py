@@ -38,6 +38,13 @@ class EmqSettings:
     SHUTDOWN_GRACE: float = 30.0
     RECORDER: str = ""  # dotted path of a JobRecorder class (worker/recording.py)
     TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
+    JOURNAL_PATH: str = "emq-journal.sqlite3"  # guaranteed jobs; '' turns the journal off
+    JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
+    MAX_QUEUE_BYTES: int = 256 * 1024 * 1024  # bodies waiting in memory, per queue
+    RETRY_BASE: float = 1.0  # first retry after about this many seconds, then doubling
+    RETRY_CAP: float = 300.0
+    DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
+    MAX_DEAD_LETTERS: int = 100_000
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:
@@ -91,6 +98,10 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_HEARTBEAT_LIVENESS must be >= 1 missed beats")
     if s.ACK_TIMEOUT <= 0:
         raise ImproperlyConfigured("EMQ_ACK_TIMEOUT must be > 0 seconds")
+    if s.JOURNAL_SYNC not in ("normal", "full"):
+        raise ImproperlyConfigured("EMQ_JOURNAL_SYNC must be 'normal' or 'full'")
+    if s.RETRY_BASE < 0 or s.RETRY_CAP < s.RETRY_BASE:
+        raise ImproperlyConfigured("EMQ_RETRY_BASE must be >= 0 and <= EMQ_RETRY_CAP")
     if s.PREFETCH < 1:
         raise ImproperlyConfigured("EMQ_PREFETCH must be >= 1")
     for name in (

@@ -242,6 +242,7 @@ def emq_env(tmp_path: Path) -> dict[str, str]:
         "EMQ_MONITOR_BIND": f"tcp://127.0.0.1:{monitor}",
         "EMQ_MONITOR_URL": f"tcp://127.0.0.1:{monitor}",
         "EMQ_HEARTBEAT_INTERVAL": "0.5",
+        "EMQ_JOURNAL_PATH": str(tmp_path / "journal.sqlite3"),
     }
 
 

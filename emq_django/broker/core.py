@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from emq_django.broker.lifecycle import JobLifecycle
 from emq_django.broker.state import (
     ROLE_MANAGER,
     ROLE_PLAIN,
@@ -25,7 +26,7 @@ from emq_django.broker.state import (
 )
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
-from emq_django.protocol.frames import PROTOCOL, decode, reply_error, reply_flags
+from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,16 @@ COUNTERS = (
     "unroutable",
     "published",
     "schedules_forwarded",
+    "duplicates",
+    "retried",
+    "dead_lettered",
+    "spilled",
 )
 
 
-# (event, now, job id, attempt, queue, task, job manager, error, enqueued at, dispatched at)
-TraceEvent = tuple[str, float, bytes, int, str, str, str, str, float, float]
+# (event, now, job id, attempt, queue, task, job manager, error, enqueued at, dispatched at,
+#  extra: the retry delay for "retried")
+TraceEvent = tuple[str, float, bytes, int, str, str, str, str, float, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +68,21 @@ class BrokerConfig:
     heartbeat_interval: float = 1.0
     heartbeat_liveness: int = 3
     max_pending: int = 100_000
+    max_queue_bytes: int = 256 * 1024 * 1024
+    retry_base: float = 1.0
+    retry_cap: float = 300.0
+    dedupe_window: float = 600.0
+    max_dead_letters: int = 100_000
 
 
-class BrokerCore:
-    def __init__(self, config: BrokerConfig, now: float, id_prefix: bytes | None = None) -> None:
+class BrokerCore(JobLifecycle):
+    def __init__(
+        self,
+        config: BrokerConfig,
+        now: float,
+        id_prefix: bytes | None = None,
+        seed: int | None = None,
+    ) -> None:
         self.config = config
         self.queues: dict[str, Queue] = {}
         self.peers: dict[bytes, Peer] = {}  # backend: job managers and their slots
@@ -85,6 +102,8 @@ class BrokerCore:
         self.next_expiry_check = now + config.heartbeat_interval / 4
         self.stopping = False
         self._error_log_budget = 100
+        self.next_housekeeping = now + 60.0
+        self._init_lifecycle(seed)
 
     # ---- entry points -------------------------------------------------------
 
@@ -122,9 +141,19 @@ class BrokerCore:
             # a quarter interval: a dead peer is noticed within liveness + 1/4 intervals
             self.next_expiry_check = now + self.config.heartbeat_interval / 4
             self._expire_peers(now)
+        if now >= self.delayed.next_due():
+            self._release_due(now)
+        if now >= self.next_housekeeping:
+            self.next_housekeeping = now + 60.0
+            self._housekeeping(now)
 
     def next_deadline(self) -> float:
-        return min(self.next_heartbeat, self.next_expiry_check)
+        return min(
+            self.next_heartbeat,
+            self.next_expiry_check,
+            self.delayed.next_due(),
+            self.next_housekeeping,
+        )
 
     def peer_unreachable(self, socket: int, identity: bytes, now: float) -> None:
         """The socket refused to route to ``identity``: that peer is gone."""
@@ -161,26 +190,8 @@ class BrokerCore:
         if self.stopping:
             self._refuse(identity, cmd.msgid, "shutting-down", "the broker is shutting down")
             return
-        if len(queue.pending) >= self.config.max_pending:
-            self._refuse(
-                identity,
-                cmd.msgid,
-                "queue-full",
-                f"queue {cmd.queue!r} is full: {len(queue.pending)} jobs wait and none of "
-                f"{len(queue.servers)} job managers has a free slot",
-            )
-            return
-        client = identity if cmd.headers.reply_requested else None
-        job = Job(cmd.msgid, cmd.queue, cmd.headers, cmd.body, client, now)
-        if self.trace is not None:
-            self._trace("enqueued", job, now)
-        target = None if queue.pending else queue.pick()
-        if target is not None:
-            self._dispatch(job, queue, self.peers[target], now)
-        else:
-            queue.pending.append(job)
         # the ACK goes out after the job: the worker can start a little sooner
-        self._ack(FRONTEND, identity, cmd.msgid)
+        self._accept(identity, cmd, queue, now)
 
     def _new_queue(self, identity: bytes, cmd: F.Request) -> Queue | None:
         if len(self.queues) >= MAX_QUEUES:
@@ -281,18 +292,12 @@ class BrokerCore:
             self.counters["stale_replies"] += 1
         else:
             del self.inflight[cmd.request_msgid]
-            self._finish(job, failed, now)
-            if self.trace is not None:
-                error = reply_error(cmd.status) if failed else ""
-                event = (
-                    "timed_out" if error == "TimeoutError" else "failed" if failed else "succeeded"
-                )
-                self._trace(event, job, now, error)
-            if job.peer != identity and b"lost" in cmd.status:
-                owner = self.peers.get(job.peer or b"")
-                if owner is not None:  # its job manager says the process is gone
-                    self._drop_peer(owner, now, "lost its worker process")
-            if job.client is not None:
+            owner = self._finish(job, now)
+            final = self._settle(job, failed, cmd.status, now)
+            if owner is not None and owner.identity != identity and b"lost" in cmd.status:
+                # its job manager says the process is gone
+                self._drop_peer(owner, now, "lost its worker process")
+            if final and job.client is not None:
                 self.out.append(
                     (
                         FRONTEND,
@@ -325,7 +330,9 @@ class BrokerCore:
         for _weight, name in peer.queues:  # highest weight first
             queue = self.queues[name]
             if queue.pending:
-                self._dispatch(queue.pending.popleft(), queue, peer, now, returning=True)
+                self._dispatch(queue.pop(), queue, peer, now, returning=True)
+                if queue.spilled:
+                    self._check_spill(queue)
                 return
         self._set_credit(peer, peer.credit + 1)
 
@@ -380,8 +387,8 @@ class BrokerCore:
             owner and peer.role == ROLE_MANAGER and peer.manager and owner.manager == peer.manager
         )
 
-    def _finish(self, job: Job, failed: bool, now: float) -> None:
-        self.counters["failed" if failed else "succeeded"] += 1
+    def _finish(self, job: Job, now: float) -> Peer | None:
+        """The attempt's peer is done with it; returns that peer."""
         self.queues[job.queue].in_flight -= 1
         owner = self.peers.get(job.peer) if job.peer else None
         if owner is not None:
@@ -389,6 +396,7 @@ class BrokerCore:
             owner.jobs_done += 1
             if owner.draining and not owner.inflight:
                 self._drop_peer(owner, now, "said goodbye")
+        return owner
 
     def _requeue(self, job: Job, now: float, lost_from: Peer | None = None) -> None:
         if self.trace is not None:
@@ -401,7 +409,7 @@ class BrokerCore:
         if target is not None and not self.stopping:
             self._dispatch(job, queue, self.peers[target], now)
         else:
-            queue.pending.appendleft(job)
+            queue.push_front(job)
 
     def _drop_peer(self, peer: Peer, now: float, why: str) -> None:
         if self.peers.pop(peer.identity, None) is None:
@@ -468,7 +476,13 @@ class BrokerCore:
     # ---- helpers ------------------------------------------------------------
 
     def _trace(
-        self, event: str, job: Job, now: float, error: str = "", peer: Peer | None = None
+        self,
+        event: str,
+        job: Job,
+        now: float,
+        error: str = "",
+        peer: Peer | None = None,
+        extra: float = 0.0,
     ) -> None:
         assert self.trace is not None
         if peer is None and job.peer is not None:
@@ -486,6 +500,7 @@ class BrokerCore:
                 error,
                 job.enqueued_at,
                 job.dispatched_at,
+                extra,
             )
         )
 

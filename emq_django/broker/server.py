@@ -22,8 +22,10 @@ import zmq
 from emq_django import wire
 from emq_django.broker import monitor
 from emq_django.broker.core import BACKEND, FRONTEND, BrokerConfig, BrokerCore
+from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
+from emq_django.protocol import frames as F
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,30 @@ class BrokerServer:
         self.grace = settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.core = BrokerCore(
             BrokerConfig(
-                settings.HEARTBEAT_INTERVAL, settings.HEARTBEAT_LIVENESS, settings.MAX_PENDING
+                heartbeat_interval=settings.HEARTBEAT_INTERVAL,
+                heartbeat_liveness=settings.HEARTBEAT_LIVENESS,
+                max_pending=settings.MAX_PENDING,
+                max_queue_bytes=settings.MAX_QUEUE_BYTES,
+                retry_base=settings.RETRY_BASE,
+                retry_cap=settings.RETRY_CAP,
+                dedupe_window=settings.DEDUPE_WINDOW,
+                max_dead_letters=settings.MAX_DEAD_LETTERS,
             ),
             clock(),
         )
         self.core.wall_offset = time.time() - clock()
+        self.journal: Journal | None = None
+        if settings.JOURNAL_PATH:
+            self.journal = Journal(settings.JOURNAL_PATH, settings.JOURNAL_SYNC)
+            self.core.journal_ops = []
+            counts = self.core.restore(self.journal.load(), clock())
+            waiting = sum(n for state, n in counts.items() if state != "done")
+            log.info(
+                "journal %s: %d guaranteed jobs reloaded %s",
+                settings.JOURNAL_PATH,
+                waiting,
+                {k: v for k, v in counts.items() if k != "done"},
+            )
         self.tracer: TraceWriter | None = None
         if settings.TRACE_DIR:
             self.tracer = TraceWriter(settings.TRACE_DIR)
@@ -192,6 +213,10 @@ class BrokerServer:
 
     def _flush(self) -> None:
         core = self.core
+        if core.journal_ops:
+            self._commit()  # before anything about those jobs leaves the broker
+        if core.spill_requests:
+            self._refill_spilled()
         if core.trace and self.tracer is not None:
             events, core.trace = core.trace, []
             self.tracer.write(events, core.wall_offset)
@@ -213,18 +238,41 @@ class BrokerServer:
                         raise
                     core.peer_unreachable(socket_id, identity, self.clock())
 
+    def _commit(self) -> None:
+        """Write the loop turn's journal operations in one transaction. If that
+        fails, the guaranteed jobs it held are refused, not acknowledged."""
+        core = self.core
+        assert self.journal is not None and core.journal_ops is not None
+        ops, core.journal_ops = core.journal_ops, []
+        try:
+            self.journal.apply(ops)
+        except JournalError as exc:
+            unsaved = {op[1] for op in ops if op[0] == "put"}
+            log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
+            core.out = [_refusal(m, unsaved, str(exc)) for m in core.out]
+
+    def _refill_spilled(self) -> None:
+        core = self.core
+        assert self.journal is not None
+        names, core.spill_requests = core.spill_requests, set()
+        for name in names:
+            rows = self.journal.load_spilled(name, max(self.settings.MAX_PENDING // 4, 1))
+            core.restore_spilled(name, rows, self.clock())
+        if core.journal_ops:
+            self._commit()
+
     def _serve_monitor(self) -> None:
         for _ in range(100):
             try:
                 frames = self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            envelope, request = frames[:-1], frames[-1].strip().upper()
+            envelope, request = frames[:-1], frames[-1].strip()
             if len(frames) < 2:
                 self.core.counters["protocol_errors"] += 1
                 continue
             try:
-                reply = self.monitor_reply(request[:64])
+                reply = self.monitor_reply(request[:65536])
             except Exception:
                 self.internal_errors += 1
                 log.exception("internal error answering the monitor")
@@ -235,11 +283,38 @@ class BrokerServer:
                 pass
 
     def monitor_reply(self, request: bytes) -> bytes:
-        if request in (b"MONITOR", b"MONITOR JSON"):
+        """``MONITOR``, ``MONITOR JSON``, ``DEADLETTERS [LIST|REQUEUE|PURGE] [ALL|id...]``."""
+        words = request.split()
+        command = b" ".join(words[:2]).upper()
+        if command in (b"MONITOR", b"MONITOR JSON"):
             doc = self.status()
-            return monitor.as_json(doc) if request.endswith(b"JSON") else monitor.as_lines(doc)
+            return monitor.as_json(doc) if command.endswith(b"JSON") else monitor.as_lines(doc)
+        if words and words[0].upper() == b"DEADLETTERS":
+            result = self._dead_letter_command(words[1:])
+            if result is not None:
+                self._flush()
+                return monitor.as_json(result)
         self.core.counters["protocol_errors"] += 1
-        return b"ERROR unknown command; send MONITOR or MONITOR JSON"
+        return (
+            b"ERROR unknown command; send MONITOR, MONITOR JSON or "
+            b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]"
+        )
+
+    def _dead_letter_command(self, words: list[bytes]) -> dict[str, Any] | None:
+        action = words[0].upper() if words else b"LIST"
+        if action == b"LIST":
+            return {"dead_letters": self.core.dead_letters(), "count": len(self.core.dead)}
+        ids: list[bytes] | None = words[1:] or None
+        if ids == [b"ALL"] or ids == [b"all"]:
+            ids = None
+        elif ids is None:
+            return {"error": "name the jobs, or ALL"}
+        now = self.clock()
+        if action == b"REQUEUE":
+            return {"requeued": self.core.requeue_dead(ids, now)}
+        if action == b"PURGE":
+            return {"purged": self.core.purge_dead(ids, now)}
+        return None
 
     def status(self) -> dict[str, Any]:
         doc = monitor.snapshot(self.core, self.clock(), time.time(), self.info)
@@ -248,6 +323,8 @@ class BrokerServer:
         if self.tracer is not None:
             doc["counters"]["trace_written"] = self.tracer.written
             doc["counters"]["trace_dropped"] = self.tracer.dropped
+        if self.journal is not None:
+            doc["journal"] = self.journal.stats()
         return doc
 
     def _clear_wakeups(self) -> None:
@@ -274,3 +351,17 @@ class BrokerServer:
         self._wake_w.close()
         if self.tracer is not None:
             self.tracer.close()
+        if self.journal is not None:
+            self.journal.close()
+
+
+def _refusal(
+    message: tuple[int, bytes, list[bytes]], unsaved: set[bytes], reason: str
+) -> tuple[int, bytes, list[bytes]]:
+    """An ACK for a job the journal could not save becomes an ERROR: the client
+    must not believe it is guaranteed."""
+    socket_id, identity, frames = message
+    if socket_id == FRONTEND and len(frames) == 5 and frames[2] == F.ACK and frames[4] in unsaved:
+        error = F.Error(frames[3], frames[4], f"not saved: {reason}", "journal-error")
+        return socket_id, identity, error.encode()
+    return message

@@ -28,6 +28,8 @@ class Job:
     attempt_id: bytes = b""
     peer: bytes | None = None
     dispatched_at: float = 0.0
+    failures: int = 0  # failed attempts so far (a lost peer is not a failure)
+    enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
 
 
 @dataclass(slots=True, eq=False)
@@ -65,15 +67,39 @@ class Queue:
     waiting jobs while none of its servers has credit.
     """
 
-    __slots__ = ("name", "pending", "tiers", "weights", "servers", "in_flight")
+    __slots__ = (
+        "name",
+        "pending",
+        "pending_bytes",
+        "spilled",
+        "tiers",
+        "weights",
+        "servers",
+        "in_flight",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.pending: deque[Job] = deque()
+        self.pending_bytes = 0  # bodies of the waiting jobs: the memory bound
+        self.spilled = 0  # guaranteed jobs waiting on disk only (over the memory bound)
         self.tiers: dict[int, dict[bytes, None]] = {}
         self.weights: list[int] = []
         self.servers: dict[bytes, int] = {}
         self.in_flight = 0
+
+    def push(self, job: Job) -> None:
+        self.pending.append(job)
+        self.pending_bytes += len(job.body)
+
+    def push_front(self, job: Job) -> None:
+        self.pending.appendleft(job)
+        self.pending_bytes += len(job.body)
+
+    def pop(self) -> Job:
+        job = self.pending.popleft()
+        self.pending_bytes -= len(job.body)
+        return job
 
     def add_server(self, identity: bytes, weight: int) -> None:
         self.servers[identity] = weight

@@ -274,6 +274,21 @@ def reply_flags(status: bytes) -> tuple[bool, bool]:
 
 
 @lru_cache(maxsize=1024)
+def reply_retry(status: bytes) -> float | None:
+    """A retry the task asked for (``emq.Retry``): ``retry:<seconds>`` gives the delay,
+    a bare ``retry`` gives -1 (use the backoff); None when it asked for none."""
+    for token in status.split(b","):
+        if token == b"retry":
+            return -1.0
+        if token.startswith(b"retry:"):
+            try:
+                return max(0.0, float(token[6:]))
+            except ValueError:
+                return -1.0
+    return None
+
+
+@lru_cache(maxsize=1024)
 def reply_error(status: bytes) -> str:
     """The error type in a status frame (``failed,ready,error:ValueError``), or ''."""
     for token in status.split(b","):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db import close_old_connections
 
 from emq_django import registry
-from emq_django.exceptions import ProtocolError, type_name
+from emq_django.exceptions import ProtocolError, Retry, type_name
 from emq_django.protocol.body import RunBody, decode_run_body, encode_failure, encode_result
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ class Outcome:
     failed: bool
     error_type: str = ""
     spec: RunBody | None = None
+    retry: float | None = None  # emq.Retry: the delay it asked for, -1 for the backoff
 
     def status(self, ready: bool) -> bytes:
         """The REPLY's status frame: ``ok``/``failed``, ``ready``, ``error:<type>``."""
@@ -31,6 +32,8 @@ class Outcome:
         status = b"failed,ready" if ready else b"failed"
         if self.error_type:
             status += b",error:" + self.error_type.replace(",", "_").encode()[:64]
+        if self.retry is not None:
+            status += b",retry" if self.retry < 0 else b",retry:%.3f" % self.retry
         return status
 
 
@@ -61,6 +64,13 @@ def execute(body: bytes, job_id: bytes = b"") -> Outcome:
     # jobs, and the job manager closes all connections before it forks.
     try:
         value = task.fn(*spec.args, **spec.kwargs)
+    except Retry as exc:
+        log.info(
+            "job %s (%s) asked to be retried: %s", job_id.decode(errors="replace"), task.name, exc
+        )
+        name = "emq_django.exceptions.Retry"
+        delay = -1.0 if exc.delay is None else max(0.0, float(exc.delay))
+        return Outcome(encode_failure(name, str(exc), ""), True, name, spec, delay)
     except Exception as exc:
         log.info(
             "job %s (%s) failed: %s: %s",

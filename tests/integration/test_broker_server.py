@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ def wait_until(check: Callable[[], bool], what: str) -> None:
 
 
 @pytest.fixture
-def start_broker() -> Iterator[Callable[..., Broker]]:
+def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
     """Start a BrokerServer thread with the given settings; stop it twice and join."""
     started: list[Broker] = []
 
@@ -112,7 +113,11 @@ def start_broker() -> Iterator[Callable[..., Broker]]:
         front, back, mon = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(3))
         # a generous liveness (5 s): test peers that do not heartbeat are not dropped
         # when the machine is slow; expiry itself is covered by the core's unit tests
-        options: dict[str, Any] = {"HEARTBEAT_INTERVAL": INTERVAL, "HEARTBEAT_LIVENESS": 25}
+        options: dict[str, Any] = {
+            "HEARTBEAT_INTERVAL": INTERVAL,
+            "HEARTBEAT_LIVENESS": 25,
+            "JOURNAL_PATH": str(tmp_path / f"journal-{len(started)}.sqlite3"),
+        }
         settings = EmqSettings(
             FRONTEND_BIND=front, BACKEND_BIND=back, MONITOR_BIND=mon, **{**options, **overrides}
         )

@@ -1,0 +1,118 @@
+"""Where the broker keeps jobs that are in no queue: delayed, dead, or done.
+
+Pure data structures, no clock of their own: callers pass ``now``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from emq_django.broker.state import Job
+
+
+def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Delay before retry ``attempt`` (1 = the first retry): exponential with cap,
+    and +-20% jitter so that jobs failing together do not retry together."""
+    delay: float = min(cap, base * (2.0 ** max(attempt - 1, 0)))
+    return delay * rng.uniform(0.8, 1.2)
+
+
+class DelayedJobs:
+    """A timer heap of jobs waiting for their ``run_after`` or their retry."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Job]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, job: Job, due: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, job))
+
+    def next_due(self) -> float:
+        return self._heap[0][0] if self._heap else float("inf")
+
+    def pop_due(self, now: float) -> list[Job]:
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            due.append(heapq.heappop(self._heap)[2])
+        return due
+
+    def remove(self, job_id: bytes) -> Job | None:
+        for i, (_, _, job) in enumerate(self._heap):
+            if job.id == job_id:
+                self._heap.pop(i)
+                heapq.heapify(self._heap)
+                return job
+        return None
+
+    def jobs(self) -> list[Job]:
+        return [job for _, _, job in sorted(self._heap)]
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    job: Job
+    error: str
+    died_at: float  # wall clock
+
+
+class DeadLetters:
+    """Jobs that used up their retries, oldest first, at most ``limit`` kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.items: OrderedDict[bytes, DeadLetter] = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, letter: DeadLetter) -> DeadLetter | None:
+        """Keep ``letter``; returns the oldest one evicted to make room, if any."""
+        self.items[letter.job.id] = letter
+        if len(self.items) > self.limit:
+            self.evicted += 1
+            return self.items.popitem(last=False)[1]
+        return None
+
+    def take(self, job_ids: list[bytes] | None) -> list[DeadLetter]:
+        """Remove and return these letters (all when ``job_ids`` is None)."""
+        if job_ids is None:
+            taken = list(self.items.values())
+            self.items.clear()
+            return taken
+        return [self.items.pop(i) for i in job_ids if i in self.items]
+
+
+class RecentIds:
+    """Ids of finished jobs, remembered for ``window`` seconds (at most ``limit``),
+    so that a client resending a job it got no ACK for does not run it twice."""
+
+    def __init__(self, window: float, limit: int = 200_000) -> None:
+        self.window = window
+        self.limit = limit
+        self._ids: OrderedDict[bytes, float] = OrderedDict()
+
+    def __contains__(self, job_id: bytes) -> bool:
+        return job_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, job_id: bytes, now: float) -> None:
+        self._ids[job_id] = now
+        if len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
+
+    def expire(self, now: float) -> None:
+        while self._ids:
+            job_id, at = next(iter(self._ids.items()))
+            if now - at <= self.window:
+                return
+            del self._ids[job_id]

@@ -1,0 +1,163 @@
+"""The journal of guaranteed jobs: SQLite in WAL mode, one transaction per loop turn.
+
+A guaranteed job is written before the broker sends anything about it (its ACK,
+its dispatch), and leaves the journal on its final outcome: it is then kept as
+``done`` (without its body) for the de-duplication window, so that a client that
+resends a job after a broker crash does not run it twice. At start-up the broker
+reloads what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY,
+    id BLOB NOT NULL UNIQUE,
+    queue TEXT NOT NULL,
+    headers BLOB NOT NULL,
+    body BLOB,
+    state TEXT NOT NULL,            -- ready, delayed, spilled, dead, done
+    attempts INTEGER NOT NULL DEFAULT 0,
+    run_after REAL NOT NULL DEFAULT 0,
+    enqueued_at REAL NOT NULL,
+    error TEXT NOT NULL DEFAULT '',
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, queue, seq);
+"""
+
+# (op, args...) tuples the broker core queues; see Journal.apply
+JournalOp = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    id: bytes
+    queue: str
+    headers: bytes
+    body: bytes
+    state: str
+    attempts: int
+    run_after: float
+    enqueued_at: float
+    error: str
+    updated_at: float
+
+
+class JournalError(Exception):
+    """The journal could not be written (a full disk, a broken file)."""
+
+
+class Journal:
+    def __init__(self, path: str | os.PathLike[str], sync: str = "normal") -> None:
+        if sync not in ("normal", "full"):
+            raise ValueError(f"EMQ_JOURNAL_SYNC must be 'normal' or 'full', not {sync!r}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={sync.upper()}")
+        self.db.executescript(SCHEMA)
+        self.commits = 0
+        self.errors = 0
+
+    def apply(self, ops: list[JournalOp]) -> None:
+        """Write ``ops`` in one transaction; raises ``JournalError`` and rolls back."""
+        db = self.db
+        try:
+            db.execute("BEGIN")
+            for op in ops:
+                _APPLY[op[0]](db, op)
+            db.execute("COMMIT")
+            self.commits += 1
+        except sqlite3.Error as exc:
+            self.errors += 1
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise JournalError(f"journal {self.path}: {exc}") from exc
+
+    def load(self) -> list[StoredJob]:
+        """Every job not done, oldest first, and the done ones (for de-duplication)."""
+        rows = self.db.execute(
+            "SELECT id, queue, headers, COALESCE(body, x''), state, attempts, run_after,"
+            " enqueued_at, error, updated_at FROM jobs ORDER BY seq"
+        ).fetchall()
+        return [StoredJob(*row) for row in rows]
+
+    def load_spilled(self, queue: str, limit: int) -> list[StoredJob]:
+        rows = self.db.execute(
+            "SELECT id, queue, headers, COALESCE(body, x''), state, attempts, run_after,"
+            " enqueued_at, error, updated_at FROM jobs WHERE state = 'spilled' AND queue = ?"
+            " ORDER BY seq LIMIT ?",
+            (queue, limit),
+        ).fetchall()
+        return [StoredJob(*row) for row in rows]
+
+    def stats(self) -> dict[str, Any]:
+        counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+        size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
+        return {
+            "path": str(self.path),
+            "size_bytes": size,
+            "jobs": counts,
+            "commits": self.commits,
+            "errors": self.errors,
+        }
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _put(db: sqlite3.Connection, op: JournalOp) -> None:
+    _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
+    db.execute(
+        "INSERT INTO jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
+        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+        " state = excluded.state, attempts = excluded.attempts,"
+        " run_after = excluded.run_after, updated_at = excluded.updated_at",
+        (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now),
+    )
+
+
+def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
+    _, job_id, state, attempts, run_after, error, now = op
+    db.execute(
+        "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ?"
+        " WHERE id = ?",
+        (state, attempts, run_after, error, now, job_id),
+    )
+
+
+def _done(db: sqlite3.Connection, op: JournalOp) -> None:
+    _, job_id, now = op
+    db.execute(
+        "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?", (now, job_id)
+    )
+
+
+def _delete(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute("DELETE FROM jobs WHERE id = ?", (op[1],))
+
+
+def _prune_done(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
+
+
+_APPLY = {
+    "put": _put,
+    "state": _set_state,
+    "done": _done,
+    "delete": _delete,
+    "prune_done": _prune_done,
+}
