@@ -5,6 +5,12 @@ The broker core buffers events as tuples; ``TraceWriter.write`` formats and
 appends them once per loop turn, so tracing costs no system call per job. A
 write that fails (a full disk) is logged and counted, never raised: the trace
 must not stop the broker.
+
+Formatting is on the broker's hot path (three events per job), so lines are
+built with f-strings rather than ``json.dumps`` of a dict: the strings that
+repeat (task, queue, job manager, error) are JSON-quoted once and cached, and a
+job id made of letters and digits (every id our client makes) needs no quoting
+work at all. The output is the same JSON, field for field, as ``json.dumps``.
 """
 
 from __future__ import annotations
@@ -21,11 +27,43 @@ from emq_django.broker.core import TraceEvent
 
 log = logging.getLogger(__name__)
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_quote = json.JSONEncoder(ensure_ascii=False).encode
+_QUOTED_CACHE_LIMIT = 10_000  # distinct task/queue/manager/error strings kept quoted
+_quoted: dict[str, str] = {"": "null"}
+_FINISHED = frozenset(("succeeded", "failed", "timed_out"))
+# (task, queue, job manager) -> '"task":...,"queue":...,"jm":...'
+_where: dict[tuple[str, str, str], str] = {}
 
 
 def _us(seconds: float) -> int:
     return int(round(seconds * 1_000_000))
+
+
+def _q(text: str) -> str:
+    """``text`` as a JSON string (``null`` for ''); cached, they repeat on every job."""
+    quoted = _quoted.get(text)
+    if quoted is None:
+        if len(_quoted) >= _QUOTED_CACHE_LIMIT:
+            _quoted.clear()
+            _quoted[""] = "null"
+        quoted = _quoted[text] = _quote(text)
+    return quoted
+
+
+def _where_fields(task: str, queue: str, manager: str) -> str:
+    key = (task, queue, manager)
+    fields = _where.get(key)
+    if fields is None:
+        if len(_where) >= _QUOTED_CACHE_LIMIT:
+            _where.clear()
+        fields = _where[key] = f'"task":{_q(task)},"queue":{_quote(queue)},"jm":{_q(manager)}'
+    return fields
+
+
+def _job(job_id: bytes) -> str:
+    if job_id.isalnum():  # ASCII letters and digits: nothing to escape
+        return f'"{job_id.decode("ascii")}"'
+    return _quote(job_id.decode("utf-8", "replace"))
 
 
 def trace_file_name(wall: float) -> str:
@@ -34,24 +72,26 @@ def trace_file_name(wall: float) -> str:
 
 
 def format_event(event: TraceEvent, wall_offset: float) -> str:
-    kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched = event
-    line: dict[str, object] = {
-        "ts": _us(now + wall_offset),
-        "event": kind,
-        "job": job_id.decode("utf-8", "replace"),
-        "attempt": attempt,
-        "task": task or None,
-        "queue": queue,
-        "jm": manager or None,
-    }
+    """One line of docs/trace-format.md, without the newline."""
+    kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = event
+    line = (
+        f'{{"ts":{round((now + wall_offset) * 1_000_000)},"event":"{kind}",'
+        f'"job":{_job(job_id)},"attempt":{attempt},{_where_fields(task, queue, manager)}'
+    )
     if kind == "dispatched":
-        line["wait_us"] = _us(now - enqueued)
-    elif kind in ("succeeded", "failed", "timed_out"):
-        line["run_us"] = _us(now - dispatched)
-        line["total_us"] = _us(now - enqueued)
+        line += f',"wait_us":{round((now - enqueued) * 1_000_000)}'
+    elif kind in _FINISHED:
+        line += (
+            f',"run_us":{round((now - dispatched) * 1_000_000)}'
+            f',"total_us":{round((now - enqueued) * 1_000_000)}'
+        )
+    elif kind == "retried":
+        line += f',"delay_us":{round(extra * 1_000_000)}'
     if error:
-        line["error"] = error
-    return _dumps(line)
+        line += f',"error":{_q(error)}}}'
+    else:
+        line += "}"
+    return line
 
 
 class TraceWriter:
@@ -60,6 +100,7 @@ class TraceWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._name = ""
         self._file: IO[str] | None = None
+        self._hour_ends = 0.0  # wall clock when the current file's hour is over
         self.written = 0
         self.dropped = 0
 
@@ -67,16 +108,17 @@ class TraceWriter:
         lines = [format_event(e, wall_offset) for e in events]
         if not lines:
             return
+        lines.append("")  # the last line's newline
         try:
-            self._open(time.time()).write("\n".join(lines) + "\n")
-            assert self._file is not None
-            self._file.flush()
-            self.written += len(lines)
+            file = self._open(time.time())
+            file.write("\n".join(lines))
+            file.flush()
+            self.written += len(lines) - 1
         except OSError as exc:
-            self.dropped += len(lines)
+            self.dropped += len(lines) - 1
             log.error(
                 "could not write %d trace events to %s: %s (%d dropped so far)",
-                len(lines),
+                len(lines) - 1,
                 self.directory,
                 exc,
                 self.dropped,
@@ -84,11 +126,14 @@ class TraceWriter:
             self._close()
 
     def _open(self, wall: float) -> IO[str]:
+        if self._file is not None and wall < self._hour_ends:
+            return self._file
         name = trace_file_name(wall)
         if self._file is None or name != self._name:
             self._close()
             self._file = open(self.directory / name, "a", encoding="utf-8")  # noqa: SIM115
             self._name = name
+        self._hour_ends = (wall // 3600 + 1) * 3600
         return self._file
 
     def _close(self) -> None:
