@@ -17,6 +17,7 @@ from emq_django.exceptions import (
     TaskNotFound,
 )
 from emq_django.result import Result
+from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.task import Task, task
 
 __all__ = [
@@ -32,6 +33,9 @@ __all__ = [
     "Task",
     "TaskFailed",
     "TaskNotFound",
+    "periodic",
+    "schedule",
     "task",
+    "unschedule",
 ]
 __version__ = "0.1.0"

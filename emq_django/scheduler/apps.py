@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class SchedulerConfig(AppConfig):
+    name = "emq_django.scheduler"
+    label = "emq_scheduler"
+    verbose_name = "emq scheduler"
+    default_auto_field = "django.db.models.BigAutoField"

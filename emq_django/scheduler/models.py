@@ -1,0 +1,141 @@
+"""``ScheduledJob``: one schedule, its timing and its run bookkeeping."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from emq_django.scheduler.cron import CronError, parse_cron, zone
+from emq_django.scheduler.keys import split_task_name, task_key
+from emq_django.scheduler.timing import Timing, first_run
+
+SOURCE_API = "api"
+SOURCE_CODE = "code"
+SOURCE_WIRE = "wire"
+SOURCE_ADMIN = "admin"
+
+
+def validate_cron(value: str) -> None:
+    if value:
+        try:
+            parse_cron(value)
+        except CronError as exc:
+            raise ValidationError(str(exc), code="invalid_cron") from None
+
+
+def validate_timezone(value: str) -> None:
+    try:
+        zone(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc), code="invalid_timezone") from None
+
+
+def validate_task_name(value: str) -> None:
+    try:
+        split_task_name(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc), code="invalid_task") from None
+
+
+class ScheduledJob(models.Model):
+    name = models.CharField(
+        max_length=200,
+        unique=True,
+        blank=True,
+        help_text="Blank: the key EventMQ derives from the task and its arguments.",
+    )
+    task = models.CharField(
+        max_length=255, validators=[validate_task_name], help_text="pkg.module.function"
+    )
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=255, default="default")
+    retries = models.PositiveIntegerField(default=0)
+    timeout = models.FloatField(default=0, validators=[MinValueValidator(0)])
+    guarantee = models.BooleanField(default=False)
+    interval_seconds = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.001)]
+    )
+    cron = models.CharField(
+        max_length=200,
+        blank=True,
+        validators=[validate_cron],
+        help_text="minute hour day-of-month month day-of-week, e.g. */5 * * * *",
+    )
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    nohaste = models.BooleanField(
+        default=False, help_text="First run after one interval (or at the next cron time)."
+    )
+    enabled = models.BooleanField(default=True)
+    max_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Disable after this many runs (EventMQ's run_count)."
+    )
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    run_count = models.PositiveIntegerField(default=0)
+    # the timing next_run_at was planned for; a change makes the scheduler plan afresh
+    timing_key = models.CharField(max_length=300, blank=True, editable=False)
+    source = models.CharField(max_length=10, default=SOURCE_API, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "scheduled job"
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(interval_seconds__isnull=False) & Q(cron=""))
+                | (Q(interval_seconds__isnull=True) & ~Q(cron="")),
+                name="emq_scheduledjob_interval_xor_cron",
+                violation_error_message="Give an interval or a cron expression, not both.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name[:12] if len(self.name) == 40 else self.name}: {self.task}"
+
+    @property
+    def timing(self) -> Timing:
+        """Raises ``ValueError`` (``CronError``) for an invalid timing."""
+        interval = self.interval_seconds
+        return Timing(
+            interval=interval, cron=self.cron if interval is None else "", timezone=self.timezone
+        )
+
+    def clean(self) -> None:
+        if self.interval_seconds is None and not self.cron:
+            raise ValidationError("Give an interval in seconds or a cron expression.")
+        if self.interval_seconds is not None and self.cron:
+            raise ValidationError("Give an interval or a cron expression, not both.")
+        if not self.name and self.task:
+            self.name = self.default_name()
+
+    def default_name(self) -> str:
+        return task_key(self.task, self.args or [], self.kwargs or {})
+
+    def plan(self, now: dt.datetime | None = None) -> None:
+        """Set ``next_run_at`` for a new or changed timing: a new schedule runs at
+        once (after one tick with ``nohaste``); a changed one at its next tick."""
+        now = now or timezone.now()
+        timing = self.timing
+        if self.next_run_at is None:
+            self.next_run_at = first_run(timing, now, self.nohaste)
+        else:
+            self.next_run_at = timing.next_after(now)
+        self.timing_key = timing.key
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.name:
+            self.name = self.default_name()
+        if self.enabled and (self.next_run_at is None or self.timing_key != self.timing.key):
+            self.plan()
+            fields = kwargs.get("update_fields")
+            if fields is not None:
+                kwargs["update_fields"] = {*fields, "next_run_at", "timing_key"}
+        super().save(*args, **kwargs)
