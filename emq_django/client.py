@@ -57,28 +57,67 @@ class Client:
         self._n += 1
         return f"{self._prefix}{self._n:08x}"
 
-    def send(self, queue: str, headers: bytes, body: bytes, *, confirm: bool = False) -> str:
+    def send(
+        self,
+        queue: str,
+        headers: bytes,
+        body: bytes,
+        *,
+        confirm: bool = False,
+        job_id: str | None = None,
+    ) -> str:
         """Send a REQUEST; returns its id. Waits for the ACK when ``confirm`` (and on
         the socket's first message); raises ``BrokerUnavailable``, ``QueueFull`` or
-        ``JobRefused``."""
+        ``JobRefused``. Sending again with the same ``job_id`` never makes a second
+        job: the broker de-duplicates by id."""
         with self._lock:
-            job_id = self.new_id()
+            job_id = job_id or self.new_id()
             msgid = job_id.encode()
             sock = self._socket()
             self._drain(sock)
             if self._pending:
                 self._check_overdue()
-            wire.send(
-                sock,
-                [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body],
-                nonblocking=False,
-            )
+            frames = [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body]
+            wire.send(sock, frames, nonblocking=False)
             self._pending[msgid] = time.monotonic()
             if confirm or not self._confirmed:
-                self._wait_ack(msgid)
+                self._wait_ack(msgid, resend=frames if confirm else None)
             elif len(self._pending) >= self.window:
                 self._wait_below(self.window // 2)
             return job_id
+
+    def send_many(
+        self, queue: str, headers: bytes, bodies: list[bytes], *, confirm: bool = False
+    ) -> list[str]:
+        """Send several REQUESTs pipelined; with ``confirm``, return once the broker
+        has ACKed them all (it journals them in a few transactions, not one each).
+        Raises like ``send``; on ``BrokerUnavailable`` none of them may be assumed sent."""
+        with self._lock:
+            sock = self._socket()
+            if not self._confirmed and bodies:
+                return [
+                    self.send(queue, headers, bodies[0], confirm=confirm),
+                    *self.send_many(queue, headers, bodies[1:], confirm=confirm),
+                ]
+            ids = []
+            for body in bodies:
+                job_id = self.new_id()
+                msgid = job_id.encode()
+                wire.send(
+                    sock,
+                    [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body],
+                    nonblocking=False,
+                )
+                self._pending[msgid] = time.monotonic()
+                ids.append(job_id)
+                if len(self._pending) >= self.window:
+                    self._wait_below(self.window // 2)
+            if confirm:
+                self._wait_below(1)
+                refused = [i for i in ids if i.encode() in self._errors]
+                if refused:
+                    raise _refusal(self._errors.pop(refused[0].encode()))
+            return ids
 
     def send_frames(self, frames: list[bytes], msgid: bytes, *, confirm: bool = True) -> None:
         """Send any client command (SCHEDULE, PUBLISH, ...) that carries ``msgid``."""
@@ -179,16 +218,25 @@ class Client:
                 "the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"), cmd.reason
             )
 
-    def _wait_ack(self, msgid: bytes) -> None:
-        deadline = time.monotonic() + self.ack_timeout
+    def _wait_ack(self, msgid: bytes, resend: list[bytes] | None = None) -> None:
+        """Wait for ``msgid``'s ACK. With ``resend``, send the same message again
+        every quarter of the timeout: a broker that crashed and came back never got
+        it, and one that did get it de-duplicates by msgid."""
+        start = time.monotonic()
+        deadline = start + self.ack_timeout
+        step = self.ack_timeout / 4
+        next_resend = start + step
         sock = self._socket()
         while msgid in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
-                if msgid in self._pending:
-                    self._unavailable()
-                break
-            self._drain(sock)
+            now = time.monotonic()
+            if now >= deadline:
+                self._unavailable()
+            if resend is not None and now >= next_resend:
+                wire.send(sock, resend, nonblocking=False)
+                next_resend = now + step
+            wait = min(deadline, next_resend if resend is not None else deadline) - now
+            if sock.poll(int(wait * 1000) + 1):
+                self._drain(sock)
         if msgid in self._errors:
             raise _refusal(self._errors.pop(msgid))
 

@@ -487,7 +487,7 @@ class BrokerCore(JobLifecycle):
         assert self.trace is not None
         if peer is None and job.peer is not None:
             peer = self.peers.get(job.peer)
-        name = (peer.manager or _show(peer.identity)) if peer is not None else ""
+        name = (peer.manager_name or _show(peer.identity)) if peer is not None else ""
         self.trace.append(
             (
                 event,

@@ -23,6 +23,10 @@ def _group_key(peer: Peer) -> str:
     return peer.manager if peer.role != "plain" and peer.manager else _show(peer.identity)
 
 
+def _group_name(peer: Peer) -> str:
+    return peer.manager_name or _show(peer.identity)
+
+
 def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, Any]]:
     """One entry per job manager: ours (a control peer plus slot peers) or EventMQ's."""
     groups: dict[str, dict[str, Any]] = {}
@@ -31,7 +35,7 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
         entry = groups.get(key)
         if entry is None:
             entry = groups[key] = {
-                "identity": key,
+                "identity": _group_name(peer),
                 "host": None,
                 "pid": None,
                 "kind": "eventmq",
@@ -74,7 +78,9 @@ def queues(core: BrokerCore) -> list[dict[str, Any]]:
             if peer is None:
                 continue
             key = _group_key(peer)
-            entry = serving.setdefault(key, {"identity": key, "weight": weight, "free_slots": 0})
+            entry = serving.setdefault(
+                key, {"identity": _group_name(peer), "weight": weight, "free_slots": 0}
+            )
             entry["free_slots"] += peer.credit
         result.append(
             {

@@ -52,7 +52,20 @@ class Peer:
 
     @property
     def manager(self) -> str | None:
-        """The name of the job manager this peer belongs to (its own for plain ones)."""
+        """Which run of which job manager this peer belongs to (None for plain ones).
+
+        The name plus its ``incarnation``: a job manager restarted under the same
+        ``--name`` must not vouch for the dead processes of the one before.
+        """
+        name = self.manager_name
+        if name is None:
+            return None
+        incarnation = self.meta.get("incarnation")
+        return f"{name}@{incarnation}" if incarnation else name
+
+    @property
+    def manager_name(self) -> str | None:
+        """The job manager's name, as shown in the monitor and the trace."""
         if self.role == ROLE_PLAIN:
             return None
         name = self.meta.get("manager")

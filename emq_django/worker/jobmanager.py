@@ -44,6 +44,7 @@ class JobManagerConfig:
     name: str = ""
     kill_grace: float = 3.0
     max_jobs_per_worker: int = 0
+    max_memory_mb: int = 0
     recorder: str = ""  # EMQ_RECORDER
 
 
@@ -70,6 +71,7 @@ class JobManager:
     def __init__(self, config: JobManagerConfig) -> None:
         self.config = config
         self.name = config.name or f"{pysocket.gethostname()}:{os.getpid()}"
+        self.incarnation = os.urandom(4).hex()  # this run, as opposed to its name
         self.table = SlotTable(config.concurrency)
         self.children: dict[int, int] = {}  # pid -> slot
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
@@ -171,6 +173,7 @@ class JobManager:
         meta = {
             "role": "manager",
             "manager": self.name,
+            "incarnation": self.incarnation,
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
             "concurrency": self.config.concurrency,
@@ -211,15 +214,17 @@ class JobManager:
     def _spawn(self, slot: int) -> None:
         c = self.config
         cfg = SlotConfig(
-            c.broker_url,
-            c.queues,
-            self.name,
-            slot,
-            c.heartbeat_interval,
-            c.heartbeat_liveness,
-            c.prefetch,
-            c.max_jobs_per_worker,
-            c.recorder,
+            broker_url=c.broker_url,
+            queues=c.queues,
+            manager=self.name,
+            incarnation=self.incarnation,
+            slot=slot,
+            heartbeat_interval=c.heartbeat_interval,
+            heartbeat_liveness=c.heartbeat_liveness,
+            prefetch=c.prefetch,
+            max_jobs=c.max_jobs_per_worker,
+            max_memory_mb=c.max_memory_mb,
+            recorder=c.recorder,
         )
         pid = os.fork()
         if pid == 0:  # the child: never returns

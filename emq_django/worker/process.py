@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ class SlotConfig:
     heartbeat_liveness: int
     prefetch: int = 1
     max_jobs: int = 0  # 0: no limit; else exit after this many (the manager respawns)
+    max_memory_mb: int = 0  # 0: no limit; else exit once the process has grown past it
     recorder: str = ""  # EMQ_RECORDER: dotted path of a JobRecorder class
+    incarnation: str = ""  # the job manager's run: tells it apart from an earlier one
 
 
 class SlotWorker:
@@ -54,6 +57,7 @@ class SlotWorker:
         self._prefix = f"{os.getpid():x}-{config.slot}-".encode()
         self.last_recv = self.last_send = 0.0
         self.policy = CreditPolicy(config.prefetch)
+        self.retiring = False
         self.recorder: JobRecorder | None = load_recorder(config.recorder)
         self.credit = 0
 
@@ -84,7 +88,13 @@ class SlotWorker:
         sock = self.context.socket(zmq.DEALER)
         sock.linger = 0
         sock.connect(c.broker_url)
-        meta = {"role": "slot", "manager": c.manager, "slot": c.slot, "pid": os.getpid()}
+        meta = {
+            "role": "slot",
+            "manager": c.manager,
+            "incarnation": c.incarnation,
+            "slot": c.slot,
+            "pid": os.getpid(),
+        }
         sock.send_multipart(F.Inform(self._id(), c.queues, F.PEER_WORKER, meta).encode())
         self.sock = sock
         self.credit = 0  # jobs the broker may still send us
@@ -107,7 +117,7 @@ class SlotWorker:
                 self._connect()
             elif now - self.last_send >= c.heartbeat_interval:
                 self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
-            if c.max_jobs and self.jobs_done >= c.max_jobs:
+            if self.retiring:
                 break
         self._goodbye()
 
@@ -142,7 +152,7 @@ class SlotWorker:
         if self.recorder is not None:
             self._record(req, outcome, elapsed)
         wanted = self.policy.wanted()
-        if self.stopping or (self.config.max_jobs and self.jobs_done >= self.config.max_jobs):
+        if self.stopping or self._should_retire():
             wanted = 0  # no more credit from this process
         # the REPLY gives one credit back ("ready") when we want more than we hold
         give_back = self.credit < wanted
@@ -183,6 +193,21 @@ class SlotWorker:
             except Exception:
                 log.exception("the job recorder failed to flush")
 
+    def _should_retire(self) -> bool:
+        """After too many jobs or too much memory, finish and let the manager
+        start a fresh process."""
+        c = self.config
+        if c.max_jobs and self.jobs_done >= c.max_jobs:
+            self.retiring = True
+        elif c.max_memory_mb and _peak_rss_mb() > c.max_memory_mb:
+            log.info(
+                "worker process %d grew past %d MB; it will be replaced",
+                os.getpid(),
+                c.max_memory_mb,
+            )
+            self.retiring = True
+        return self.retiring
+
     def _grant(self, count: int) -> None:
         """Send ``count`` READYs: one credit each."""
         for _ in range(count):
@@ -210,3 +235,7 @@ class SlotWorker:
                 self._run(cmd)
             elif type(cmd) is F.Kbye:
                 return
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB

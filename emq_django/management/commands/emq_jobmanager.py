@@ -38,6 +38,13 @@ class Command(BaseCommand):
             default=0,
             help="restart a worker process after this many jobs (0: never)",
         )
+        parser.add_argument(
+            "--max-memory-per-worker",
+            type=int,
+            default=0,
+            metavar="MB",
+            help="restart a worker process once it has grown past this (0: never)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         configure_command_logging(opts["verbosity"])
@@ -63,6 +70,7 @@ class Command(BaseCommand):
             name=opts["name"],
             max_jobs_per_worker=opts["max_jobs_per_worker"],
             recorder=settings.RECORDER,
+            max_memory_mb=opts["max_memory_per_worker"],
         )
         code = JobManager(config).run()
         if code:
