@@ -11,11 +11,12 @@ LINT_PATHS := $(wildcard emq_django tests project bench)
 
 PYTEST_ARGS ?=
 
-.PHONY: help venv test lint format typecheck demo bench clean distclean
+.PHONY: help venv browser test faults lint format typecheck demo bench clean distclean
 
 help:
 	@echo "make demo       broker + job manager + admin + sample producer (http://127.0.0.1:8000/admin/)"
-	@echo "make test       unit, integration and end-to-end tests"
+	@echo "make test       unit, integration and end-to-end tests (fault injection included)"
+	@echo "make faults     the fault-injection suite alone, with its reports"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff format + ruff check --fix"
 	@echo "make typecheck  mypy"
@@ -34,8 +35,21 @@ $(STAMP): pyproject.toml
 	$(PIP) install six monotonic croniter future psutil
 	touch $@
 
-test: $(STAMP)
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+# The browser test (tests/e2e/test_browser_dashboard.py) drives Debian's headless
+# Chromium; installed once, as root (or through sudo), skipped when present.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	else \
+	  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	fi
+
+test: $(STAMP) browser
+	EMQ_REQUIRE_BROWSER=1 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+faults: $(STAMP)
+	$(PY) -m pytest tests/faults -v -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -45,6 +45,7 @@ class EmqSettings:
     RETRY_CAP: float = 300.0
     DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
     MAX_DEAD_LETTERS: int = 100_000
+    KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a job over its timeout
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:

@@ -71,6 +71,7 @@ class Command(BaseCommand):
             max_jobs_per_worker=opts["max_jobs_per_worker"],
             recorder=settings.RECORDER,
             max_memory_mb=opts["max_memory_per_worker"],
+            kill_grace=settings.KILL_GRACE,
         )
         code = JobManager(config).run()
         if code:

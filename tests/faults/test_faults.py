@@ -1,0 +1,365 @@
+"""Fault injection: guaranteed jobs survive killed, frozen and flooded processes.
+
+Every scenario ends with the history checker: lost = 0 and unexpected = 0, and
+duplicates only for jobs that were in flight when a fault struck. Run alone with
+``make faults``; ``make test`` runs them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from emq_django.exceptions import BrokerUnavailable
+from emq_django.monitor_client import query, status
+from tests.conftest import EmqProcesses, ManagedProcess
+from tests.faults.history import History, Verdict
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(300)]
+
+IMPORTS = "tests.faults.fault_tasks"
+JOBS = 2000
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> History:
+    return History(tmp_path / "history.jsonl")
+
+
+@pytest.fixture
+def fault_env(emq_env: dict[str, str], tmp_path: Path, history: History) -> dict[str, str]:
+    env = {
+        **emq_env,
+        "EMQ_IMPORTS": IMPORTS,
+        "EMQ_FAULT_HISTORY": str(history.path),
+        "EMQ_RETRY_BASE": "0.2",
+        "EMQ_RETRY_CAP": "2",
+        "EMQ_KILL_GRACE": "1",
+        "EMQ_TRACE_DIR": str(tmp_path / "trace"),
+        "EMQ_ACK_TIMEOUT": "4",
+    }
+    emq_env.update(env)  # the processes started by emq_processes see the same
+    return env
+
+
+@pytest.fixture
+def client(fault_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """This test process sends as a client of the broker under test."""
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+
+    for key, value in fault_env.items():
+        if key != "DATABASE_URL":
+            monkeypatch.setenv(key, value)
+    reset_cached_settings()
+    reset_client()
+    yield fault_env
+    reset_client()
+    reset_cached_settings()
+
+
+def start_broker(procs: EmqProcesses, env: dict[str, str], name: str = "broker") -> ManagedProcess:
+    broker = procs.start("emq_broker", name=name)
+    for key in ("EMQ_MONITOR_BIND", "EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"):
+        procs.wait_for_port(port_of(env[key]), proc=broker)
+    return broker
+
+
+def start_jm(procs: EmqProcesses, name: str, concurrency: int = 2) -> ManagedProcess:
+    return procs.start(
+        "emq_jobmanager",
+        "--queues",
+        "faults:10",
+        "--concurrency",
+        str(concurrency),
+        "--name",
+        name,
+        name=f"{name}-{time.monotonic_ns()}",
+    )
+
+
+def monitor(env: dict[str, str]) -> dict[str, Any]:
+    return status(env["EMQ_MONITOR_URL"], timeout=2.0)
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def wait_slots(env: dict[str, str], count: int, timeout: float = 20.0) -> None:
+    def ready() -> bool:
+        try:
+            doc = monitor(env)
+        except BrokerUnavailable:
+            return False
+        return sum(m["slots"] for m in doc["job_managers"]) >= count
+
+    wait_for(ready, f"{count} worker processes", timeout)
+
+
+def send_all(history: History, keys: list[str], seconds: float = 0.005) -> None:
+    """Send each job, with its own id, until the broker has ACKed it: a client that
+    keeps going through broker crashes, resending the same job id."""
+    from tests.faults.fault_tasks import work
+
+    for key in keys:
+        while True:
+            try:
+                work.apply_async((key, seconds), job_id=key)
+                break
+            except BrokerUnavailable:
+                time.sleep(0.2)
+        history.accept(key)
+
+
+def wait_done(history: History, timeout: float = 120.0) -> None:
+    def done() -> bool:
+        return history.accepted <= set(history.completions())
+
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def report(name: str, verdict: Verdict) -> None:
+    print(f"\n[{name}] {verdict.summary()}")
+    if verdict.duplicates:
+        print(f"[{name}] duplicated: {sorted(verdict.duplicates)[:20]}")
+
+
+def assert_clean(verdict: Verdict) -> None:
+    assert verdict.lost == [], f"lost: {verdict.lost[:20]} ({verdict.summary()})"
+    assert verdict.unexpected == [], f"unexpected: {verdict.unexpected[:20]}"
+    assert verdict.unexplained == {}, f"duplicates outside faults: {verdict.unexplained}"
+
+
+# ---- a. SIGKILL a job manager mid-job, 5 times -----------------------------------
+
+
+def test_a_job_manager_killed_mid_job_five_times(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    start_broker(emq_processes, client)
+    jms = {name: start_jm(emq_processes, name) for name in ("A", "B")}
+    wait_slots(client, 4)
+    keys = [f"a-{n}" for n in range(JOBS)]
+    sender = threading.Thread(target=send_all, args=(history, keys, 0.01), daemon=True)
+    sender.start()
+    for round_ in range(5):
+        time.sleep(0.6)
+        name = "AB"[round_ % 2]
+        history.fault(time.time())
+        os.kill(jms[name].pid, signal.SIGKILL)  # its workers die with it (PDEATHSIG)
+        jms[name].popen.wait(timeout=10)
+        jms[name] = start_jm(emq_processes, name)
+    sender.join(timeout=120)
+    wait_done(history)
+    verdict = history.verdict()
+    report("a", verdict)
+    assert verdict.accepted == JOBS
+    assert_clean(verdict)
+    assert monitor(client)["counters"]["requeued"] > 0  # the kills did catch jobs in flight
+
+
+# ---- b. SIGKILL the broker twice, restart it, clients keep sending ----------------
+
+
+def test_b_broker_killed_twice_while_clients_send(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    broker = start_broker(emq_processes, client)
+    start_jm(emq_processes, "A")
+    wait_slots(client, 2)
+    keys = [f"b-{n}" for n in range(JOBS)]
+    sender = threading.Thread(target=send_all, args=(history, keys, 0.002), daemon=True)
+    sender.start()
+    for n in range(2):
+        target = (n + 1) * JOBS // 3
+        wait_for(lambda t=target: len(history.accepted) > t, "progress", 60)
+        start = time.time()
+        os.kill(broker.pid, signal.SIGKILL)
+        broker.popen.wait(timeout=10)
+        time.sleep(0.5)
+        broker = start_broker(emq_processes, client, name=f"broker-{n + 2}")
+        history.fault(start, time.time())
+    sender.join(timeout=180)
+    assert not sender.is_alive(), "the client did not get through the broker restarts"
+    wait_done(history)
+    verdict = history.verdict()
+    report("b", verdict)
+    assert verdict.accepted == JOBS
+    assert_clean(verdict)
+
+
+# ---- c. SIGSTOP a job manager past the heartbeat timeout, then SIGCONT ------------
+
+
+def test_c_frozen_job_manager(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    start_broker(emq_processes, client)
+    frozen = start_jm(emq_processes, "F")
+    start_jm(emq_processes, "G")
+    wait_slots(client, 4)
+    keys = [f"c-{n}" for n in range(JOBS // 2)]
+    sender = threading.Thread(target=send_all, args=(history, keys, 0.02), daemon=True)
+    sender.start()
+    time.sleep(1.0)
+    start = time.time()
+    os.killpg(frozen.pid, signal.SIGSTOP)  # the job manager and its worker processes
+    wait_for(
+        lambda: all(m["identity"] != "F" for m in monitor(client)["job_managers"]),
+        "the broker to drop the frozen job manager",
+        timeout=10,
+    )
+    os.killpg(frozen.pid, signal.SIGCONT)
+    history.fault(start, time.time())
+    sender.join(timeout=120)
+    wait_done(history)
+    verdict = history.verdict()
+    report("c", verdict)
+    assert_clean(verdict)
+    # it comes back: INFORM again after hearing nothing for liveness intervals
+    wait_for(
+        lambda: any(m["identity"] == "F" for m in monitor(client)["job_managers"]),
+        "the thawed job manager to reconnect",
+        timeout=15,
+    )
+
+
+# ---- d. a job that overruns its time limit -----------------------------------------
+
+
+def trace_events(env: dict[str, str], job: str) -> list[dict[str, Any]]:
+    events = []
+    for path in sorted(Path(env["EMQ_TRACE_DIR"]).glob("trace-*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["job"] == job:
+                events.append(event)
+    return events
+
+
+def test_d_job_over_its_time_limit_is_killed_and_its_slot_returns(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    from tests.faults.fault_tasks import overrun, work
+
+    start_broker(emq_processes, client)
+    start_jm(emq_processes, "T", concurrency=1)
+    wait_slots(client, 1)
+    overrun.apply_async(("d-overrun", 30.0), job_id="d-overrun")  # timeout=2, retries=1
+    wait_for(
+        lambda: any(e["event"] == "dead_lettered" for e in trace_events(client, "d-overrun")),
+        "the overrunning job to time out twice and reach the dead letters",
+        timeout=30,
+    )
+    events = trace_events(client, "d-overrun")
+    timed_out = [e for e in events if e["event"] == "timed_out" or e.get("error") == "TimeoutError"]
+    runs = [e["run_us"] / 1e6 for e in events if e["event"] in ("timed_out",)]
+    retried = [e for e in events if e["event"] == "retried"]
+    print(f"\n[d] attempts killed after {[round(s, 2) for s in runs]} s")
+    assert len(retried) == 1 and retried[0]["error"] == "TimeoutError"
+    assert timed_out
+    for seconds in runs:  # 2 s limit + 1 s grace, give or take the machine
+        assert 2.0 <= seconds < 10.0
+    assert [r["key"] for r in history.records("done")] == []  # never ran to the end
+    # the slot is back in service: an ordinary job runs on that same single process
+    work.apply_async(("d-after", 0.0), job_id="d-after")
+    wait_for(lambda: "d-after" in history.completions(), "a job after the kill", timeout=15)
+
+
+# ---- e. a job that always fails, with retries=3 ----------------------------------
+
+
+def test_e_always_failing_job_runs_four_times_then_dead_letter_requeue(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    from tests.faults.fault_tasks import always_fails
+
+    start_broker(emq_processes, client)
+    start_jm(emq_processes, "E")
+    wait_slots(client, 2)
+    always_fails.apply_async(("e-1",), job_id="e-1")
+
+    def letters() -> list[dict[str, Any]]:
+        return json.loads(query(client["EMQ_MONITOR_URL"], b"DEADLETTERS LIST"))["dead_letters"]
+
+    wait_for(lambda: any(d["id"] == "e-1" for d in letters()), "the dead letter", timeout=30)
+    runs = [r["t"] for r in history.records("run") if r["key"] == "e-1"]
+    gaps = [round(b - a, 3) for a, b in zip(runs, runs[1:], strict=False)]
+    print(f"\n[e] runs={len(runs)} gaps between them={gaps} s")
+    assert len(runs) == 4
+    assert gaps == sorted(gaps) and gaps[0] < gaps[-1], f"delays do not grow: {gaps}"
+    (letter,) = [d for d in letters() if d["id"] == "e-1"]
+    assert letter["attempts"] == 4 and letter["error"] == "RuntimeError"
+    # emq_deadletters requeue runs it again
+    out = emq_processes.start("emq_deadletters", "requeue", "e-1", name="requeue")
+    assert emq_processes.wait_for_exit(out) == 0, out.stderr()
+    wait_for(
+        lambda: len([r for r in history.records("run") if r["key"] == "e-1"]) >= 5,
+        "the requeued job to run again",
+        timeout=15,
+    )
+
+
+# ---- f. 100,000 malformed frames mixed with real traffic ------------------------
+
+
+def test_f_malformed_flood_with_real_traffic(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    from tests.e2e.test_fuzz import fuzz_message
+
+    broker = start_broker(emq_processes, client)
+    start_jm(emq_processes, "A")
+    wait_slots(client, 2)
+    keys = [f"f-{n}" for n in range(JOBS)]
+    sender = threading.Thread(target=send_all, args=(history, keys, 0.001), daemon=True)
+    sender.start()
+    rng = random.Random(20261121)
+    context: zmq.Context[Any] = zmq.Context()
+    sockets = []
+    try:
+        for key in ("EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND", "EMQ_MONITOR_BIND"):
+            sock = context.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.sndhwm = 0
+            sock.connect(client[key])
+            sockets.append(sock)
+        huge_left = [0]  # no 1 MB frames here: the point is volume
+        for n in range(100_000):
+            sockets[n % 3].send_multipart(fuzz_message(rng, huge_left))
+        history.fault(time.time())
+        sender.join(timeout=120)
+        wait_done(history)
+    finally:
+        for sock in sockets:
+            sock.close(linger=0)
+        context.term()
+    assert broker.alive()
+    doc = monitor(client)
+    verdict = history.verdict()
+    report("f", verdict)
+    print(f"[f] protocol errors counted: {doc['counters']['protocol_errors']}")
+    assert doc["counters"]["protocol_errors"] > 10_000
+    assert doc["counters"].get("internal_errors", 0) == 0
+    assert verdict.accepted == JOBS
+    assert_clean(verdict)
