@@ -1,0 +1,94 @@
+"""Helpers for tests/e2e/test_scheduler*.py: start the processes, read the history."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
+from tests.e2e import scheduler_tasks
+
+IMPORTS = scheduler_tasks.__name__
+TICK = f"{IMPORTS}.tick"
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def manage(env: Mapping[str, str], *args: str, timeout: float = 60.0) -> str:
+    """Run ``manage.py *args`` to completion; returns stdout, fails with stderr."""
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "manage.py"), *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, f"manage.py {' '.join(args)} failed:\n{out.stderr}"
+    return out.stdout
+
+
+def shell(env: Mapping[str, str], code: str) -> str:
+    return manage(env, "shell", "-c", code)
+
+
+def start_broker(procs: EmqProcesses, env: Mapping[str, str]) -> ManagedProcess:
+    broker = procs.start("emq_broker", name="broker")
+    for key in ("EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND", "EMQ_MONITOR_BIND"):
+        procs.wait_for_port(port_of(env[key]), proc=broker)
+    return broker
+
+
+def start_jobmanager(procs: EmqProcesses, concurrency: int = 2) -> ManagedProcess:
+    jm = procs.start(
+        "emq_jobmanager",
+        "--queues",
+        "sched:10",
+        "--concurrency",
+        str(concurrency),
+        name="jobmanager",
+        env={"EMQ_IMPORTS": IMPORTS},
+    )
+    procs.wait_for_output(jm, "worker processes on queues")
+    return jm
+
+
+def start_scheduler(procs: EmqProcesses, name: str = "scheduler", *args: str) -> ManagedProcess:
+    sched = procs.start("emq_scheduler", *args, name=name, env={"EMQ_IMPORTS": IMPORTS})
+    procs.wait_for_output(sched, "catch-up policy")
+    return sched
+
+
+def history(marker: Path, tag: str | None = None) -> list[float]:
+    """Run times (unix) from the marker file, for ``tag`` or all."""
+    if not marker.exists():
+        return []
+    times = []
+    for line in marker.read_text().splitlines():
+        t, at, _ = line.split()
+        if tag is None or t == tag:
+            times.append(float(at))
+    return sorted(times)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]

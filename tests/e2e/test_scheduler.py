@@ -1,0 +1,149 @@
+"""The scheduler end to end: broker, job manager and ``emq_scheduler`` as processes,
+schedules made with ``emq.schedule`` in a ``manage.py shell``; the job history is
+the marker file that ``scheduler_tasks.tick`` appends to. Run with -s for figures."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EmqProcesses
+from tests.e2e import scheduler_tasks
+from tests.e2e.scheduler_support import (
+    TICK,
+    gaps,
+    history,
+    manage,
+    shell,
+    start_broker,
+    start_jobmanager,
+    start_scheduler,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def marker(tmp_path: Path, emq_env: dict[str, str], emq_processes: EmqProcesses) -> Iterator[Path]:
+    path = tmp_path / "ticks.log"
+    emq_env[scheduler_tasks.MARKER_ENV] = str(path)
+    emq_processes.env[scheduler_tasks.MARKER_ENV] = str(path)
+    manage(emq_env, "migrate", "-v0")
+    yield path
+
+
+def test_every_second_with_and_without_nohaste_then_unschedule(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    start_broker(emq_processes, emq_env)
+    start_jobmanager(emq_processes)
+    start_scheduler(emq_processes)
+
+    out = shell(
+        emq_env,
+        "import time, emq_django as emq\n"
+        f"emq.schedule({TICK!r}, every=1, args=['nohaste'], nohaste=True, queue='sched')\n"
+        f"emq.schedule({TICK!r}, every=1, args=['haste'], queue='sched')\n"
+        "print('T', time.time())\n",
+    )
+    t0 = float(out.split("T ")[-1])
+    time.sleep(5.2)
+    late, soon = history(marker, "nohaste"), history(marker, "haste")
+    print(f"\nnohaste: first run {late[0] - t0:.3f} s after schedule(), gaps {gaps(late)}")
+    print(f"haste: first run {soon[0] - t0:.3f} s after schedule(), gaps {gaps(soon)}")
+    assert 0.8 <= late[0] - t0 <= 1.6, "nohaste: the first run comes after one interval"
+    assert soon[0] - t0 <= 0.7, "without nohaste the first run comes at once"
+    for runs in (late, soon):
+        assert 4 <= len(runs) <= 6
+        assert all(0.6 <= g <= 1.4 for g in gaps(runs)), gaps(runs)
+
+    out = shell(
+        emq_env,
+        "import time, emq_django as emq\n"
+        f"a = emq.unschedule({TICK!r}, args=['nohaste'])\n"
+        f"b = emq.unschedule({TICK!r}, args=['haste'])\n"
+        "print(a, b)\n"
+        "print('T', time.time())\n",
+    )
+    assert "True True" in out
+    t1 = float(out.split("T ")[-1])
+    time.sleep(2.5)
+    after = [t for t in history(marker) if t > t1 + 0.2]
+    assert after == [], "no runs after unschedule"
+
+
+def test_orm_changes_take_effect_within_two_seconds(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    start_broker(emq_processes, emq_env)
+    start_jobmanager(emq_processes)
+    start_scheduler(emq_processes)
+    out = shell(
+        emq_env,
+        "import time\n"
+        "from emq_django.scheduler.models import ScheduledJob\n"
+        f"ScheduledJob.objects.create(name='orm', task={TICK!r}, args=['orm'], queue='sched', "
+        "interval_seconds=3600, nohaste=True)\n"
+        "print('T', time.time())\n",
+    )
+    t0 = float(out.split("T ")[-1])
+    time.sleep(1.0)
+    assert history(marker, "orm") == [], "nohaste, every hour: nothing yet"
+    # an update() that bypasses save(): the scheduler plans it on its own
+    out = shell(
+        emq_env,
+        "import time\n"
+        "from emq_django.scheduler.models import ScheduledJob\n"
+        "ScheduledJob.objects.filter(name='orm').update(interval_seconds=0.5)\n"
+        "print('T', time.time())\n",
+    )
+    t1 = float(out.split("T ")[-1])
+    first = wait_until("a run after the change", lambda: history(marker, "orm"), timeout=5)[0]
+    print(f"\nORM update() -> first run after {first - t1:.2f} s (created {t1 - t0:.1f} s before)")
+    assert first - t1 <= 2.0
+    out = shell(
+        emq_env,
+        "import time\n"
+        "from emq_django.scheduler.models import ScheduledJob\n"
+        "j = ScheduledJob.objects.get(name='orm'); j.enabled = False; j.save()\n"
+        "print('T', time.time())\n",
+    )
+    t2 = float(out.split("T ")[-1])
+    time.sleep(2.5)
+    late = [t for t in history(marker, "orm") if t > t2 + 2.0]
+    assert late == [], "disabled: no runs 2 s after the change"
+
+
+def test_one_catch_up_run_after_ten_seconds_down(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    start_broker(emq_processes, emq_env)
+    start_jobmanager(emq_processes)
+    sched = start_scheduler(emq_processes, "scheduler-1")
+    shell(
+        emq_env,
+        f"import emq_django as emq; emq.schedule({TICK!r}, every=1, args=['c'], queue='sched')",
+    )
+    wait_until("3 runs", lambda: len(history(marker, "c")) >= 3)
+    emq_processes.stop(sched)
+    stopped = time.time()
+    time.sleep(10)
+    before = len(history(marker, "c"))
+    restarted = time.time()
+    start_scheduler(emq_processes, "scheduler-2")
+    time.sleep(3.5)
+    runs = [t for t in history(marker, "c") if t > restarted]
+    print(
+        f"\ndown {restarted - stopped:.1f} s; after restart: runs at "
+        f"{[round(t - restarted, 2) for t in runs]} s; gaps {gaps(runs)}"
+    )
+    assert len(history(marker, "c")) >= before
+    catch_up = [t for t in runs if t < runs[0] + 0.5]
+    assert len(catch_up) == 1, "exactly one catch-up run, not one per missed tick"
+    assert 3 <= len(runs) <= 5, "then about one run a second"
+    log = emq_processes.processes[-1].stderr()
+    assert "while no scheduler ran; 1 run(s) (catch-up policy 'once')" in log
