@@ -98,7 +98,7 @@ class SlotWorker:
         sock.send_multipart(F.Inform(self._id(), c.queues, F.PEER_WORKER, meta).encode())
         self.sock = sock
         self.credit = 0  # jobs the broker may still send us
-        self._grant(self.policy.wanted())
+        self._grant(self._wanted())
         self.last_recv = self.last_send = time.monotonic()
 
     def _loop(self) -> None:
@@ -151,7 +151,7 @@ class SlotWorker:
         self.policy.observe(elapsed)
         if self.recorder is not None:
             self._record(req, outcome, elapsed)
-        wanted = self.policy.wanted()
+        wanted = self._wanted()
         if self.stopping or self._should_retire():
             wanted = 0  # no more credit from this process
         # the REPLY gives one credit back ("ready") when we want more than we hold
@@ -192,6 +192,14 @@ class SlotWorker:
                 self.recorder.flush()
             except Exception:
                 log.exception("the job recorder failed to flush")
+
+    def _wanted(self) -> int:
+        """The credit to hold: the policy's, but never more jobs than this process
+        has left before --max-jobs-per-worker retires it."""
+        wanted = self.policy.wanted()
+        if self.config.max_jobs:
+            wanted = min(wanted, self.config.max_jobs - self.jobs_done)
+        return max(wanted, 0)
 
     def _should_retire(self) -> bool:
         """After too many jobs or too much memory, finish and let the manager
