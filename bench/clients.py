@@ -177,6 +177,10 @@ class EmqAdapter:
         self.ctx = zmq.Context()
         self.monitor_url = opts.endpoint
         self.mon = self._monitor_socket()
+        # BENCH_EMQ_GUARANTEE: "" plain jobs; "each": guaranteed, delay() waits for each
+        # ACK; "batch": guaranteed, Task.map() of 500 at a time waits for all their ACKs
+        self.guarantee = os.environ.get("BENCH_EMQ_GUARANTEE", "")
+        self._batched = 0
 
     def _monitor_socket(self) -> Any:
         s = self.ctx.socket(self.zmq.REQ)
@@ -185,9 +189,22 @@ class EmqAdapter:
         return s
 
     def enqueue_noop(self) -> None:
-        self.t.noop.delay()
+        if self.guarantee == "each":
+            self.t.noop_guaranteed.delay()
+        elif self.guarantee == "batch":
+            self._batched += 1
+            if self._batched == 500:
+                self._send_batch()
+        else:
+            self.t.noop.delay()
+
+    def _send_batch(self) -> None:
+        self.t.noop_guaranteed.map([()] * self._batched)
+        self._batched = 0
 
     def flush(self) -> None:
+        if self._batched:
+            self._send_batch()
         self.emq.client.get_client().flush(timeout=120)
 
     def _monitor(self) -> dict[str, Any]:

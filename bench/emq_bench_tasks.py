@@ -8,6 +8,11 @@ def noop() -> None:
     pass
 
 
+@emq.task(queue="bench", reply=False, guarantee=True)
+def noop_guaranteed() -> None:
+    pass
+
+
 @emq.task(queue="bench")
 def echo(x: object) -> object:
     return x

@@ -139,6 +139,19 @@ def emq_available() -> bool:
     )
 
 
+def emq_trace_env(env: dict[str, str], manage: list[str]) -> str:
+    """Turn on the trace log and the job history (a fresh, migrated SQLite database)."""
+    import subprocess
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="emq-bench-trace-")
+    env["EMQ_TRACE_DIR"] = os.path.join(work, "trace")
+    env["EMQ_RECORDER"] = "emq_django.results.recorder.DatabaseRecorder"
+    env["DATABASE_URL"] = f"sqlite:///{os.path.join(work, 'db.sqlite3')}"
+    subprocess.run(manage + ["migrate", "--noinput", "-v0"], env=env, check=True)
+    return f"trace log and job history on: {work}"
+
+
 def start_emq(servers: ServerSet, opts: object) -> Started:
     p1, p2, p3 = free_port(), free_port(), free_port()
     urls = {p: f"tcp://127.0.0.1:{p}" for p in (p1, p2, p3)}
@@ -151,8 +164,14 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
         EMQ_MONITOR_BIND=urls[p3],
         EMQ_MONITOR_URL=urls[p3],
         EMQ_IMPORTS="bench.emq_bench_tasks",
+        EMQ_JOURNAL_PATH=os.path.join(servers.log_dir, f"emq-journal-{p1}.sqlite3"),
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
+    notes = ["1 broker, 1 job manager --queues bench:10 --concurrency 2"]
+    env.pop("EMQ_TRACE_DIR", None)
+    env["EMQ_RECORDER"] = ""  # the example project records by default
+    if getattr(opts, "emq_trace", False):
+        notes.append(emq_trace_env(env, manage))
     b = servers.start("emq-broker", "broker", manage + ["emq_broker"], env)
     jm = servers.start(
         "emq-jobmanager",
@@ -160,7 +179,6 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
         manage + ["emq_jobmanager", "--queues", "bench:10", "--concurrency", "2"],
         env,
     )
-    notes = ["1 broker, 1 job manager --queues bench:10 --concurrency 2"]
     return Started(
         env=env, endpoint=urls[p3], roles={"broker": [b.pid], "workers": [jm.pid]}, notes=notes
     )

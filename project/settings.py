@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "emq_django",
+    "emq_django.results",
     "emq_django.scheduler",
     "project.demo",
 ]
@@ -68,6 +69,21 @@ ASGI_APPLICATION = "project.asgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Job managers' worker processes write results while the admin reads: WAL lets
+    # readers and one writer work at once, and a busy writer waits instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    )
+
+# Job history: worker processes record every finished job in batches (README,
+# "Admin dashboard and history"). EMQ_RECORDER= (empty) in the environment turns it off.
+EMQ_RECORDER = env.str("EMQ_RECORDER", default="emq_django.results.recorder.DatabaseRecorder")
+
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

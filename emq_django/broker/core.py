@@ -334,6 +334,8 @@ class BrokerCore(JobLifecycle):
                 if queue.spilled:
                     self._check_spill(queue)
                 return
+            if queue.spilled:
+                self._check_spill(queue)  # waiting on disk: read some back
         self._set_credit(peer, peer.credit + 1)
 
     def _set_credit(self, peer: Peer, credit: int) -> None:

@@ -62,11 +62,14 @@ class Journal:
         if sync not in ("normal", "full"):
             raise ValueError(f"EMQ_JOURNAL_SYNC must be 'normal' or 'full', not {sync!r}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={sync.upper()}")
-        self.db.executescript(SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={sync.upper()}")
+            self.db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
         self.commits = 0
         self.errors = 0
 
@@ -79,7 +82,7 @@ class Journal:
                 _APPLY[op[0]](db, op)
             db.execute("COMMIT")
             self.commits += 1
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, KeyError, ValueError, TypeError) as exc:
             self.errors += 1
             try:
                 db.execute("ROLLBACK")
@@ -89,23 +92,36 @@ class Journal:
 
     def load(self) -> list[StoredJob]:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
-        rows = self.db.execute(
+        return self._query(
             "SELECT id, queue, headers, COALESCE(body, x''), state, attempts, run_after,"
-            " enqueued_at, error, updated_at FROM jobs ORDER BY seq"
-        ).fetchall()
-        return [StoredJob(*row) for row in rows]
+            " enqueued_at, error, updated_at FROM jobs ORDER BY seq",
+            (),
+        )
 
     def load_spilled(self, queue: str, limit: int) -> list[StoredJob]:
-        rows = self.db.execute(
+        return self._query(
             "SELECT id, queue, headers, COALESCE(body, x''), state, attempts, run_after,"
             " enqueued_at, error, updated_at FROM jobs WHERE state = 'spilled' AND queue = ?"
             " ORDER BY seq LIMIT ?",
             (queue, limit),
-        ).fetchall()
-        return [StoredJob(*row) for row in rows]
+        )
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[StoredJob]:
+        try:
+            return [StoredJob(*row) for row in self.db.execute(sql, params).fetchall()]
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from exc
 
     def stats(self) -> dict[str, Any]:
-        counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+        try:
+            counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+        except sqlite3.Error as exc:
+            return {
+                "path": str(self.path),
+                "error": str(exc),
+                "commits": self.commits,
+                "errors": self.errors,
+            }
         size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
         return {
             "path": str(self.path),

@@ -48,7 +48,7 @@ class JobLifecycle:
         self.delayed = DelayedJobs()
         self.dead = DeadLetters(self.config.max_dead_letters)
         self.recent = RecentIds(self.config.dedupe_window)
-        self.spilled_ids: set[bytes] = set()
+        self.spilled_ids: dict[bytes, str] = {}  # on disk only -> queue name
         self.spill_requests: set[str] = set()  # queues to refill from the journal
         self.journal_ops: list[JournalOp] | None = None  # None: no journal
         self.rng = random.Random(seed)
@@ -113,7 +113,7 @@ class JobLifecycle:
     def _spill(self, job: Job, queue: Queue) -> None:
         """Over the memory bound: a guaranteed job waits in the journal only."""
         self._journal_put(job, "spilled")
-        self.spilled_ids.add(job.id)
+        self.spilled_ids[job.id] = queue.name
         queue.spilled += 1
         self.counters["spilled"] += 1
 
@@ -134,7 +134,7 @@ class JobLifecycle:
         limit = job.headers.retry_count
         if asked is not None and not limit:
             limit = RETRY_REQUESTED_LIMIT
-        if job.failures <= limit and not self.stopping:
+        if job.failures <= limit:  # also while stopping: the journal keeps the retry
             if asked is not None and asked >= 0:
                 delay = asked
             else:
@@ -260,7 +260,7 @@ class JobLifecycle:
                 row.queue, Queue(row.queue)
             )
             if row.state == "spilled":
-                self.spilled_ids.add(row.id)
+                self.spilled_ids[row.id] = row.queue
                 queue.spilled += 1
                 continue
             job = self._job_from(row, now)
@@ -278,9 +278,8 @@ class JobLifecycle:
     def restore_spilled(self, queue_name: str, stored: list[StoredJob], now: float) -> None:
         queue = self.queues[queue_name]
         for row in stored:
-            if row.id not in self.spilled_ids:
+            if self.spilled_ids.pop(row.id, None) is None:
                 continue
-            self.spilled_ids.discard(row.id)
             queue.spilled -= 1
             job = self._job_from(row, now)
             self.jobs[job.id] = job
@@ -289,6 +288,32 @@ class JobLifecycle:
                 ("state", job.id, "ready", job.failures, 0.0, "", now + self.wall_offset)
             )
             self._route(job, queue, now)
+        self._check_spill(queue)  # more on disk, and nothing waiting in memory: go on
+
+    def unsave(self, job_ids: set[bytes], now: float) -> None:
+        """The journal could not save these new jobs: forget them entirely, as if
+        never received (their clients get an ERROR instead of an ACK)."""
+        for job_id in job_ids:
+            spilled_to = self.spilled_ids.pop(job_id, None)
+            if spilled_to is not None:
+                self.queues[spilled_to].spilled -= 1
+                continue
+            job = self.jobs.pop(job_id, None)
+            if job is None:
+                continue
+            queue = self.queues[job.queue]
+            if job.attempt_id in self.inflight:  # dispatched in this very turn: take it back
+                del self.inflight[job.attempt_id]
+                queue.in_flight -= 1
+                peer = self.peers.get(job.peer or b"")
+                if peer is not None:
+                    peer.inflight.discard(job.attempt_id)
+                    self._credit(peer, now)
+            elif job in queue.pending:
+                queue.pending.remove(job)
+                queue.pending_bytes -= len(job.body)
+            else:
+                self.delayed.remove(job_id)
 
     def _job_from(self, row: StoredJob, now: float) -> Job:
         job = Job(
@@ -344,6 +369,9 @@ class JobLifecycle:
 
     if TYPE_CHECKING:  # provided by BrokerCore
         peers: dict[bytes, Any]
+        inflight: dict[bytes, Job]
+
+        def _credit(self, peer: Any, now: float) -> None: ...
 
         def _ack(self, socket: int, identity: bytes, msgid: bytes) -> None: ...
         def _refuse(self, identity: bytes, msgid: bytes, code: str, reason: str) -> None: ...

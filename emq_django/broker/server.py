@@ -249,14 +249,25 @@ class BrokerServer:
         except JournalError as exc:
             unsaved = {op[1] for op in ops if op[0] == "put"}
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
-            core.out = [_refusal(m, unsaved, str(exc)) for m in core.out]
+            core.unsave(unsaved, self.clock())
+            core.out = [
+                _refusal(m, unsaved, str(exc)) for m in core.out if not _dispatch_of(m, unsaved)
+            ]
+            if core.journal_ops:  # what unsave() queued (credit given back) needs no journal
+                core.journal_ops = [op for op in core.journal_ops if op[1] not in unsaved]
 
     def _refill_spilled(self) -> None:
         core = self.core
         assert self.journal is not None
         names, core.spill_requests = core.spill_requests, set()
         for name in names:
-            rows = self.journal.load_spilled(name, max(self.settings.MAX_PENDING // 4, 1))
+            try:
+                rows = self.journal.load_spilled(name, max(self.settings.MAX_PENDING // 4, 1))
+            except JournalError as exc:
+                log.error(
+                    "%s: could not read back spilled jobs of %r; trying again later", exc, name
+                )
+                continue
             core.restore_spilled(name, rows, self.clock())
         if core.journal_ops:
             self._commit()
@@ -365,3 +376,14 @@ def _refusal(
         error = F.Error(frames[3], frames[4], f"not saved: {reason}", "journal-error")
         return socket_id, identity, error.encode()
     return message
+
+
+def _dispatch_of(message: tuple[int, bytes, list[bytes]], unsaved: set[bytes]) -> bool:
+    """A REQUEST to a job manager for one of the jobs the journal could not save."""
+    socket_id, _, frames = message
+    return (
+        socket_id == BACKEND
+        and len(frames) > 3
+        and frames[2] == F.REQUEST
+        and frames[3].rpartition(b"#")[0] in unsaved
+    )

@@ -7,6 +7,7 @@ from typing import Any
 import zmq
 from django.core.management.base import BaseCommand, CommandError
 
+from emq_django.broker.journal import JournalError
 from emq_django.conf import get_settings
 from emq_django.logconfig import configure_command_logging
 
@@ -47,7 +48,10 @@ class Command(BaseCommand):
             heartbeat_liveness=opts["heartbeat_liveness"],
             max_pending=opts["max_pending"],
         )
-        server = BrokerServer(settings)
+        try:
+            server = BrokerServer(settings)
+        except JournalError as exc:
+            raise CommandError(f"{exc}; set EMQ_JOURNAL_PATH to a writable file") from exc
         try:
             server.bind()
         except zmq.ZMQError as exc:
