@@ -60,6 +60,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=60.0,
         help="seconds to wait for other load to drop below 0.25 cores before each system",
     )
+    ap.add_argument(
+        "--emq-trace",
+        action="store_true",
+        help="emq with its trace log (EMQ_TRACE_DIR) and the job history recorder "
+        "(EMQ_RECORDER=DatabaseRecorder, a fresh SQLite database) on; off otherwise",
+    )
     ap.add_argument("--keep-logs", action="store_true", help="print where server logs are kept")
     opts = ap.parse_args(argv)
     opts.systems = [s.strip() for s in opts.only.split(",") if s.strip()]

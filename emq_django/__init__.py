@@ -16,7 +16,7 @@ from emq_django.exceptions import (
     TaskFailed,
     TaskNotFound,
 )
-from emq_django.result import Result
+from emq_django.result import Result, result
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.task import Task, task
 
@@ -34,6 +34,7 @@ __all__ = [
     "TaskFailed",
     "TaskNotFound",
     "periodic",
+    "result",
     "schedule",
     "task",
     "unschedule",

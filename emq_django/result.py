@@ -1,14 +1,44 @@
-"""Result handles returned by ``delay()`` and ``apply_async()``."""
+"""Result handles returned by ``delay()`` and ``apply_async()``, and ``emq.result(id)``.
+
+A REPLY is routed to the client socket that sent the job, so it cannot reach a
+process that restarted since. When the ``emq_django.results`` app is installed,
+``get()`` also looks for the job in the history (``JobResult``, written by the
+job managers' recorder) while it waits, and ``result(id)`` gives a handle that
+reads only from there.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
-from emq_django.exceptions import ResultUnavailable, TaskFailed, type_name
+from emq_django.exceptions import ResultTimeout, ResultUnavailable, TaskFailed, type_name
 
 if TYPE_CHECKING:
     from emq_django.client import Client
+
+# ``get()`` waits this long for the REPLY before it first asks the database, then
+# asks again at this interval: jobs that finish quickly never cost a query.
+HISTORY_FIRST_LOOK = 1.0
+HISTORY_POLL = 0.25
+
+
+def history_installed() -> bool:
+    from django.apps import apps
+
+    return apps.ready and apps.is_installed("emq_django.results")
+
+
+def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
+    from django.db import DatabaseError
+
+    from emq_django.results.lookup import stored_outcome
+
+    try:
+        return stored_outcome(job_id)
+    except (DatabaseError, RuntimeError):  # RuntimeError: DB access blocked (pytest-django)
+        return False, None, None, ""
 
 
 class Result:
@@ -39,14 +69,39 @@ class Result:
                     f"job {self.id} ({self.task_name}) was sent with "
                     "reply=False, so no result comes back"
                 )
-            from emq_django.client import get_client
-
-            client = self._client or get_client()
-            reply = client.wait_reply(self.id.encode(), timeout)
-            self._settle(reply.body)
+            self._wait(timeout)
         if self._error is not None:
             raise self._error
         return self._value
+
+    def _wait(self, timeout: float | None) -> None:
+        from emq_django.client import get_client
+
+        client = self._client or get_client()
+        if not history_installed():
+            self._settle(client.wait_reply(self.id.encode(), timeout).body)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        step = HISTORY_FIRST_LOOK
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            wait = step if remaining is None else max(min(step, remaining), 0.0)
+            try:
+                self._settle(client.wait_reply(self.id.encode(), wait).body)
+                return
+            except ResultTimeout:
+                pass
+            if self._settle_from_history():
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"no result for job {self.id} within {timeout} s")
+            step = HISTORY_POLL
+
+    def _settle_from_history(self) -> bool:
+        found, value, error, _ = _from_history(self.id)
+        if found:
+            self._value, self._error, self._done = value, error, True
+        return found
 
     def ready(self) -> bool:
         """True once the result has arrived (never blocks)."""
@@ -62,6 +117,48 @@ class Result:
     def _settle(self, body: bytes) -> None:
         self._value, self._error = decode_reply_body(body)
         self._done = True
+
+
+class StoredResult(Result):
+    """``emq.result(id)``: a job's result read from the history, from any process.
+
+    Works after the sending process restarted; needs ``emq_django.results`` in
+    ``INSTALLED_APPS`` and a recorder (``EMQ_RECORDER``) on the job managers.
+    """
+
+    def __init__(self, job_id: str, task_name: str = "") -> None:
+        super().__init__(job_id, task_name)
+
+    def __repr__(self) -> str:
+        return f"<StoredResult {self.id}>"
+
+    def _wait(self, timeout: float | None) -> None:
+        if not history_installed():
+            raise ResultUnavailable(
+                f"emq.result({self.id!r}) reads the job history: add "
+                '"emq_django.results" to INSTALLED_APPS and set EMQ_RECORDER'
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._settle_from_history():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"job {self.id} is not in the history after {timeout} s")
+            time.sleep(HISTORY_POLL)
+
+    def _settle_from_history(self) -> bool:
+        found, value, error, task = _from_history(self.id)
+        if found:
+            self._value, self._error, self._done = value, error, True
+            self.task_name = self.task_name or task
+        return found
+
+    def ready(self) -> bool:
+        return self._done or (history_installed() and self._settle_from_history())
+
+
+def result(job_id: str) -> Result:
+    """The handle of job ``job_id`` (``Result.id``), usable from any process:
+    ``emq.result(job_id).get(timeout=10)``. Reads the job history."""
+    return StoredResult(job_id)
 
 
 def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:

@@ -1,0 +1,116 @@
+"""``/emq/metrics``: the monitor's counters and gauges in Prometheus' text format.
+
+Open to staff users (session login) and to ``Authorization: Bearer <token>``
+when ``EMQ_METRICS_TOKEN`` is set.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from emq_django.results import dashboard
+from emq_django.results.conf import results_settings
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _metric(name: str, kind: str, help_: str, samples: list[tuple[str, Any]]) -> Iterator[str]:
+    yield f"# HELP {name} {help_}"
+    yield f"# TYPE {name} {kind}"
+    for labels, value in samples:
+        yield f"{name}{labels} {value}"
+
+
+def render(state: dict[str, Any]) -> str:
+    lines = list(
+        _metric(
+            "emq_up",
+            "gauge",
+            "1 if the broker's monitor channel answered.",
+            [("", int(state["ok"]))],
+        )
+    )
+    if not state["ok"]:
+        return "\n".join(lines) + "\n"
+    doc = state["monitor"]
+    for key, value in sorted(doc.get("counters", {}).items()):
+        name = "emq_" + _NAME.sub("_", key) + "_total"
+        lines += _metric(name, "counter", f"Broker counter {key}.", [("", value)])
+    broker = doc.get("broker", {})
+    lines += _metric(
+        "emq_uptime_seconds", "gauge", "Broker uptime.", [("", broker.get("uptime", 0))]
+    )
+    lines += _metric(
+        "emq_in_flight",
+        "gauge",
+        "Jobs dispatched, not yet answered.",
+        [("", doc.get("in_flight", 0))],
+    )
+    queues = doc.get("queues", [])
+    for field, help_ in (
+        ("depth", "Jobs waiting in the queue."),
+        ("in_flight", "Jobs of the queue running."),
+    ):
+        samples = [(f'{{queue="{_label(q["name"])}"}}', q.get(field, 0)) for q in queues]
+        lines += _metric(f"emq_queue_{field}", "gauge", help_, samples)
+    managers = doc.get("job_managers", [])
+    for field, kind, help_ in (
+        ("slots", "gauge", "Worker slots of the job manager."),
+        ("busy", "gauge", "Busy slots."),
+        ("free_slots", "gauge", "Credits (free slots) the broker holds."),
+        ("jobs_done", "counter", "Jobs the job manager finished."),
+    ):
+        name = f"emq_job_manager_{field}" + ("_total" if kind == "counter" else "")
+        samples = [
+            (f'{{job_manager="{_label(m["identity"])}"}}', m.get(field, 0)) for m in managers
+        ]
+        lines += _metric(name, kind, help_, samples)
+    lines += _metric(
+        "emq_schedulers", "gauge", "Connected schedulers.", [("", len(doc.get("schedulers", [])))]
+    )
+    if state.get("dead_letters") is not None:
+        lines += _metric(
+            "emq_dead_letters", "gauge", "Dead-lettered jobs.", [("", state["dead_letters"])]
+        )
+    journal = state.get("journal") or {}
+    if journal.get("size_bytes") is not None:
+        lines += _metric(
+            "emq_journal_size_bytes", "gauge", "Journal size.", [("", journal["size_bytes"])]
+        )
+    if journal.get("jobs") is not None:
+        lines += _metric(
+            "emq_journal_jobs", "gauge", "Jobs in the journal.", [("", journal["jobs"])]
+        )
+    return "\n".join(lines) + "\n"
+
+
+def authorized(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        return True
+    token = results_settings().metrics_token
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), token.encode())
+    return False
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not authorized(request):
+        response = HttpResponse(
+            "staff login or a bearer token needed\n", status=401, content_type=CONTENT_TYPE
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="emq metrics"'
+        return response
+    state = dashboard.broker_state(dashboard.monitor_url(), results_settings().dashboard_timeout)
+    return HttpResponse(render(state), content_type=CONTENT_TYPE)

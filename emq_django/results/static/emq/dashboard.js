@@ -1,0 +1,161 @@
+// The emq dashboard: polls the admin's data view every 2 s and redraws in place.
+// Plain DOM and SVG, no libraries (the page must work with no internet).
+(function () {
+  "use strict";
+  var root = document.getElementById("emq-dashboard");
+  if (!root) return;
+  var url = root.dataset.url;
+  var pollMs = parseInt(root.dataset.pollMs, 10) || 2000;
+  var last = null; // {t, done} of the previous answer, for the live rate
+  var SVG = "http://www.w3.org/2000/svg";
+
+  function $(id) { return document.getElementById(id); }
+  function text(id, value) { $(id).textContent = value; }
+  function fmt(n) { return n === null || n === undefined ? "–" : Number(n).toLocaleString(); }
+  function ago(ts, now) {
+    if (ts === null || ts === undefined) return "–";
+    var s = Math.max(0, now - ts);
+    return s < 60 ? s.toFixed(1) + " s ago" : Math.round(s / 60) + " min ago";
+  }
+
+  function fillTable(id, rows) {
+    var body = $(id).tBodies[0];
+    var frag = document.createDocumentFragment();
+    rows.forEach(function (cells) {
+      var tr = document.createElement("tr");
+      cells.forEach(function (cell) {
+        var td = document.createElement("td");
+        if (typeof cell === "number") td.className = "emq-num";
+        td.textContent = cell === null || cell === undefined ? "–" : String(cell);
+        tr.appendChild(td);
+      });
+      frag.appendChild(tr);
+    });
+    if (!rows.length) {
+      var tr = document.createElement("tr"), td = document.createElement("td");
+      td.colSpan = $(id).tHead.rows[0].cells.length;
+      td.textContent = "none";
+      tr.appendChild(td);
+      frag.appendChild(tr);
+    }
+    body.replaceChildren(frag);
+  }
+
+  function drawChart(svg, from, to, lines) {
+    var W = 600, H = 180, top = 8, bottom = 16, left = 34;
+    var max = 0;
+    lines.forEach(function (l) { l.points.forEach(function (p) { if (p[1] > max) max = p[1]; }); });
+    max = max > 0 ? max * 1.1 : 1;
+    function x(t) { return left + (W - left - 4) * (t - from) / Math.max(1, to - from); }
+    function y(v) { return top + (H - top - bottom) * (1 - v / max); }
+    var nodes = [];
+    [0, 0.5, 1].forEach(function (f) {
+      var g = document.createElementNS(SVG, "line");
+      g.setAttribute("x1", left); g.setAttribute("x2", W); g.setAttribute("y1", y(max * f)); g.setAttribute("y2", y(max * f));
+      g.setAttribute("stroke", "#ccc"); g.setAttribute("stroke-width", "0.5");
+      nodes.push(g);
+      var label = document.createElementNS(SVG, "text");
+      label.setAttribute("x", 2); label.setAttribute("y", y(max * f) + 3);
+      label.textContent = (max * f).toPrecision(3);
+      nodes.push(label);
+    });
+    ["-60 min", "-30 min", "now"].forEach(function (name, i) {
+      var label = document.createElementNS(SVG, "text");
+      label.setAttribute("x", i === 2 ? W - 22 : left + (W - left) * i / 2);
+      label.setAttribute("y", H - 3);
+      label.textContent = name;
+      nodes.push(label);
+    });
+    lines.forEach(function (l) {
+      var pl = document.createElementNS(SVG, "polyline");
+      pl.setAttribute("fill", "none");
+      pl.setAttribute("stroke", l.color);
+      pl.setAttribute("stroke-width", "1.5");
+      pl.setAttribute("vector-effect", "non-scaling-stroke");
+      pl.setAttribute("points", l.points.map(function (p) { return x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1); }).join(" "));
+      nodes.push(pl);
+    });
+    svg.replaceChildren.apply(svg, nodes);
+  }
+
+  function drawSeries(series) {
+    if (!series) return;
+    var pts = series.points, w = series.bucket_seconds;
+    // buckets with no finished job are zeros, not gaps, in the throughput chart
+    var ok = [], bad = [], mean = [], mx = [], byT = {};
+    pts.forEach(function (p) { byT[p[0]] = p; });
+    for (var t = Math.ceil(series.from / w) * w; t <= series.to; t += w) {
+      var p = byT[t];
+      ok.push([t, p ? p[1] : 0]);
+      bad.push([t, p ? p[2] : 0]);
+      if (p && p[3] !== null) { mean.push([t, p[3]]); mx.push([t, p[4]]); }
+    }
+    drawChart($("emq-chart-throughput"), series.from, series.to, [
+      { color: "#417690", points: ok }, { color: "#ba2121", points: bad }]);
+    drawChart($("emq-chart-latency"), series.from, series.to, [
+      { color: "#79aec8", points: mean }, { color: "#e0a030", points: mx }]);
+  }
+
+  function render(d) {
+    var down = $("emq-unreachable");
+    text("emq-updated", new Date(d.time * 1000).toLocaleTimeString());
+    drawSeries(d.series);
+    text("emq-history-note", d.history === true ? "" : (d.history || ""));
+    if (!d.ok) {
+      text("emq-unreachable-address", d.address);
+      var detail = d.error || "", prefix = "broker unreachable at " + d.address + ": ";
+      if (detail.indexOf(prefix) === 0) detail = detail.slice(prefix.length);
+      text("emq-unreachable-detail", detail);
+      down.hidden = false;
+      $("emq-state").textContent = "unreachable";
+      $("emq-state").className = "emq-value emq-down";
+      document.querySelectorAll(".emq-table, .emq-cards").forEach(function (el) { el.classList.add("emq-stale"); });
+      last = null;
+      return;
+    }
+    down.hidden = true;
+    document.querySelectorAll(".emq-stale").forEach(function (el) { el.classList.remove("emq-stale"); });
+    var m = d.monitor, c = m.counters || {}, now = m.broker.time || d.time;
+    $("emq-state").textContent = m.broker.stopping ? "stopping" : "up";
+    $("emq-state").className = "emq-value emq-up";
+    var done = (c.succeeded || 0) + (c.failed || 0);
+    if (last && now > last.t) text("emq-rate", ((done - last.done) / (now - last.t)).toFixed(1));
+    last = { t: now, done: done };
+    text("emq-succeeded", fmt(c.succeeded));
+    text("emq-failed", fmt(c.failed));
+    text("emq-inflight", fmt(m.in_flight));
+    text("emq-dead", d.dead_letters === null || d.dead_letters === undefined ? "n/a" : fmt(d.dead_letters));
+    text("emq-journal", d.journal ? (d.journal.size_bytes === null ? "?" : (d.journal.size_bytes / 1024).toFixed(0) + " KiB")
+      + (d.journal.jobs === null ? "" : ", " + fmt(d.journal.jobs) + " jobs") : "n/a");
+    text("emq-broker", "pid " + m.broker.pid + " · up " + Math.round(m.broker.uptime) + " s · " + d.address);
+    var rates = d.queue_rates || {};
+    fillTable("emq-queues", m.queues.map(function (q) {
+      return [q.name, q.depth, q.in_flight, rates[q.name] === undefined ? 0 : rates[q.name],
+        q.job_managers.map(function (j) { return j.identity + " (w" + j.weight + ", " + j.free_slots + " free)"; }).join(", ")];
+    }));
+    fillTable("emq-jobmanagers", m.job_managers.map(function (j) {
+      return [j.identity + (j.draining ? " (stopping)" : ""), j.host, j.pid,
+        (j.queues || []).map(function (q) { return q[1] + ":" + q[0]; }).join(", "),
+        j.busy, j.free_slots, j.slots, j.jobs_done, ago(j.last_heartbeat, now)];
+    }));
+    fillTable("emq-schedulers", (m.schedulers || []).map(function (s) {
+      return [s.identity, s.host, s.pid, ago(s.last_heartbeat, now)];
+    }));
+  }
+
+  function poll() {
+    var started = Date.now();
+    fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (r) {
+        if (!r.ok) throw new Error("the dashboard view answered HTTP " + r.status);
+        return r.json();
+      })
+      .then(render)
+      .catch(function (err) {
+        render({ ok: false, address: root.dataset.address, time: Date.now() / 1000,
+                 error: "the web server did not answer: " + err.message, history: "" });
+      })
+      .finally(function () { setTimeout(poll, Math.max(0, pollMs - (Date.now() - started))); });
+  }
+  poll();
+})();

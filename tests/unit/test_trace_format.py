@@ -1,0 +1,125 @@
+"""The trace writer's hand-built JSON lines equal json.dumps of docs/trace-format.md's schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emq_django.broker import trace
+
+
+def reference(event: tuple[Any, ...], wall_offset: float) -> str:
+    kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = event
+
+    def us(seconds: float) -> int:
+        return int(round(seconds * 1_000_000))
+
+    line: dict[str, Any] = {
+        "ts": us(now + wall_offset),
+        "event": kind,
+        "job": job_id.decode("utf-8", "replace"),
+        "attempt": attempt,
+        "task": task or None,
+        "queue": queue,
+        "jm": manager or None,
+    }
+    if kind == "dispatched":
+        line["wait_us"] = us(now - enqueued)
+    elif kind in ("succeeded", "failed", "timed_out"):
+        line["run_us"] = us(now - dispatched)
+        line["total_us"] = us(now - enqueued)
+    elif kind == "retried":
+        line["delay_us"] = us(extra)
+    if error:
+        line["error"] = error
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False)
+
+
+def event(kind: str, job: bytes = b"3e174d1ddf5500000001", **kw: Any) -> tuple[Any, ...]:
+    values: dict[str, Any] = {
+        "now": 12.5,
+        "attempt": 1,
+        "queue": "default",
+        "task": "project.demo.tasks.noop",
+        "manager": "vm:28008",
+        "error": "",
+        "enqueued": 12.25,
+        "dispatched": 12.375,
+        "extra": 0.0,
+    }
+    values.update(kw)
+    return (
+        kind,
+        values["now"],
+        job,
+        values["attempt"],
+        values["queue"],
+        values["task"],
+        values["manager"],
+        values["error"],
+        values["enqueued"],
+        values["dispatched"],
+        values["extra"],
+    )
+
+
+@pytest.mark.parametrize(
+    "ev",
+    [
+        event("enqueued", attempt=0, manager=""),
+        event("dispatched"),
+        event("succeeded"),
+        event("failed", error="pkg.mod.Error"),
+        event("timed_out", error="TimeoutError"),
+        event("requeued", error="PeerLost"),
+        event("retried", error="ValueError", extra=1.5),
+        event("dead_lettered", error="ValueError"),
+        event("enqueued", task="", manager="", queue=""),
+        event("failed", job=b'we"ird\\id\xff', queue='q"ü', task="a.b\n", manager="jm\t1"),
+    ],
+)
+def test_line_equals_json_dumps(ev: tuple[Any, ...]) -> None:
+    line = trace.format_event(ev, 1.795e9)  # type: ignore[arg-type]
+    assert line == reference(ev, 1.795e9)
+    assert json.loads(line)["event"] == ev[0]
+
+
+@given(
+    job=st.binary(min_size=1, max_size=30),
+    text=st.text(max_size=20),
+    now=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+)
+def test_any_strings_make_valid_json(job: bytes, text: str, now: float) -> None:
+    ev = event("failed", job=job, queue=text, task=text, manager=text, error=text, now=now)
+    assert trace.format_event(ev, 1.795e9) == reference(ev, 1.795e9)  # type: ignore[arg-type]
+
+
+def test_writer_appends_lines_to_the_hours_file(tmp_path: Path) -> None:
+    writer = trace.TraceWriter(tmp_path)
+    writer.write([event("enqueued", attempt=0), event("dispatched")], 1.795e9)  # type: ignore[list-item]
+    writer.write([], 1.795e9)
+    writer.write([event("succeeded")], 1.795e9)  # type: ignore[list-item]
+    writer.close()
+    (name,) = [p.name for p in tmp_path.iterdir()]
+    assert name.startswith("trace-") and name.endswith(".jsonl")
+    lines = (tmp_path / name).read_text().splitlines()
+    assert [json.loads(x)["event"] for x in lines] == ["enqueued", "dispatched", "succeeded"]
+    assert writer.written == 3 and writer.dropped == 0
+
+
+def test_writer_starts_a_new_file_each_hour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1_795_222_799.5]  # 30 min past some hour, minus half a second
+    monkeypatch.setattr(trace.time, "time", lambda: clock[0])
+    writer = trace.TraceWriter(tmp_path)
+    writer.write([event("enqueued", attempt=0)], 0.0)  # type: ignore[list-item]
+    clock[0] += 3600
+    writer.write([event("dispatched")], 0.0)  # type: ignore[list-item]
+    writer.close()
+    assert len(list(tmp_path.iterdir())) == 2
