@@ -19,11 +19,10 @@ from typing import Any
 
 import zmq
 
-from emq_django import wire
-from emq_django.exceptions import ProtocolError
+from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.process import SlotConfig, SlotWorker
 from emq_django.worker.recording import JobRecord, JobRecorder, load_recorder, split_attempt
 from emq_django.worker.slots import SlotTable
@@ -77,14 +76,8 @@ class JobManager:
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.signals = 0
         self.context: zmq.Context[Any] | None = None
-        self.sock: zmq.Socket[Any] | None = None
-        self._n = 0
-        self.last_recv = self.last_send = 0.0
+        self.link: BrokerLink | None = None
         self.recorder: JobRecorder | None = None  # created in run(), after the forks
-
-    def _id(self) -> bytes:
-        self._n += 1
-        return b"jm-%x-%x" % (os.getpid(), self._n)
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -98,7 +91,24 @@ class JobManager:
             self._spawn(slot)
         self.recorder = load_recorder(self.config.recorder)
         self.context = zmq.Context()
-        self._connect()
+        meta = {
+            "role": "manager",
+            "manager": self.name,
+            "incarnation": self.incarnation,
+            "host": pysocket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": self.config.concurrency,
+        }
+        self.link = BrokerLink(
+            self.context,
+            self.config.broker_url,
+            self.config.queues,
+            F.PEER_WORKER,
+            meta,
+            heartbeat_interval=self.config.heartbeat_interval,
+            heartbeat_liveness=self.config.heartbeat_liveness,
+        )
+        self.link.connect()
         log.info(
             "job manager %s: %d worker processes on queues %s, broker %s",
             self.name,
@@ -109,8 +119,7 @@ class JobManager:
         try:
             return self._loop()
         finally:
-            if self.sock is not None:
-                self.sock.close(linger=200)
+            self.link.close(linger=200)
             self.context.term()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -125,12 +134,9 @@ class JobManager:
                 _kill(pid, signal.SIGKILL)
 
     def _loop(self) -> int:
-        c = self.config
-        silence_limit = c.heartbeat_interval * c.heartbeat_liveness
+        assert self.link is not None
         while True:
-            assert self.sock is not None
-            timeout = self._poll_timeout()
-            if self.sock.poll(int(timeout * 1000) + 1):
+            if self.link.poll(self._poll_timeout()):
                 self._drain()
             self._reap()
             if self.signals and not self.children:
@@ -138,17 +144,8 @@ class JobManager:
                 return 0
             if self.signals > 1:
                 return 1
-            now = time.monotonic()
-            self._enforce_time_limits(now)
-            if now - self.last_recv > silence_limit:
-                log.warning(
-                    "broker at %s silent for %.1f s; connecting again",
-                    c.broker_url,
-                    now - self.last_recv,
-                )
-                self._connect()
-            elif now - self.last_send >= c.heartbeat_interval:
-                self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
+            self._enforce_time_limits(time.monotonic())
+            self.link.tick()
 
     def _poll_timeout(self) -> float:
         timeout = self.config.heartbeat_interval
@@ -163,50 +160,18 @@ class JobManager:
 
     # ---- broker connection --------------------------------------------------
 
-    def _connect(self) -> None:
-        assert self.context is not None
-        if self.sock is not None:
-            self.sock.close(linger=0)
-        sock = self.context.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(self.config.broker_url)
-        meta = {
-            "role": "manager",
-            "manager": self.name,
-            "incarnation": self.incarnation,
-            "host": pysocket.gethostname(),
-            "pid": os.getpid(),
-            "concurrency": self.config.concurrency,
-        }
-        sock.send_multipart(F.Inform(self._id(), self.config.queues, F.PEER_WORKER, meta).encode())
-        self.sock = sock
-        self.last_recv = self.last_send = time.monotonic()
-
     def _drain(self) -> None:
-        assert self.sock is not None
-        while wire.readable(self.sock):
-            frames = wire.recv(self.sock)
-            self.last_recv = time.monotonic()
-            try:
-                cmd = decode(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a malformed message from the broker: %s", exc)
-                continue
+        assert self.link is not None
+        for cmd in self.link.messages():
             if type(cmd) is F.Kbye and not self.signals:
                 log.info("the broker said goodbye; connecting again")
-                self._connect()
+                self.link.connect()
                 return
 
-    def _send(self, frames: list[bytes]) -> None:
-        assert self.sock is not None
-        wire.send(self.sock, frames, nonblocking=False)
-        self.last_send = time.monotonic()
-
     def _goodbye(self) -> None:
-        assert self.sock is not None
-        self._send([b"", PROTOCOL, F.DISCONNECT, self._id()])
-        if self.sock.poll(500):
-            self._drain()
+        assert self.link is not None
+        for _ in self.link.goodbye(wait=0.5):
+            pass
         log.info("job manager %s stopped", self.name)
 
     # ---- worker processes ---------------------------------------------------
@@ -273,7 +238,8 @@ class JobManager:
         log.warning("slot %d: job %s: %s", slot, attempt_id.decode(errors="replace"), message)
         body = encode_failure(error, message, "")
         status_frame = b"failed,lost,error:" + error.encode()
-        self._send([b"", PROTOCOL, F.REPLY, self._id(), body, attempt_id, status_frame])
+        assert self.link is not None
+        self.link.send([b"", PROTOCOL, F.REPLY, self.link.new_id(), body, attempt_id, status_frame])
         if self.recorder is not None:
             job_id, attempt = split_attempt(attempt_id)
             now = time.time()

@@ -18,10 +18,9 @@ from typing import Any
 
 import zmq
 
-from emq_django import wire
-from emq_django.exceptions import ProtocolError
+from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
-from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
 from emq_django.worker.recording import JobRecord, JobRecorder, load_recorder, split_attempt
@@ -50,20 +49,29 @@ class SlotWorker:
         self.config = config
         self.table = table
         self.context: zmq.Context[Any] = zmq.Context()
-        self.sock: zmq.Socket[Any] | None = None
+        meta = {
+            "role": "slot",
+            "manager": config.manager,
+            "incarnation": config.incarnation,
+            "slot": config.slot,
+            "pid": os.getpid(),
+        }
+        self.link = BrokerLink(
+            self.context,
+            config.broker_url,
+            config.queues,
+            F.PEER_WORKER,
+            meta,
+            heartbeat_interval=config.heartbeat_interval,
+            heartbeat_liveness=config.heartbeat_liveness,
+            on_connect=self._on_connect,
+        )
         self.stopping = False
         self.jobs_done = 0
-        self._n = 0
-        self._prefix = f"{os.getpid():x}-{config.slot}-".encode()
-        self.last_recv = self.last_send = 0.0
         self.policy = CreditPolicy(config.prefetch)
         self.retiring = False
         self.recorder: JobRecorder | None = load_recorder(config.recorder)
         self.credit = 0
-
-    def _id(self) -> bytes:
-        self._n += 1
-        return self._prefix + b"%x" % self._n
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -71,73 +79,36 @@ class SlotWorker:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
-        self._connect()
+        self.link.connect()
         try:
             self._loop()
         finally:
             self._flush_recorder()
-            if self.sock is not None:
-                self.sock.close(linger=500)
+            self.link.close(linger=500)
             self.context.term()
         return 0
 
-    def _connect(self) -> None:
-        if self.sock is not None:
-            self.sock.close(linger=0)
-        c = self.config
-        sock = self.context.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(c.broker_url)
-        meta = {
-            "role": "slot",
-            "manager": c.manager,
-            "incarnation": c.incarnation,
-            "slot": c.slot,
-            "pid": os.getpid(),
-        }
-        sock.send_multipart(F.Inform(self._id(), c.queues, F.PEER_WORKER, meta).encode())
-        self.sock = sock
-        self.credit = 0  # jobs the broker may still send us
+    def _on_connect(self) -> None:
+        self.credit = 0  # a fresh connection: the broker owes us nothing
         self._grant(self._wanted())
-        self.last_recv = self.last_send = time.monotonic()
 
     def _loop(self) -> None:
-        c = self.config
-        silence_limit = c.heartbeat_interval * c.heartbeat_liveness
-        while not self.stopping:
-            assert self.sock is not None
+        while not self.stopping and not self.retiring:
             self._flush_recorder()
-            if self.sock.poll(int(c.heartbeat_interval * 1000)):
+            if self.link.poll(self.config.heartbeat_interval):
                 self._drain()
-            now = time.monotonic()
-            if self.stopping:
+            if self.stopping or self.retiring:
                 break
-            if now - self.last_recv > silence_limit:
-                log.info("broker silent for %.1f s; connecting again", now - self.last_recv)
-                self._connect()
-            elif now - self.last_send >= c.heartbeat_interval:
-                self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
-            if self.retiring:
-                break
+            self.link.tick()
         self._goodbye()
 
     def _drain(self) -> None:
-        sock = self.sock
-        assert sock is not None
-        while wire.readable(sock):
-            frames = wire.recv(sock)
-            self.last_recv = time.monotonic()
-            try:
-                cmd = decode(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a malformed message from the broker: %s", exc)
-                continue
-            kind = type(cmd)
-            if kind is F.Request:
-                self._run(cmd)  # type: ignore[arg-type]
-            elif kind is F.Kbye:
+        for cmd in self.link.messages():
+            if type(cmd) is F.Request:
+                self._run(cmd)
+            elif type(cmd) is F.Kbye:
                 log.info("the broker said goodbye; connecting again")
-                self._connect()
+                self.link.connect()
                 return
 
     def _run(self, req: F.Request) -> None:
@@ -157,7 +128,9 @@ class SlotWorker:
         # the REPLY gives one credit back ("ready") when we want more than we hold
         give_back = self.credit < wanted
         status = outcome.status(ready=give_back)
-        self._send([b"", PROTOCOL, F.REPLY, self._id(), outcome.body, req.msgid, status])
+        self.link.send(
+            [b"", PROTOCOL, F.REPLY, self.link.new_id(), outcome.body, req.msgid, status]
+        )
         if give_back:
             self.credit += 1
             self._grant(wanted - self.credit)
@@ -219,30 +192,16 @@ class SlotWorker:
     def _grant(self, count: int) -> None:
         """Send ``count`` READYs: one credit each."""
         for _ in range(count):
-            self._send([b"", PROTOCOL, F.READY, self._id()])
+            self.link.send([b"", PROTOCOL, F.READY, self.link.new_id()])
         self.credit += max(count, 0)
-
-    def _send(self, frames: list[bytes]) -> None:
-        assert self.sock is not None
-        wire.send(self.sock, frames, nonblocking=False)
-        self.last_send = time.monotonic()
 
     def _goodbye(self) -> None:
         """DISCONNECT, then run whatever the broker had already sent until its KBYE."""
-        if self.sock is None:
+        if self.link.sock is None:
             return
-        self._send([b"", PROTOCOL, F.DISCONNECT, self._id()])
-        deadline = time.monotonic() + self.config.heartbeat_interval * 2
-        while time.monotonic() < deadline and self.sock.poll(100):
-            frames = self.sock.recv_multipart()
-            try:
-                cmd = decode(frames)
-            except ProtocolError:
-                continue
+        for cmd in self.link.goodbye(wait=self.config.heartbeat_interval * 2):
             if type(cmd) is F.Request:
                 self._run(cmd)
-            elif type(cmd) is F.Kbye:
-                return
 
 
 def _peak_rss_mb() -> float:
