@@ -16,7 +16,7 @@ from emq_django.exceptions import (
     TaskFailed,
     TaskNotFound,
 )
-from emq_django.result import Result, result
+from emq_django.handles import Result, result
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.task import Task, task
 

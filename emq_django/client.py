@@ -129,6 +129,23 @@ class Client:
             if confirm or not self._confirmed:
                 self._wait_ack(msgid)
 
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job that has not started yet; True if it was. A running job
+        cannot be stopped, but it will not be retried. Asks the broker's monitor
+        channel (``EMQ_MONITOR_URL``); raises ``BrokerUnavailable``."""
+        import json
+
+        from emq_django.conf import cached_settings
+        from emq_django.monitor_client import query
+
+        if not job_id or not job_id.isprintable() or " " in job_id:
+            raise ValueError(f"not a job id: {job_id!r}")
+        settings = cached_settings()
+        answer = query(settings.MONITOR_URL, b"CANCEL " + job_id.encode(), settings.MONITOR_TIMEOUT)
+        if answer.startswith(b"ERROR"):
+            raise JobRefused(answer.decode(errors="replace"))
+        return job_id in json.loads(answer)["cancelled"]
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the broker has acknowledged everything sent so far."""
         with self._lock:

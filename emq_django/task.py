@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from emq_django import registry
+from emq_django.handles import EagerResult, Result
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
-from emq_django.result import EagerResult, Result
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -55,6 +55,7 @@ COUNTERS = (
     "retried",
     "dead_lettered",
     "spilled",
+    "cancelled",
 )
 
 

@@ -134,7 +134,7 @@ class JobLifecycle:
         limit = job.headers.retry_count
         if asked is not None and not limit:
             limit = RETRY_REQUESTED_LIMIT
-        if job.failures <= limit:  # also while stopping: the journal keeps the retry
+        if job.failures <= limit and not job.cancelled:  # also while stopping: journaled
             if asked is not None and asked >= 0:
                 delay = asked
             else:
@@ -327,6 +327,37 @@ class JobLifecycle:
         job.failures = row.attempts
         job.enqueued_wall = row.enqueued_at
         return job
+
+    # ---- cancelling (the monitor's CANCEL command) ---------------------------
+
+    def cancel(self, job_id: bytes, now: float) -> str:
+        """Cancel a job that has not started: ``cancelled``. One running now cannot be
+        stopped, but it will not be retried: ``running``. Else ``unknown``."""
+        spilled_to = self.spilled_ids.pop(job_id, None)
+        if spilled_to is not None:
+            self.queues[spilled_to].spilled -= 1
+            self.recent.add(job_id, now)
+            if self.journal_ops is not None:
+                self.journal_ops.append(("done", job_id, now + self.wall_offset))
+            self.counters["cancelled"] += 1
+            return "cancelled"
+        job = self.jobs.get(job_id)
+        if job is None:
+            return "unknown"
+        if job.attempt_id in self.inflight and job.peer is not None:
+            job.cancelled = True
+            return "running"
+        queue = self.queues[job.queue]
+        if job in queue.pending:
+            queue.pending.remove(job)
+            queue.pending_bytes -= len(job.body)
+        elif self.delayed.remove(job_id) is None:
+            self.dead.take([job_id])
+        self.counters["cancelled"] += 1
+        if self.trace is not None:
+            self._trace("cancelled", job, now)
+        self._forget(job, now)
+        return "cancelled"
 
     # ---- dead letters (the monitor's commands) ------------------------------
 

@@ -300,6 +300,13 @@ class BrokerServer:
         if command in (b"MONITOR", b"MONITOR JSON"):
             doc = self.status()
             return monitor.as_json(doc) if command.endswith(b"JSON") else monitor.as_lines(doc)
+        if words and words[0].upper() == b"CANCEL" and len(words) > 1:
+            now = self.clock()
+            states: dict[str, list[str]] = {"cancelled": [], "running": [], "unknown": []}
+            for job_id in words[1:]:
+                states[self.core.cancel(job_id, now)].append(job_id.decode("utf-8", "replace"))
+            self._flush()
+            return monitor.as_json(states)
         if words and words[0].upper() == b"DEADLETTERS":
             result = self._dead_letter_command(words[1:])
             if result is not None:
@@ -307,7 +314,7 @@ class BrokerServer:
                 return monitor.as_json(result)
         self.core.counters["protocol_errors"] += 1
         return (
-            b"ERROR unknown command; send MONITOR, MONITOR JSON or "
+            b"ERROR unknown command; send MONITOR, MONITOR JSON, CANCEL <id>... or "
             b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]"
         )
 

@@ -29,6 +29,7 @@ class Job:
     peer: bytes | None = None
     dispatched_at: float = 0.0
     failures: int = 0  # failed attempts so far (a lost peer is not a failure)
+    cancelled: bool = False  # cancelled while running: its outcome is final, no retry
     enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
 
 

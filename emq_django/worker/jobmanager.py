@@ -24,7 +24,13 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.process import SlotConfig, SlotWorker
-from emq_django.worker.recording import JobRecord, JobRecorder, load_recorder, split_attempt
+from emq_django.worker.recording import (
+    JobRecord,
+    JobRecorder,
+    close_recorder,
+    load_recorder,
+    split_attempt,
+)
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -119,6 +125,7 @@ class JobManager:
         try:
             return self._loop()
         finally:
+            close_recorder(self.recorder)
             self.link.close(linger=200)
             self.context.term()
 

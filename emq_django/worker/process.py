@@ -23,7 +23,13 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
-from emq_django.worker.recording import JobRecord, JobRecorder, load_recorder, split_attempt
+from emq_django.worker.recording import (
+    JobRecord,
+    JobRecorder,
+    close_recorder,
+    load_recorder,
+    split_attempt,
+)
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -83,7 +89,7 @@ class SlotWorker:
         try:
             self._loop()
         finally:
-            self._flush_recorder()
+            close_recorder(self.recorder)
             self.link.close(linger=500)
             self.context.term()
         return 0
@@ -153,6 +159,7 @@ class SlotWorker:
             outcome.error_type,
             outcome.body,
             self.config.manager,
+            retry_count=req.headers.retry_count,
         )
         try:
             self.recorder.record(record)

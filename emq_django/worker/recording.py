@@ -32,12 +32,30 @@ class JobRecord:
     body: bytes  # the REPLY body: {"value": ...} or {"error": {...}}
     manager: str  # the job manager's name
     lost: bool = False  # the worker process died or was killed; the manager answered
+    retry_count: int = 0  # the job's retry-count: a failure below it will be retried
 
 
 class JobRecorder(Protocol):
+    """``record`` after every job, ``flush`` when the process is about to wait for
+    work; a recorder may also define ``close()``, called once when the process ends
+    (after the last flush), to write what it still buffers."""
+
     def record(self, record: JobRecord) -> None: ...
 
     def flush(self) -> None: ...
+
+
+def close_recorder(recorder: JobRecorder | None) -> None:
+    """Flush and close ``recorder`` at exit; its errors are logged, never raised."""
+    if recorder is None:
+        return
+    try:
+        recorder.flush()
+        close = getattr(recorder, "close", None)
+        if close is not None:
+            close()
+    except Exception:
+        log.exception("the job recorder failed while closing")
 
 
 def split_attempt(attempt_id: bytes) -> tuple[str, int]:

@@ -21,8 +21,8 @@ from emq_django.results.recorder import DatabaseRecorder
 from emq_django.worker.recording import JobRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
-# emq_django.result is both a module and, on the package, the emq.result() function
-result_module = importlib.import_module("emq_django.result")
+# the Result handles live in emq_django.handles; emq.result() is the function
+result_module = importlib.import_module("emq_django.handles")
 
 
 def record(

@@ -17,6 +17,7 @@ from emq_django.protocol import Error, Reply
 from tests.unit.test_broker_core import (
     BODY,
     Out,
+    P,
     inform,
     is_ack_of,
     ready,
@@ -748,3 +749,29 @@ def test_a_guaranteed_job_failing_during_shutdown_keeps_its_retries() -> None:
     assert core.dead_letters() == []
     last = ops_for(core, b"g1")[-1]
     assert last[:4] == ("state", b"g1", "delayed", 1), f"journal says {last}"
+
+
+# ---- cancel ---------------------------------------------------------------------
+
+
+def test_cancel_a_waiting_job_removes_it_and_remembers_its_id() -> None:
+    core = BrokerCore(BrokerConfig(), now=0.0, id_prefix=b"b-", seed=1)
+    core.on_frontend(b"c", [b"", P, b"REQUEST", b"j1", b"q", b"", b"[]"], 0.0)
+    assert core.cancel(b"j1", 1.0) == "cancelled"
+    assert not core.queues["q"].pending and core.queues["q"].pending_bytes == 0
+    assert core.counters["cancelled"] == 1
+    assert core.cancel(b"j1", 2.0) == "unknown"
+    core.out.clear()
+    core.on_frontend(b"c", [b"", P, b"REQUEST", b"j1", b"q", b"", b"[]"], 3.0)  # a resend
+    assert core.counters["duplicates"] == 1 and not core.queues["q"].pending
+
+
+def test_cancel_a_running_job_stops_its_retries() -> None:
+    core = BrokerCore(BrokerConfig(), now=0.0, id_prefix=b"b-", seed=1)
+    core.on_backend(b"w", [b"", P, b"INFORM", b"i", b'[[10, "q"]]', b"worker"], 0.0)
+    core.on_backend(b"w", [b"", P, b"READY", b"r"], 0.0)
+    core.on_frontend(b"c", [b"", P, b"REQUEST", b"j1", b"q", b"retry-count:3", b"[]"], 0.0)
+    assert core.cancel(b"j1", 1.0) == "running"
+    core.on_backend(b"w", [b"", P, b"REPLY", b"x", b"{}", b"j1#1", b"failed,error:E"], 2.0)
+    assert core.counters["retried"] == 0 and core.counters["failed"] == 1
+    assert len(core.delayed) == 0
