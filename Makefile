@@ -11,11 +11,21 @@ LINT_PATHS := $(wildcard emq_django tests project bench)
 
 PYTEST_ARGS ?=
 
-.PHONY: help venv browser test faults lint format typecheck demo bench clean distclean
+# Django 6.0 (django.tasks) needs Python >= 3.12: make test runs the Django Tasks API
+# tests there too, in a second venv, when such an interpreter is found.
+VENV6  := .venv-dj6
+PY6    := $(VENV6)/bin/python
+STAMP6 := $(VENV6)/.stamp
+DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py
+DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
+
+.PHONY: help venv browser test test-dj6 faults lint format typecheck demo bench clean distclean
 
 help:
 	@echo "make demo       broker + job manager + admin + sample producer (http://127.0.0.1:8000/admin/)"
-	@echo "make test       unit, integration and end-to-end tests (fault injection included)"
+	@echo "make test       unit, integration and end-to-end tests (fault injection included),"
+	@echo "                then the Django Tasks API tests on Django 6.0 when Python >= 3.12 exists"
 	@echo "make faults     the fault-injection suite alone, with its reports"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff format + ruff check --fix"
@@ -47,6 +57,22 @@ browser:
 
 test: $(STAMP) browser
 	EMQ_REQUIRE_BROWSER=1 $(PY) -m pytest tests $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-dj6
+
+# The Django Tasks API tests on Django 6.0, or a message saying why they were skipped.
+test-dj6:
+	@if [ -z "$(DJ6_PYTHON)" ]; then \
+	  echo "make test: no Python >= 3.12 found, so the Django 6.0 run of the Django Tasks API tests was skipped"; \
+	else \
+	  $(MAKE) --no-print-directory $(STAMP6) && \
+	  $(PY6) -m pytest -m djangotasks $(DJ6_TESTS) $(PYTEST_ARGS); \
+	fi
+
+$(STAMP6): pyproject.toml
+	test -x $(PY6) || $(DJ6_PYTHON) -m venv $(VENV6)
+	$(PY6) -m pip install --upgrade pip
+	$(PY6) -m pip install -e '.[dev]' 'Django>=6.0,<6.1'
+	touch $@
 
 faults: $(STAMP)
 	$(PY) -m pytest tests/faults -v -s $(PYTEST_ARGS)
@@ -74,4 +100,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) db.sqlite3
+	rm -rf $(VENV) $(VENV6) db.sqlite3

@@ -59,4 +59,7 @@ def autodiscover(imports: Iterable[str] = ()) -> list[str]:
             raise ImportError(
                 f"EMQ_IMPORTS names {module!r}, which cannot be imported: {exc}"
             ) from exc
+    from emq_django.backends.discovery import register_django_tasks
+
+    register_django_tasks(imports)  # Django Tasks API tasks on an EmqTaskBackend
     return names()

@@ -30,6 +30,7 @@ class Task(Generic[P, R]):
         timeout: float,
         guarantee: bool,
         reply: bool,
+        on_commit: bool = False,
     ) -> None:
         if fn.__module__ == "__main__":
             raise ValueError(
@@ -49,6 +50,7 @@ class Task(Generic[P, R]):
         self.timeout = timeout
         self.guarantee = guarantee
         self.reply = reply
+        self.on_commit = on_commit
         self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0)
         functools.update_wrapper(self, fn)
 
@@ -61,6 +63,11 @@ class Task(Generic[P, R]):
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Result:
         """Send the task with these arguments; see ``apply_async``."""
         return self.apply_async(args, kwargs)
+
+    def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> Result:
+        """Send the task once the surrounding transaction commits (never if it rolls
+        back; at once outside a transaction): ``apply_async(..., on_commit=True)``."""
+        return self.apply_async(args, kwargs, on_commit=True)
 
     def map(
         self, calls: Iterable[Sequence[Any] | tuple[Sequence[Any], Mapping[str, Any]]]
@@ -101,15 +108,29 @@ class Task(Generic[P, R]):
         countdown: float | None = None,
         eta: dt.datetime | None = None,
         job_id: str | None = None,
+        on_commit: bool | None = None,
     ) -> Result:
         """Send the task. Raises ``TypeError`` for arguments JSON cannot carry,
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
-        ``QueueFull``/``JobRefused`` when the broker refuses the job."""
+        ``QueueFull``/``JobRefused`` when the broker refuses the job. With
+        ``on_commit`` (default: the task's) inside a transaction, the job is sent
+        when it commits (emq_django/transaction.py) and the result says so."""
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 
         body = encode_run_body(self.path, self.callable, args, kwargs)
         want_reply = self.reply if reply is None else reply
+        if (self.on_commit if on_commit is None else on_commit) and _in_transaction():
+            options = {
+                "queue": queue,
+                "retries": retries,
+                "timeout": timeout,
+                "guarantee": guarantee,
+                "reply": want_reply,
+                "countdown": countdown,
+                "eta": eta,
+            }
+            return self._send_on_commit(args, kwargs, job_id, options)
         if cached_settings().EAGER:
             return self._run_eagerly(body, want_reply)
         run_after = _run_after(countdown, eta)
@@ -129,6 +150,28 @@ class Task(Generic[P, R]):
             raise ValueError("job_id must be printable, without '#', at most 200 characters")
         job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
         return Result(job_id, self.name, reply=want_reply, client=client)
+
+    def _send_on_commit(
+        self,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        job_id: str | None,
+        options: dict[str, Any],
+    ) -> Result:
+        import uuid
+
+        from emq_django.transaction import DeferredResult, on_commit
+
+        _run_after(options["countdown"], options["eta"])  # bad timing fails now, not at commit
+        deferred = DeferredResult(job_id or uuid.uuid4().hex, self.name, reply=options["reply"])
+
+        def send() -> None:
+            deferred.sent = self.apply_async(
+                args, kwargs, job_id=deferred.id, on_commit=False, **options
+            )
+
+        on_commit(send)
+        return deferred
 
     def _build_headers(
         self, reply: bool, guarantee: bool, retries: int, timeout: float, run_after: float
@@ -153,6 +196,12 @@ class Task(Generic[P, R]):
         return EagerResult(self.name, value=value)
 
 
+def _in_transaction() -> bool:
+    from emq_django.transaction import in_transaction
+
+    return in_transaction()
+
+
 def _run_after(countdown: float | None, eta: dt.datetime | None) -> float:
     if countdown is not None and eta is not None:
         raise ValueError("give countdown or eta, not both")
@@ -175,6 +224,7 @@ def task(
     timeout: float = ...,
     guarantee: bool = ...,
     reply: bool = ...,
+    on_commit: bool = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -187,11 +237,21 @@ def task(
     timeout: float = 0,
     guarantee: bool = False,
     reply: bool = True,
+    on_commit: bool = False,
 ) -> Any:
-    """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``."""
+    """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``.
+    ``on_commit=True``: inside a transaction, send only once it commits."""
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
-        t = Task(f, queue=queue, retries=retries, timeout=timeout, guarantee=guarantee, reply=reply)
+        t = Task(
+            f,
+            queue=queue,
+            retries=retries,
+            timeout=timeout,
+            guarantee=guarantee,
+            reply=reply,
+            on_commit=on_commit,
+        )
         registry.register(t)
         return t
 

@@ -29,7 +29,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "emq_django",
+    "emq_django.analytics",
     "emq_django.results",
+    "emq_django.backends",  # Django Tasks API: READY/RUNNING states (app label emq_tasks)
     "emq_django.scheduler",
     "project.demo",
 ]
@@ -84,6 +86,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # "Admin dashboard and history"). EMQ_RECORDER= (empty) in the environment turns it off.
 EMQ_RECORDER = env.str("EMQ_RECORDER", default="emq_django.results.recorder.DatabaseRecorder")
 
+# The Django Tasks API (django.tasks on Django 6.0, the django-tasks package on 5.2):
+# @task functions run on emq job managers (README, "Django Tasks API"). QUEUES: []
+# lets a task name any emq queue.
+TASKS = {"default": {"BACKEND": "emq_django.backends.EmqTaskBackend", "QUEUES": []}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

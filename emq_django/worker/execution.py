@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.db import close_old_connections
@@ -13,6 +14,10 @@ from emq_django.exceptions import ProtocolError, Retry, type_name
 from emq_django.protocol.body import RunBody, decode_run_body, encode_failure, encode_result
 
 log = logging.getLogger(__name__)
+
+# The attempt id (``<job id>#<n>``) of the job this worker process is running, for
+# code that must know it (the Django Tasks backend's TaskResult.id).
+current_job: ContextVar[bytes] = ContextVar("emq_current_job", default=b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,7 @@ def execute(body: bytes, job_id: bytes = b"") -> Outcome:
         name = "emq_django.exceptions.TaskNotFound"
         message = f"{spec.task_name!r} is not a registered task"
         return Outcome(encode_failure(name, message, ""), True, name, spec)
+    token = current_job.set(job_id)
     # Closing after every job also closes "before" the next one: nothing runs between
     # jobs, and the job manager closes all connections before it forks.
     try:
@@ -81,6 +87,7 @@ def execute(body: bytes, job_id: bytes = b"") -> Outcome:
         )
         return failure(exc, traceback.format_exc(), spec)
     finally:
+        current_job.reset(token)
         close_old_connections()
     try:
         return Outcome(encode_result(value), False, "", spec)
