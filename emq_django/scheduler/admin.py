@@ -32,7 +32,7 @@ EDITABLE = (
 
 
 @admin.register(ScheduledJob)
-class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ScheduledJobAdmin(admin.ModelAdmin):
     list_display = (
         "short_name",
         "task",
