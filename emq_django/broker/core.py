@@ -114,6 +114,10 @@ class BrokerCore(JobLifecycle):
             handler = _FRONTEND_HANDLERS.get(type(cmd))
             if handler is None:
                 raise ProtocolError(f"{type(cmd).__name__} is not valid from a client", frames)
+            if self.schedulers:
+                scheduler = self.schedulers.get(identity)
+                if scheduler is not None:  # any command from a scheduler shows it is alive
+                    scheduler.last_seen = now
             handler(self, identity, cmd, now)
         except ProtocolError as exc:
             self._protocol_error("frontend", identity, exc)
