@@ -109,15 +109,13 @@ def test_signals_enqueued_here_started_and_finished_in_the_worker(stack: Stack) 
         if sum(1 for line in lines if line[0] == "finished" and line[2] in (ok, bad)) == 2:
             break
         time.sleep(0.05)
-    by_job = {
-        job: [(name, status, int(pid)) for name, pid, i, status in lines if i == job]
-        for job in (ok, bad)
-    }
     for job, last in ((ok, "SUCCESSFUL"), (bad, "FAILED")):
-        (enq, _, enq_pid), (start, s_status, worker), (fin, f_status, worker2) = by_job[job]
-        assert (enq, start, fin) == ("enqueued", "started", "finished")
-        assert enq_pid == shell_pid and worker == worker2 != shell_pid
-        assert s_status == "RUNNING" and f_status == last
+        # name -> (status, pid); the worker may finish before the shell logs "enqueued"
+        got = {name: (status, int(pid)) for name, pid, i, status in lines if i == job}
+        assert len([line for line in lines if line[2] == job]) == 3, lines
+        assert got["enqueued"] == ("READY", shell_pid)
+        assert got["started"][0] == "RUNNING" and got["finished"][0] == last
+        assert got["started"][1] == got["finished"][1] != shell_pid  # the worker process
 
 
 def test_context_deferral_async_and_retries(stack: Stack) -> None:
@@ -126,13 +124,12 @@ def test_context_deferral_async_and_retries(stack: Stack) -> None:
         f"""
         import datetime as dt
         from django.utils import timezone
-        ctx = t.with_context.enqueue("hi")
-        later = t.add.using(run_after=timezone.now() + dt.timedelta(seconds=1.5)).enqueue(4, 4)
-        coro = t.async_add.enqueue(20, 22)
-        flaky = t.flaky.enqueue({str(counter)!r}, 1)
-        time.sleep(0.8)
+        later = t.add.using(run_after=timezone.now() + dt.timedelta(seconds=2)).enqueue(4, 4)
         later.refresh()
         show("LATER_EARLY", str(later.status))
+        ctx = t.with_context.enqueue("hi")
+        coro = t.async_add.enqueue(20, 22)
+        flaky = t.flaky.enqueue({str(counter)!r}, 1)
         show("CTX", state(wait(ctx)))
         show("LATER", state(wait(later)))
         show("LATER_RUN_AFTER", later.task.run_after)

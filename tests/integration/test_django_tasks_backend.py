@@ -162,3 +162,18 @@ def test_eager_runs_inline_with_the_signals(eager: None) -> None:
         ("started", "RUNNING"),
         ("finished", "FAILED"),
     ]
+
+
+def test_discovery_looks_in_every_apps_tasks_module_and_emq_imports() -> None:
+    from django.utils.module_loading import autodiscover_modules
+
+    from emq_django.backends.discovery import task_modules
+
+    autodiscover_modules("tasks")
+    found = task_modules(["tests.e2e.djangotasks_tasks", "not.imported.anywhere"])
+    assert "project.demo.tasks" in found and "tests.e2e.djangotasks_tasks" in found
+    assert "not.imported.anywhere" not in found
+    assert "tests.e2e.djangotasks_tasks.add" in register_django_tasks(
+        ["tests.e2e.djangotasks_tasks"]
+    )
+    assert registry.find("tests.e2e.djangotasks_tasks.add") is not None
