@@ -40,7 +40,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -e '.[dev,analytics]'
 	$(PIP) install --no-deps eventmq==0.3.13
 	$(PIP) install six monotonic croniter future psutil
 	touch $@
@@ -92,7 +92,7 @@ demo: $(STAMP)
 	scripts/demo.sh
 
 bench: $(STAMP)
-	$(PIP) install -e '.[dev,bench]'
+	$(PIP) install -e '.[dev,analytics,bench]'
 	$(PY) bench/run.py
 
 clean:

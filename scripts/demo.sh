@@ -10,6 +10,8 @@ WEB_ADDR="${WEB_ADDR:-127.0.0.1:8000}"
 # The EMQ_* environment variables move the demo to other ports (README, Settings).
 BROKER_URL="${EMQ_BROKER_URL:-tcp://127.0.0.1:47291}"
 export PYTHONUNBUFFERED=1
+# The broker's trace log, for `manage.py emq_analyze` (the admin's metrics page).
+export EMQ_TRACE_DIR="${EMQ_TRACE_DIR:-$PWD/var/trace}"
 
 "$PY" manage.py migrate --noinput
 
@@ -98,6 +100,8 @@ cat <<TXT
   emq-django demo is running.
     Admin:  http://$WEB_ADDR/admin/   (login: admin / admin)
     Status: $PY manage.py emq_status
+    Charts: $PY manage.py emq_analyze   (trace in $EMQ_TRACE_DIR), then
+            http://$WEB_ADDR/admin/emq_analytics/metricsdashboard/
   Press Ctrl-C to stop.
 
 TXT

@@ -1,0 +1,84 @@
+"""Reading the trace, reading and writing the Parquet tables, the Spark session.
+
+Output layout (every table partitioned by ``date``, the UTC date of its minute):
+
+- ``jobs/``, ``attempts/``: facts, appended once per batch;
+- ``task_minute/``, ``queue_minute/``, ``jm_minute/``, ``failures/``,
+  ``slowest_tasks/``: metrics, the dates a batch touched recomputed and
+  overwritten (dynamic partition overwrite);
+- ``_open/batch-N/``: events of the jobs still open after batch N;
+- ``_checkpoint.json``: see ``checkpoint``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from emq_django.analytics.transforms import EVENT_SCHEMA, clean_events
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.showConsoleProgress": "false",
+    # Percentiles per minute are exact; one group never holds more than a
+    # minute of one task's jobs.
+    "spark.sql.adaptive.enabled": "true",
+}
+
+
+def build_session(
+    master: str = "local[*]", conf: Mapping[str, str] | None = None, app_name: str = "emq_analyze"
+) -> SparkSession:
+    """A SparkSession on ``master`` (``local[*]``, ``spark://host:port``, ...)."""
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def read_events(spark: SparkSession, paths: Sequence[Path | str]) -> DataFrame:
+    """Trace events from JSON-lines files; malformed lines are dropped."""
+    raw = spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json([str(p) for p in paths])
+    return clean_events(raw)
+
+
+def window_events(
+    events: DataFrame, since: dt.datetime | None, until: dt.datetime | None
+) -> DataFrame:
+    if since is not None:
+        events = events.where(F.col("ts") >= int(since.timestamp() * 1_000_000))
+    if until is not None:
+        events = events.where(F.col("ts") < int(until.timestamp() * 1_000_000))
+    return events
+
+
+def table_exists(path: Path) -> bool:
+    return path.is_dir() and any(p.name.startswith("date=") for p in path.iterdir())
+
+
+def read_dates(spark: SparkSession, path: Path, dates: Iterable[dt.date]) -> DataFrame | None:
+    """Rows of a date-partitioned table for ``dates`` (partition pruning), or None."""
+    wanted = [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
+    if not wanted:
+        return None
+    df = spark.read.option("basePath", str(path)).parquet(
+        *[str(path / f"date={d.isoformat()}") for d in wanted]
+    )
+    return df
+
+
+def append(df: DataFrame, path: Path) -> None:
+    df.write.mode("append").partitionBy("date").parquet(str(path))
+
+
+def overwrite_dates(df: DataFrame, path: Path) -> None:
+    """Replace the date partitions present in ``df``; other dates stay."""
+    df.write.mode("overwrite").partitionBy("date").parquet(str(path))

@@ -1,0 +1,244 @@
+"""The incremental run: new trace bytes -> job facts -> metrics -> Parquet and the DB.
+
+One batch:
+1. the checkpoint plans the new byte ranges of the trace files;
+2. their events, plus the saved events of the jobs still open, become job facts;
+3. finished jobs and finished attempts are appended to ``jobs/`` and ``attempts/``;
+   the events of jobs still open are saved for the next batch (dropped once
+   ``open_job_ttl`` older than the newest event: the rest of them was lost);
+4. every date that received a finished job or attempt is recomputed from those
+   tables and overwritten in the metric tables and the Django models;
+5. the checkpoint records the new offsets.
+
+A batch with no new bytes does nothing. ``follow`` copies new bytes into an inbox
+directory that a Structured Streaming query reads; each micro-batch is step 2-4.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from emq_django.analytics import io, transforms
+from emq_django.analytics.checkpoint import Checkpoint, stage, stage_all
+
+log = logging.getLogger(__name__)
+
+METRIC_TABLES = ("task_minute", "queue_minute", "jm_minute", "failures", "slowest_tasks")
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    trace_dir: Path
+    output: Path
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    update_db: bool = True
+    open_job_ttl: float = 24 * 3600.0  # seconds
+    slowest_limit: int = 20
+
+
+@dataclass
+class BatchResult:
+    sources: int = 0
+    bytes: int = 0
+    events: int = 0
+    finished_jobs: int = 0
+    open_jobs: int = 0
+    dates: list[dt.date] = field(default_factory=list)
+    db_rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        if not self.sources and not self.events:
+            return "no new trace data"
+        days = ", ".join(d.isoformat() for d in self.dates) or "none"
+        return (
+            f"{self.events} events from {self.sources} trace ranges ({self.bytes} bytes): "
+            f"{self.finished_jobs} jobs finished, {self.open_jobs} still open; "
+            f"dates recomputed: {days}; in {self.seconds:.1f} s"
+        )
+
+
+class Analyzer:
+    def __init__(self, spark: SparkSession, config: AnalyzeConfig) -> None:
+        self.spark = spark
+        self.config = config
+        self.out = config.output
+        self.checkpoint = Checkpoint.load(self.out / "_checkpoint.json")
+        self._lock = threading.Lock()
+
+    # ---- batch ------------------------------------------------------------
+
+    def run_once(self, now: dt.datetime | None = None) -> BatchResult:
+        """Process the trace bytes not seen yet; nothing when there are none."""
+        started = time.monotonic()
+        cfg = self.config
+        sources = self.checkpoint.plan(cfg.trace_dir, cfg.since, cfg.until, now)
+        if not sources:
+            return BatchResult()
+        staging = self.out / "_staging" / f"batch-{self.checkpoint.batch + 1}"
+        try:
+            paths = stage(sources, staging)
+            result = self.process(io.read_events(self.spark, paths))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        with self._lock:
+            self.checkpoint.commit(sources)
+            self.checkpoint.save()
+        result.sources = len(sources)
+        result.bytes = sum(s.end - s.start for s in sources)
+        result.seconds = time.monotonic() - started
+        return result
+
+    def process(self, events: DataFrame) -> BatchResult:
+        """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs."""
+        cfg = self.config
+        events = io.window_events(events, cfg.since, cfg.until)
+        with self._lock:
+            batch = self.checkpoint.batch + 1
+            old_open = self.checkpoint.open_dir
+        all_events = events
+        if old_open and (self.out / old_open).is_dir():
+            carried = self.spark.read.parquet(str(self.out / old_open))
+            all_events = events.unionByName(carried.select(*transforms.EVENT_COLUMNS))
+        all_events = all_events.persist()
+        try:
+            return self._process(events, all_events, batch, old_open)
+        finally:
+            all_events.unpersist()
+
+    def _process(
+        self, events: DataFrame, all_events: DataFrame, batch: int, old_open: str
+    ) -> BatchResult:
+        stats = all_events.agg(F.count(F.lit(1)).alias("n"), F.max("ts").alias("max_ts")).first()
+        assert stats is not None
+        result = BatchResult(events=int(stats["n"]))
+        if not result.events:
+            return result
+        jobs = transforms.job_facts(all_events).persist()
+        try:
+            counts = {
+                r["done"]: r["n"]
+                for r in jobs.groupBy(F.col("outcome").isNotNull().alias("done"))
+                .agg(F.count(F.lit(1)).alias("n"))
+                .collect()
+            }
+            result.finished_jobs = int(counts.get(True, 0))
+            cutoff = int(stats["max_ts"]) - int(self.config.open_job_ttl * 1_000_000)
+            still_open = jobs.where(F.col("outcome").isNull() & (F.col("last_ts") >= cutoff))
+            new_open = f"_open/batch-{batch}"
+            open_events = all_events.join(still_open.select("job"), "job", "left_semi")
+            open_events.write.mode("overwrite").parquet(str(self.out / new_open))
+            result.open_jobs = int(counts.get(False, 0))
+            finished = jobs.where(F.col("outcome").isNotNull())
+            attempts = transforms.attempt_facts(events)
+            io.append(finished, self.out / "jobs")
+            io.append(attempts, self.out / "attempts")
+            dates = finished.select("date").union(attempts.select("date")).distinct().collect()
+        finally:
+            jobs.unpersist()
+        result.dates = sorted(r["date"] for r in dates if r["date"] is not None)
+        if result.dates:
+            result.db_rows = self.recompute(result.dates)
+        with self._lock:
+            self.checkpoint.batch = batch
+            self.checkpoint.open_dir = new_open
+            self.checkpoint.save()
+        if old_open and old_open != new_open:
+            shutil.rmtree(self.out / old_open, ignore_errors=True)
+        return result
+
+    def recompute(self, dates: list[dt.date]) -> dict[str, int]:
+        """Recompute and overwrite the metric tables (and models) for ``dates``."""
+        jobs = io.read_dates(self.spark, self.out / "jobs", dates)
+        attempts = io.read_dates(self.spark, self.out / "attempts", dates)
+        frames: dict[str, DataFrame] = {}
+        if jobs is not None:
+            jobs = transforms.dedupe_jobs(jobs)
+            frames["task_minute"] = transforms.task_minute_metrics(jobs)
+            frames["queue_minute"] = transforms.queue_minute_metrics(jobs)
+            frames["failures"] = transforms.failures_by_error(jobs)
+            frames["slowest_tasks"] = transforms.slowest_tasks(jobs, self.config.slowest_limit)
+        if attempts is not None:
+            frames["jm_minute"] = transforms.jm_minute_metrics(attempts)
+        for name, df in frames.items():
+            io.overwrite_dates(df, self.out / name)
+        if not self.config.update_db:
+            return {}
+        return self._update_db(dates)
+
+    def _update_db(self, dates: list[dt.date]) -> dict[str, int]:
+        from emq_django.analytics import store
+        from emq_django.analytics.models import (
+            FailureMetric,
+            JobManagerMetric,
+            QueueMetric,
+            TaskMetric,
+        )
+
+        targets: list[tuple[str, Any, Any]] = [
+            ("queue_minute", QueueMetric, store.queue_metric),
+            ("task_minute", TaskMetric, store.task_metric),
+            ("jm_minute", JobManagerMetric, store.jm_metric),
+            ("failures", FailureMetric, store.failure_metric),
+        ]
+        written = {}
+        for table, model, build in targets:
+            df = io.read_dates(self.spark, self.out / table, dates)
+            if df is None:
+                continue
+            rows = df.withColumn("minute", F.unix_micros("minute")).drop("date")
+            objects = (build(r.asDict()) for r in rows.toLocalIterator())
+            written[table] = store.replace_dates(model, dates, objects)
+        return written
+
+    # ---- follow (Structured Streaming) -----------------------------------------
+
+    def follow(self, interval: float, stop: threading.Event) -> None:
+        """Stage new trace bytes into ``_inbox`` every ``interval`` s; a streaming
+        query processes each new inbox file once (its own checkpoint in ``_stream``)."""
+        inbox = self.out / "_inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        stream = (
+            self.spark.readStream.schema(transforms.EVENT_SCHEMA)
+            .option("cleanSource", "delete")
+            .option("maxFilesPerTrigger", 64)
+            .json(str(inbox))
+        )
+        query = (
+            stream.writeStream.foreachBatch(self._micro_batch)
+            .option("checkpointLocation", str(self.out / "_stream"))
+            .trigger(processingTime=f"{max(interval, 0.5)} seconds")
+            .start()
+        )
+        try:
+            while not stop.is_set() and query.isActive:
+                sources = self.checkpoint.plan(
+                    self.config.trace_dir, self.config.since, self.config.until
+                )
+                if sources:
+                    stage_all(sources, inbox)
+                    with self._lock:
+                        self.checkpoint.commit(sources)
+                        self.checkpoint.save()
+                stop.wait(interval)
+            error = query.exception()
+            if error is not None:
+                raise RuntimeError(f"the streaming query failed: {error}")
+        finally:
+            query.stop()
+
+    def _micro_batch(self, df: DataFrame, batch_id: int) -> None:
+        result = self.process(transforms.clean_events(df))
+        if result.events:
+            log.info("micro-batch %d: %s", batch_id, result.describe())

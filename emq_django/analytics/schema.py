@@ -1,0 +1,38 @@
+"""Names shared by the trace readers, the transforms and the synthetic traces."""
+
+from __future__ import annotations
+
+import re
+
+TRACE_FILE_RE = re.compile(r"^trace-(\d{8})-(\d{2})\.jsonl$")
+
+ENQUEUED = "enqueued"
+DISPATCHED = "dispatched"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+TIMED_OUT = "timed_out"
+REQUEUED = "requeued"
+RETRIED = "retried"
+DEAD_LETTERED = "dead_lettered"
+
+# The events that end an attempt (they carry run_us and total_us).
+FINISH_EVENTS = (SUCCEEDED, FAILED, TIMED_OUT)
+# A job whose last event is one of these has its final outcome.
+FINAL_EVENTS = (SUCCEEDED, FAILED, TIMED_OUT, DEAD_LETTERED)
+
+# Order of events that share a timestamp (one broker loop turn): a failure comes
+# before the retry or dead letter that it causes.
+EVENT_RANK = {
+    ENQUEUED: 0,
+    DISPATCHED: 1,
+    REQUEUED: 2,
+    SUCCEEDED: 3,
+    FAILED: 3,
+    TIMED_OUT: 3,
+    RETRIED: 4,
+    DEAD_LETTERED: 5,
+}
+
+PERCENTILES = (0.5, 0.95, 0.99)
+PERCENTILE_NAMES = ("p50", "p95", "p99")
+LATENCIES = ("wait", "run", "e2e")
