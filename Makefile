@@ -40,7 +40,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[dev,analytics]'
+	$(PIP) install -e '.[dev,analytics]' 'Django>=5.2,<5.3'  # 5.2 LTS here; .venv-dj6 tests 6.0
 	$(PIP) install --no-deps eventmq==0.3.13
 	$(PIP) install six monotonic croniter future psutil
 	touch $@

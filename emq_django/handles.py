@@ -1,4 +1,4 @@
-"""Result handles returned by ``delay()`` and ``apply_async()``, and ``emq.result(id)``.
+"""Result handles returned by ``delay()``, ``apply_async()`` and ``emq.result()``.
 
 A REPLY is routed to the client socket that sent the job, so it cannot reach a
 process that restarted since. When the ``emq_django.results`` app is installed,

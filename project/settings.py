@@ -30,7 +30,6 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "emq_django",
     "emq_django.analytics",
-    "emq_django.analytics",
     "emq_django.results",
     "emq_django.backends",  # Django Tasks API: READY/RUNNING states (app label emq_tasks)
     "emq_django.scheduler",
