@@ -5,7 +5,8 @@ whichever scheduler fires them, so that several schedulers agree on the ticks.
 A cron schedule's ticks come from ``cron.next_fire`` in the schedule's zone.
 
 Catch-up policies, for ticks that passed while no scheduler ran:
-- ``once`` (default): one run for all the missed ticks, then the next future tick;
+- ``once`` (default): one run for all the missed ticks, then the next future tick
+  (the one after it, when that one is less than half an interval away);
 - ``none``: missed ticks are skipped; only a tick that is on time runs;
 - ``all``: one run per missed tick (at most ``MAX_CATCH_UP``).
 """
@@ -92,6 +93,12 @@ def on_due(
         runs = 1 if now - latest <= grace else 0
     else:
         runs = 1
+        if ticks > 1:
+            # A catch-up run stands for the missed ticks; a tick due less than half
+            # an interval after it is absorbed too, or it would run twice at once.
+            after = timing.next_after(next_run)
+            if next_run - now < (after - next_run) / 2:
+                next_run, ticks = after, ticks + 1
     return Due(runs, next_run, ticks - runs if ticks > runs else 0)
 
 

@@ -91,6 +91,12 @@ EVERY_1 = Timing(interval=1)
         (T0, T0 + 10.5 * S, CATCH_UP_ONCE, 1, T0 + 11 * S, 10),
         (T0, T0 + 10.5 * S, CATCH_UP_NONE, 1, T0 + 11 * S, 10),  # tick T0+10 is current
         (T0, T0 + 10.5 * S, CATCH_UP_ALL, 11, T0 + 11 * S, 0),
+        # back just before a tick: the catch-up run absorbs it (no two runs at once)
+        (T0, T0 + 10.99 * S, CATCH_UP_ONCE, 1, T0 + 12 * S, 11),
+        (T0, T0 + 10.6 * S, CATCH_UP_ONCE, 1, T0 + 12 * S, 11),
+        (T0, T0 + 10.4 * S, CATCH_UP_ONCE, 1, T0 + 11 * S, 10),
+        # on time, just before the next tick: no catch-up, nothing absorbed
+        (T0, T0 + 0.9 * S, CATCH_UP_ONCE, 1, T0 + S, 0),
     ],
 )
 def test_on_due_interval(
