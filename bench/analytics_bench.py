@@ -7,6 +7,12 @@ Writes synthetic hourly trace files (emq_django.analytics.synth), then runs one
 job facts -> Parquet -> metrics -> a scratch SQLite database), then a rerun with
 nothing new. Memory is the resident set of this process and every child (the
 Spark JVM), sampled every 0.2 s; the peak of their sum is reported.
+
+Measured here (2 cores, others' work running, load average about 3), 9,986,029
+events (3,257,328 jobs, 4 hourly files, 1.67 GB), local[2]:
+  --driver-memory 4g: 186 s, 53,600 events/s, peak RSS 4.8 GB (JVM 4.7 GB)
+  --driver-memory 2g: 174 s, 57,500 events/s, peak RSS 2.7 GB (JVM 2.6 GB)
+The JVM grows to the heap it is given; 2g is enough. A rerun with nothing new: 0 s.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="emq-analytics-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     os.environ["DATABASE_URL"] = f"sqlite:///{work / 'bench.sqlite3'}"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
