@@ -92,6 +92,7 @@ wait_for_port() {
 start broker emq_broker
 wait_for_port "${BROKER_URL##*:}"
 start jobmanager emq_jobmanager --queues default:10,email:40 --concurrency 2
+start scheduler emq_scheduler
 start web runserver --noreload "$WEB_ADDR"
 start producer emq_demo
 

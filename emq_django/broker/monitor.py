@@ -117,6 +117,8 @@ def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) ->
             for p in core.schedulers.values()
         ],
         "held_schedules": len(core.held_schedules),
+        "dead_letters": len(core.dead),
+        "delayed": len(core.delayed),
         "in_flight": len(core.inflight),
     }
 

@@ -32,3 +32,10 @@ def fail(message: str = "boom") -> None:
 def slow(seconds: float = 1.0) -> float:
     time.sleep(seconds)
     return seconds
+
+
+@emq.periodic(every=10)
+@emq.task(queue="default")
+def tick() -> str:
+    """Run by `emq_scheduler` every 10 s (a schedule declared in code)."""
+    return time.strftime("%H:%M:%S")
