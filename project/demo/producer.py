@@ -37,6 +37,7 @@ class DemoProducer:
 
     def run(self) -> int:
         """Returns the number of rounds that got through to the broker."""
+        self._schedule_tick()
         sent = 0
         interval = 1.0 / self.config.rate
         rounds = itertools.count(1) if not self.config.count else range(1, self.config.count + 1)
@@ -59,6 +60,15 @@ class DemoProducer:
             self._stopped.wait(pause)
         logger.info("producer stopped after %d rounds", sent)
         return sent
+
+    def _schedule_tick(self) -> None:
+        """A schedule for the demo's scheduler: ``tick`` every 10 s (kept in the DB)."""
+        import emq_django as emq
+
+        try:
+            emq.schedule(tasks.tick, every=10, name="demo-tick")
+        except EmqError as exc:
+            logger.warning("could not schedule the demo tick: %s", exc)
 
     def send_one(self, n: int) -> None:
         if n % self.config.get_every == 0:

@@ -34,8 +34,7 @@ def slow(seconds: float = 1.0) -> float:
     return seconds
 
 
-@emq.periodic(every=10)
 @emq.task(queue="default")
 def tick() -> str:
-    """Run by `emq_scheduler` every 10 s (a schedule declared in code)."""
+    """Scheduled every 10 s by the demo producer (`emq.schedule`), run by `emq_scheduler`."""
     return time.strftime("%H:%M:%S")
