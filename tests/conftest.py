@@ -247,15 +247,25 @@ def emq_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def emq_client_env(emq_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """`emq_env` applied to this test process too, so the client here finds the broker.
+def emq_client_env(
+    emq_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """`emq_env` applied to this test process too, so the client here finds the broker:
+    the settings and the client's socket are read afresh, before and after.
 
     DATABASE_URL is left out: the test process keeps pytest-django's test database.
     """
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+
     for key, value in emq_env.items():
         if key != "DATABASE_URL":
             monkeypatch.setenv(key, value)
-    return emq_env
+    reset_cached_settings()
+    reset_client()
+    yield emq_env
+    reset_client()
+    reset_cached_settings()
 
 
 @pytest.fixture

@@ -64,10 +64,9 @@ class JobLifecycle:
         headers = cmd.headers
         guaranteed = headers.guarantee and self.journal_ops is not None
         over = self._over_bound(queue)
-        if (over or queue.spilled) and not guaranteed and not headers.run_after:
-            if over:
-                self._refuse_full(identity, cmd, queue)
-                return
+        if over and not guaranteed and not headers.run_after:
+            self._refuse_full(identity, cmd, queue)
+            return
         client = identity if headers.reply_requested else None
         job = Job(cmd.msgid, cmd.queue, headers, cmd.body, client, now)
         job.enqueued_wall = now + self.wall_offset

@@ -221,12 +221,6 @@ def test_dashboard_live_in_browser(
 
 
 @pytest.fixture
-def client(emq_client_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    from emq_django.client import reset_client
-    from emq_django.conf import reset_cached_settings
-
-    reset_cached_settings()
-    reset_client()
-    yield emq_client_env
-    reset_client()
-    reset_cached_settings()
+def client(emq_client_env: dict[str, str]) -> dict[str, str]:
+    """This process as a client of the test's broker (see conftest)."""
+    return emq_client_env

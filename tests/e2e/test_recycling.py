@@ -3,8 +3,6 @@ past --max-memory-per-worker, and no job is lost on the way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from emq_django.monitor_client import status
@@ -18,15 +16,9 @@ def port_of(url: str) -> int:
 
 
 @pytest.fixture
-def client(emq_client_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    from emq_django.client import reset_client
-    from emq_django.conf import reset_cached_settings
-
-    reset_cached_settings()
-    reset_client()
-    yield emq_client_env
-    reset_client()
-    reset_cached_settings()
+def client(emq_client_env: dict[str, str]) -> dict[str, str]:
+    """This process as a client of the test's broker (see conftest)."""
+    return emq_client_env
 
 
 def worker_pids(procs: EmqProcesses, env: dict[str, str], *options: str, jobs: int) -> list[int]:

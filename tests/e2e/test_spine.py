@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,13 +189,9 @@ def _pgid_state(pid: str, pgid: int) -> bool:
 
 
 @pytest.fixture
-def client(emq_client_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """This process as a client of the test's broker: settings and socket read afresh."""
-    reset_cached_settings()
-    reset_client()
-    yield emq_client_env
-    reset_client()
-    reset_cached_settings()
+def client(emq_client_env: dict[str, str]) -> dict[str, str]:
+    """This process as a client of the test's broker (see conftest)."""
+    return emq_client_env
 
 
 # ---- 1. delay/get across processes, remote failures ---------------------------

@@ -13,7 +13,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +57,10 @@ def fault_env(emq_env: dict[str, str], tmp_path: Path, history: History) -> dict
 
 
 @pytest.fixture
-def client(fault_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """This test process sends as a client of the broker under test."""
-    from emq_django.client import reset_client
-    from emq_django.conf import reset_cached_settings
-
-    for key, value in fault_env.items():
-        if key != "DATABASE_URL":
-            monkeypatch.setenv(key, value)
-    reset_cached_settings()
-    reset_client()
-    yield fault_env
-    reset_client()
-    reset_cached_settings()
+def client(fault_env: dict[str, str], emq_client_env: dict[str, str]) -> dict[str, str]:
+    """This test process sends as a client of the broker under test (``fault_env`` is
+    merged into ``emq_env`` first, so the client sees it too)."""
+    return fault_env
 
 
 def start_broker(procs: EmqProcesses, env: dict[str, str], name: str = "broker") -> ManagedProcess:

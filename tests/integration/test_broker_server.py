@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
