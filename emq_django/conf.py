@@ -37,6 +37,10 @@ class EmqSettings:
     PREFETCH: int = 64  # the most; each worker process adapts below it (worker/credit.py)
     SHUTDOWN_GRACE: float = 30.0
     RECORDER: str = ""  # dotted path of a JobRecorder class (worker/recording.py)
+    RECORD_INTERVAL: float = 0.2  # a worker process passes its records on at least this often
+    RECORD_BATCH: int = 2000  # ... or as soon as it holds this many
+    RECORD_BUFFER: int = 50_000  # records a worker process keeps while the recorder lags
+    RECORDER_NICE: int = 10  # the recorder process's CPU priority, below the jobs'
     TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
     JOURNAL_PATH: str = "emq-journal.sqlite3"  # guaranteed jobs; '' turns the journal off
     JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
@@ -105,6 +109,12 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_RETRY_BASE must be >= 0 and <= EMQ_RETRY_CAP")
     if s.PREFETCH < 1:
         raise ImproperlyConfigured("EMQ_PREFETCH must be >= 1")
+    if s.RECORD_INTERVAL < 0 or s.RECORD_BATCH < 1 or s.RECORD_BUFFER < 1:
+        raise ImproperlyConfigured(
+            "EMQ_RECORD_INTERVAL must be >= 0, EMQ_RECORD_BATCH and EMQ_RECORD_BUFFER >= 1"
+        )
+    if not 0 <= s.RECORDER_NICE <= 19:
+        raise ImproperlyConfigured("EMQ_RECORDER_NICE must be between 0 and 19")
     for name in (
         "BROKER_URL",
         "WORKER_URL",

@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the other
 FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
+# Trace events are written once per loop turn. Under sustained load a turn can go
+# on for long (the broker drains until both sockets are empty), so they are also
+# written whenever this many are waiting or the oldest has waited this long.
+TRACE_MAX_EVENTS = 4096
+TRACE_MAX_DELAY = 0.05  # seconds
 
 
 class BrokerServer:
@@ -72,6 +77,7 @@ class BrokerServer:
                 {k: v for k, v in counts.items() if k != "done"},
             )
         self.tracer: TraceWriter | None = None
+        self._trace_due = 0.0  # clock: when waiting trace events must be written
         if settings.TRACE_DIR:
             self.tracer = TraceWriter(settings.TRACE_DIR)
             self.core.trace = []
@@ -159,11 +165,11 @@ class BrokerServer:
                 core.begin_shutdown()
                 deadline = now + self.grace
             if core.stopping and (core.drained or now >= deadline or self._shutdown_requests > 1):
-                self._flush()
+                self._flush(turn_end=True)
                 self._log_exit()
                 return
             core.on_timer(now)
-            self._flush()
+            self._flush(turn_end=True)
             timeout = max(0.0, min(core.next_deadline(), deadline) - self.clock())
             for sock, _ in poller.poll(int(timeout * 1000) + 1):
                 if sock is self.monitor:
@@ -211,15 +217,18 @@ class BrokerServer:
             self._flush()
         return n
 
-    def _flush(self) -> None:
+    def _flush(self, turn_end: bool = False) -> None:
         core = self.core
         if core.journal_ops:
             self._commit()  # before anything about those jobs leaves the broker
         if core.spill_requests:
             self._refill_spilled()
         if core.trace and self.tracer is not None:
-            events, core.trace = core.trace, []
-            self.tracer.write(events, core.wall_offset)
+            now = self.clock()
+            if turn_end or len(core.trace) >= TRACE_MAX_EVENTS or now >= self._trace_due:
+                events, core.trace = core.trace, []
+                self.tracer.write(events, core.wall_offset)
+                self._trace_due = now + TRACE_MAX_DELAY
         while core.out:
             batch, core.out = core.out, []
             for socket_id, identity, frames in batch:

@@ -1,23 +1,24 @@
-"""``DatabaseRecorder``: the job history, written by the job managers' worker processes.
+"""``DatabaseRecorder``: the job history, written by each job manager's recorder process.
 
-Why here and not in a command that tails the trace log: a worker process already
-holds everything the history needs (the arguments, the return value, the
-traceback), while the broker's trace deliberately carries none of it (the broker
-never decodes a job's body). Recording where the job ran costs no extra hop,
-no second decode and no second process to run and watch; the trace log stays
-what the analytics read.
+Why from the job managers and not from a command that tails the trace log: the
+worker processes already hold everything the history needs (the arguments, the
+return value, the traceback), while the broker's trace deliberately carries none
+of it (the broker never decodes a job's body). The worker processes pass their
+records to their job manager's recorder process (``worker/recorder_process.py``,
+which says why one process writes for all of them), and that process runs this
+class: no second decode of the jobs, no process to deploy and watch besides the
+job manager; the trace log stays what the analytics read.
 
-Cost: ``record()`` only builds a tuple. ``flush()``, which a worker process calls
-when it is about to wait for work, writes everything gathered since the last
-flush as one transaction: one multi-row upsert into ``JobResult`` (keyed by the
-job id, so a later attempt replaces an earlier one and never the reverse) and
-one into ``JobStat``. Under load a flush carries many jobs; when idle, one.
+Cost: ``record()`` only keeps the record. ``flush()`` writes everything gathered
+since the last flush as one transaction: one multi-row upsert into ``JobResult``
+(keyed by the job id, so a later attempt replaces an earlier one and never the
+reverse) and one into ``JobStat``. Under load a flush carries many jobs.
 
-The recorder uses its own database connection, not Django's per-thread one: the
-worker closes that after every job (``close_old_connections``), and reconnecting
-per flush would cost more than the write. When the database is down the
-records are kept (up to ``EMQ_RESULTS_MAX_BUFFER``) and written at a later
-flush; jobs never wait for the database.
+The recorder uses its own database connection, not Django's per-thread one, so
+that nothing else in the process (a worker closes Django's after every job) makes
+it reconnect. When the database is down the records are kept (up to
+``EMQ_RESULTS_MAX_BUFFER``) and written at a later flush; jobs never wait for the
+database.
 """
 
 from __future__ import annotations

@@ -24,18 +24,19 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.process import SlotConfig, SlotWorker
-from emq_django.worker.recording import (
-    JobRecord,
-    JobRecorder,
-    close_recorder,
-    load_recorder,
-    split_attempt,
+from emq_django.worker.recorder_process import (
+    RecorderProcess,
+    RecordForwarder,
+    recorder_endpoint,
 )
+from emq_django.worker.recording import JobRecord, load_recorder, split_attempt
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+RECORDER_RESPAWN_DELAY = 1.0  # seconds between restarts of a recorder process that died
+RECORDER_STOP_WAIT = 30.0  # seconds a stopping recorder process gets to write its backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,10 @@ class JobManagerConfig:
     max_jobs_per_worker: int = 0
     max_memory_mb: int = 0
     recorder: str = ""  # EMQ_RECORDER
+    record_interval: float = 0.2  # EMQ_RECORD_INTERVAL
+    record_batch: int = 2000  # EMQ_RECORD_BATCH
+    record_buffer: int = 50_000  # EMQ_RECORD_BUFFER
+    recorder_nice: int = 10  # EMQ_RECORDER_NICE
 
 
 def parse_queue_option(text: str) -> tuple[tuple[int, str], ...]:
@@ -83,7 +88,11 @@ class JobManager:
         self.signals = 0
         self.context: zmq.Context[Any] | None = None
         self.link: BrokerLink | None = None
-        self.recorder: JobRecorder | None = None  # created in run(), after the forks
+        # The recorder process writes the job history for every slot (recorder_process.py).
+        self.recorder_endpoint = recorder_endpoint() if config.recorder else ""
+        self.recorder_pid = 0
+        self._recorder_respawn_at = 0.0
+        self.recorder: RecordForwarder | None = None  # lost jobs' records; made in run()
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -91,12 +100,18 @@ class JobManager:
         from django.db import connections
 
         connections.close_all()  # children must not share the parent's connections
+        load_recorder(self.config.recorder)  # a wrong EMQ_RECORDER fails here, once
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        if self.recorder_endpoint:
+            self._spawn_recorder()
         for slot in range(self.config.concurrency):
             self._spawn(slot)
-        self.recorder = load_recorder(self.config.recorder)
         self.context = zmq.Context()
+        if self.recorder_endpoint:
+            self.recorder = RecordForwarder(
+                self.context, self.recorder_endpoint, self.config.record_buffer
+            )
         meta = {
             "role": "manager",
             "manager": self.name,
@@ -125,7 +140,11 @@ class JobManager:
         try:
             return self._loop()
         finally:
-            close_recorder(self.recorder)
+            # stopping at once (a second signal): the history gets a moment, not more
+            at_once = self.signals > 1
+            if self.recorder is not None:  # sends the lost jobs' records not yet sent
+                self.recorder.close(linger=0.5 if at_once else 5.0)
+            self._stop_recorder(2.0 if at_once else RECORDER_STOP_WAIT)
             self.link.close(linger=200)
             self.context.term()
 
@@ -151,6 +170,9 @@ class JobManager:
                 return 0
             if self.signals > 1:
                 return 1
+            if self.recorder_endpoint and not self.recorder_pid:
+                if time.monotonic() >= self._recorder_respawn_at:
+                    self._spawn_recorder()
             self._enforce_time_limits(time.monotonic())
             self.link.tick()
 
@@ -197,6 +219,10 @@ class JobManager:
             max_jobs=c.max_jobs_per_worker,
             max_memory_mb=c.max_memory_mb,
             recorder=c.recorder,
+            record_interval=c.record_interval,
+            record_batch=c.record_batch,
+            record_buffer=c.record_buffer,
+            recorder_endpoint=self.recorder_endpoint,
         )
         pid = os.fork()
         if pid == 0:  # the child: never returns
@@ -210,14 +236,59 @@ class JobManager:
                 os._exit(code)
         self.children[pid] = slot
 
+    def _spawn_recorder(self) -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                _die_with_parent()
+                code = RecorderProcess(
+                    self.recorder_endpoint, self.config.recorder, self.config.recorder_nice
+                ).run()
+            except BaseException:
+                log.exception("the recorder process crashed")
+            finally:
+                os._exit(code)
+        self.recorder_pid = pid
+        self._recorder_respawn_at = time.monotonic() + RECORDER_RESPAWN_DELAY
+
+    def _stop_recorder(self, wait: float) -> None:
+        """After the worker processes: SIGTERM, and ``wait`` seconds to write the backlog."""
+        if not self.recorder_pid:
+            return
+        pid, self.recorder_pid = self.recorder_pid, 0
+        _kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                return
+            time.sleep(0.02)
+        log.warning(
+            "the recorder process did not finish writing the job history within %g s; killing it",
+            RECORDER_STOP_WAIT,
+        )
+        _kill(pid, signal.SIGKILL)
+
     def _reap(self) -> None:
-        while self.children:
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if pid == self.recorder_pid:
+                self.recorder_pid = 0
+                log.error(
+                    "the recorder process died (%s); starting another (job history only: "
+                    "no job is affected)",
+                    _describe_status(status),
+                )
+                continue
             slot = self.children.pop(pid, None)
             self.kill_deadlines.pop(pid, None)
             if slot is None:

@@ -59,7 +59,10 @@ def test_every_second_with_and_without_nohaste_then_unschedule(
     assert soon[0] - t0 <= 0.7, "without nohaste the first run comes at once"
     for runs in (late, soon):
         assert 4 <= len(runs) <= 6
-        assert all(0.6 <= g <= 1.4 for g in gaps(runs)), gaps(runs)
+    # the ticks keep to the interval; the "at once" run starts the series but is not on
+    # the grid (its delay is the first job's latency, up to 0.7 s on a busy machine)
+    assert all(0.6 <= g <= 1.4 for g in gaps(late)), gaps(late)
+    assert all(0.6 <= g <= 1.4 for g in gaps(soon)[1:]), gaps(soon)
 
     out = shell(
         emq_env,

@@ -70,6 +70,10 @@ class Command(BaseCommand):
             name=opts["name"],
             max_jobs_per_worker=opts["max_jobs_per_worker"],
             recorder=settings.RECORDER,
+            record_interval=settings.RECORD_INTERVAL,
+            record_batch=settings.RECORD_BATCH,
+            record_buffer=settings.RECORD_BUFFER,
+            recorder_nice=settings.RECORDER_NICE,
             max_memory_mb=opts["max_memory_per_worker"],
             kill_grace=settings.KILL_GRACE,
         )
