@@ -145,11 +145,14 @@ def emq_trace_env(env: dict[str, str], manage: list[str]) -> str:
     import tempfile
 
     work = tempfile.mkdtemp(prefix="emq-bench-trace-")
-    env["EMQ_TRACE_DIR"] = os.path.join(work, "trace")
-    env["EMQ_RECORDER"] = "emq_django.results.recorder.DatabaseRecorder"
+    parts = os.environ.get("BENCH_EMQ_TRACE_PARTS", "trace,recorder").split(",")
+    if "trace" in parts:
+        env["EMQ_TRACE_DIR"] = os.path.join(work, "trace")
+    if "recorder" in parts:
+        env["EMQ_RECORDER"] = "emq_django.results.recorder.DatabaseRecorder"
     env["DATABASE_URL"] = f"sqlite:///{os.path.join(work, 'db.sqlite3')}"
     subprocess.run(manage + ["migrate", "--noinput", "-v0"], env=env, check=True)
-    return f"trace log and job history on: {work}"
+    return f"on ({', '.join(parts)}): {work}"
 
 
 def start_emq(servers: ServerSet, opts: object) -> Started:

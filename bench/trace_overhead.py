@@ -5,7 +5,8 @@
 Each pair runs ``bench/run.py --only emq`` once without and once with
 ``--emq-trace`` (trace log + ``DatabaseRecorder`` on a fresh SQLite database),
 so that a machine whose speed drifts during the run (a shared 2-core VM does)
-affects both sides alike. Prints every pair, then the medians and the ratio
+affects both sides alike. ``BENCH_EMQ_TRACE_PARTS=trace`` (or ``recorder``)
+turns on only one of the two. Prints every pair, then the medians and the ratio
 on/off of the drain rate and of the CPU per task.
 """
 

@@ -40,7 +40,9 @@ class EmqSettings:
     RECORD_INTERVAL: float = 0.2  # a worker process passes its records on at least this often
     RECORD_BATCH: int = 2000  # ... or as soon as it holds this many
     RECORD_BUFFER: int = 50_000  # records a worker process keeps while the recorder lags
-    RECORDER_NICE: int = 10  # the recorder process's CPU priority, below the jobs'
+    # the recorder process's CPU priority: idle (only CPU time nothing else wants),
+    # normal, or a nice value 1-19 (worker/recorder_process.py)
+    RECORDER_PRIORITY: str = "idle"
     TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
     JOURNAL_PATH: str = "emq-journal.sqlite3"  # guaranteed jobs; '' turns the journal off
     JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
@@ -113,8 +115,12 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(
             "EMQ_RECORD_INTERVAL must be >= 0, EMQ_RECORD_BATCH and EMQ_RECORD_BUFFER >= 1"
         )
-    if not 0 <= s.RECORDER_NICE <= 19:
-        raise ImproperlyConfigured("EMQ_RECORDER_NICE must be between 0 and 19")
+    from emq_django.worker.recorder_process import parse_priority
+
+    try:
+        parse_priority(s.RECORDER_PRIORITY)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"EMQ_RECORDER_PRIORITY: {exc}") from None
     for name in (
         "BROKER_URL",
         "WORKER_URL",

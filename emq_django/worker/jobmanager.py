@@ -55,7 +55,7 @@ class JobManagerConfig:
     record_interval: float = 0.2  # EMQ_RECORD_INTERVAL
     record_batch: int = 2000  # EMQ_RECORD_BATCH
     record_buffer: int = 50_000  # EMQ_RECORD_BUFFER
-    recorder_nice: int = 10  # EMQ_RECORDER_NICE
+    recorder_priority: str = "idle"  # EMQ_RECORDER_PRIORITY
 
 
 def parse_queue_option(text: str) -> tuple[tuple[int, str], ...]:
@@ -243,7 +243,7 @@ class JobManager:
             try:
                 _die_with_parent()
                 code = RecorderProcess(
-                    self.recorder_endpoint, self.config.recorder, self.config.recorder_nice
+                    self.recorder_endpoint, self.config.recorder, self.config.recorder_priority
                 ).run()
             except BaseException:
                 log.exception("the recorder process crashed")

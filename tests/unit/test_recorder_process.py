@@ -14,6 +14,7 @@ from emq_django.worker.recorder_process import (
     RecordForwarder,
     decode_records,
     encode_records,
+    parse_priority,
 )
 from emq_django.worker.recording import JobRecord
 
@@ -118,3 +119,16 @@ def test_forwarder_keeps_what_it_cannot_send_then_sends_it(tmp_path: Any) -> Non
         if pull is not None:
             pull.close(linger=0)
         context.term()
+
+
+@pytest.mark.parametrize(
+    ("text", "nice"), [("idle", None), (" IDLE ", None), ("normal", 0), ("1", 1), ("19", 19)]
+)
+def test_priority_setting(text: str, nice: int | None) -> None:
+    assert parse_priority(text) == nice
+
+
+@pytest.mark.parametrize("text", ["", "0", "20", "-5", "high", "10.5"])
+def test_bad_priority_setting(text: str) -> None:
+    with pytest.raises(ValueError, match="idle, normal or a nice value"):
+        parse_priority(text)

@@ -73,7 +73,7 @@ class Command(BaseCommand):
             record_interval=settings.RECORD_INTERVAL,
             record_batch=settings.RECORD_BATCH,
             record_buffer=settings.RECORD_BUFFER,
-            recorder_nice=settings.RECORDER_NICE,
+            recorder_priority=settings.RECORDER_PRIORITY,
             max_memory_mb=opts["max_memory_per_worker"],
             kill_grace=settings.KILL_GRACE,
         )
