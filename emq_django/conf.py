@@ -43,6 +43,7 @@ class EmqSettings:
     # the recorder process's CPU priority: idle (only CPU time nothing else wants),
     # normal, or a nice value 1-19 (worker/recorder_process.py)
     RECORDER_PRIORITY: str = "idle"
+    RECORDER_MAX_DELAY: float = 10.0  # the longest writing waits for a busy machine
     TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
     JOURNAL_PATH: str = "emq-journal.sqlite3"  # guaranteed jobs; '' turns the journal off
     JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss

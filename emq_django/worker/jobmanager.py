@@ -56,6 +56,7 @@ class JobManagerConfig:
     record_batch: int = 2000  # EMQ_RECORD_BATCH
     record_buffer: int = 50_000  # EMQ_RECORD_BUFFER
     recorder_priority: str = "idle"  # EMQ_RECORDER_PRIORITY
+    recorder_max_delay: float = 10.0  # EMQ_RECORDER_MAX_DELAY
 
 
 def parse_queue_option(text: str) -> tuple[tuple[int, str], ...]:
@@ -243,7 +244,10 @@ class JobManager:
             try:
                 _die_with_parent()
                 code = RecorderProcess(
-                    self.recorder_endpoint, self.config.recorder, self.config.recorder_priority
+                    self.recorder_endpoint,
+                    self.config.recorder,
+                    self.config.recorder_priority,
+                    self.config.recorder_max_delay,
                 ).run()
             except BaseException:
                 log.exception("the recorder process crashed")

@@ -16,9 +16,8 @@ broker or client wants, so recording does not slow the jobs down, and the
 history catches up in the gaps (a 2-core machine draining no-op jobs as fast as
 it can still has them; a recorder that falls behind keeps its records, see
 below). ``"normal"`` or a nice value (1-19) make it compete for the CPU instead.
-Measured with ``bench/trace_overhead.py``: the drain rate with a recorder at
-nice 10 was 84% of the rate without trace and history, at SCHED_IDLE 96%
-(medians of 5 pairs of 60,000-job runs).
+Even at SCHED_IDLE its work costs the jobs something (it takes the CPU caches
+from them), so while the machine is busy it only collects (``RecorderProcess``).
 
 Nothing here can lose or delay a job. A worker process never blocks on the
 recorder: when the recorder process is down or far behind, a worker keeps its
@@ -46,6 +45,8 @@ log = logging.getLogger(__name__)
 _BODY = JobRecord._fields.index("body")
 _encode = json.JSONEncoder(separators=(",", ":"), default=repr).encode
 SEND_HWM = 1000  # batches queued for the recorder process before a worker keeps them
+BUSY_THRESHOLD = 0.85  # machine CPU busy fraction above which writing waits
+BUSY_SAMPLE = 0.25  # seconds between looks at /proc/stat while records wait
 ERROR_LOG_INTERVAL = 60.0
 
 
@@ -167,16 +168,67 @@ class RecordForwarder:
         self.sock.close(linger=int(linger * 1000))
 
 
-class RecorderProcess:
-    """The loop of the recorder process (``run`` in the forked child)."""
+class MachineBusy:
+    """How busy all the machine's CPUs were between two calls (Linux /proc/stat)."""
 
-    def __init__(self, endpoint: str, recorder_path: str, priority: str = "idle") -> None:
+    def __init__(self, interval: float = BUSY_SAMPLE) -> None:
+        self.interval = interval  # the shortest period measured (ticks are 10 ms)
+        self._last = self._read()
+        self._last_at = time.monotonic()
+        self._fraction = 0.0
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", "rb") as f:
+                fields = f.readline().split()
+            values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        except (OSError, ValueError):
+            return None
+        return sum(values), values[3] + values[4]
+
+    def fraction(self) -> float:
+        """Busy share over the last ``interval`` or more, 0.0 when unknown."""
+        at = time.monotonic()
+        if at - self._last_at < self.interval:
+            return self._fraction
+        now = self._read()
+        last, self._last, self._last_at = self._last, now, at
+        if now is None or last is None or now[0] <= last[0]:
+            self._fraction = 0.0
+        else:
+            self._fraction = 1.0 - (now[1] - last[1]) / (now[0] - last[0])
+        return self._fraction
+
+
+class RecorderProcess:
+    """The loop of the recorder process (``run`` in the forked child).
+
+    Messages are only received while the machine's CPUs are busy (over
+    ``BUSY_THRESHOLD``): decoding and writing them waits until they are not, or
+    until the oldest has waited ``max_delay`` seconds. A burst of jobs thus runs
+    without the history's work in between, which even at SCHED_IDLE costs the
+    jobs CPU time (it evicts their data from the CPU caches); under a load that
+    does not let up, the history is written every ``max_delay`` seconds anyway.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        recorder_path: str,
+        priority: str = "idle",
+        max_delay: float = 10.0,
+    ) -> None:
         self.endpoint = endpoint
         self.recorder_path = recorder_path
         self.priority = priority
+        self.max_delay = max_delay
         self.stopping = False
         self.received = 0
         self.bad_messages = 0
+        self.deferred = 0  # times writing waited for a busy machine
+        self._waiting: list[bytes] = []
+        self._oldest = 0.0  # monotonic: when the oldest waiting message came
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -189,47 +241,71 @@ class RecorderProcess:
         context: zmq.Context[Any] = zmq.Context()
         pull = context.socket(zmq.PULL)
         pull.bind(self.endpoint)
+        busy = MachineBusy()
         try:
             while not self.stopping:
-                if pull.poll(int(idle_wait * 1000)):
-                    self._take(pull, recorder)
-                self._flush(recorder)  # also when idle: the recorder prunes there
+                wait = BUSY_SAMPLE if self._waiting else idle_wait
+                if pull.poll(int(wait * 1000)):
+                    self._receive(pull)
+                if not self._waiting:
+                    self._flush(recorder)  # nothing to write: the recorder may prune
+                elif (
+                    time.monotonic() - self._oldest >= self.max_delay
+                    or busy.fraction() < BUSY_THRESHOLD
+                ):
+                    self._write(recorder)
+                else:
+                    self.deferred += 1
             # The job manager stops us after its worker processes have exited:
             # take what they sent on their way out.
             while pull.poll(200):
-                self._take(pull, recorder)
+                self._receive(pull)
+            self._write(recorder)
         finally:
             close_recorder(recorder)
             pull.close(linger=0)
             context.term()
             _unlink_ipc(self.endpoint)
         log.info(
-            "recorder process: %d job records received, %d bad messages dropped",
+            "recorder process: %d job records received, %d bad messages dropped, "
+            "writing waited %d times for a busy machine",
             self.received,
             self.bad_messages,
+            self.deferred,
         )
         return 0
 
-    def _take(self, pull: zmq.Socket[Any], recorder: JobRecorder | None) -> None:
+    def _receive(self, pull: zmq.Socket[Any]) -> None:
         while True:
             try:
                 message = pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if not self._waiting:
+                self._oldest = time.monotonic()
+            self._waiting.append(message)
+
+    def _write(self, recorder: JobRecorder | None) -> None:
+        waiting, self._waiting = self._waiting, []
+        for message in waiting:
+            self._take(message, recorder)
+        self._flush(recorder)
+
+    def _take(self, message: bytes, recorder: JobRecorder | None) -> None:
+        try:
+            records = decode_records(message)
+        except (ValueError, IndexError, UnicodeError) as exc:
+            self.bad_messages += 1
+            log.error("recorder process: dropped a malformed message (%s)", exc)
+            return
+        self.received += len(records)
+        if recorder is None:
+            return
+        for record in records:
             try:
-                records = decode_records(message)
-            except (ValueError, IndexError, UnicodeError) as exc:
-                self.bad_messages += 1
-                log.error("recorder process: dropped a malformed message (%s)", exc)
-                continue
-            self.received += len(records)
-            if recorder is None:
-                continue
-            for record in records:
-                try:
-                    recorder.record(record)
-                except Exception:
-                    log.exception("the job recorder failed on job %s", record.job_id)
+                recorder.record(record)
+            except Exception:
+                log.exception("the job recorder failed on job %s", record.job_id)
 
     @staticmethod
     def _flush(recorder: JobRecorder | None) -> None:

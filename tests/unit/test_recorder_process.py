@@ -4,6 +4,8 @@ process: the message format, and the forwarder over a real ZeroMQ socket."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from typing import Any
 
@@ -11,6 +13,8 @@ import pytest
 import zmq
 
 from emq_django.worker.recorder_process import (
+    MachineBusy,
+    RecorderProcess,
     RecordForwarder,
     decode_records,
     encode_records,
@@ -132,3 +136,138 @@ def test_priority_setting(text: str, nice: int | None) -> None:
 def test_bad_priority_setting(text: str) -> None:
     with pytest.raises(ValueError, match="idle, normal or a nice value"):
         parse_priority(text)
+
+
+# ---- the recorder process: a real forked process, real sockets ---------------------
+
+RECORD_FILE_ENV = "EMQ_TEST_RECORD_FILE"
+
+
+class FileRecorder:
+    """A JobRecorder for these tests: each flush appends its job ids as one line."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+
+    def record(self, record: JobRecord) -> None:
+        self.pending.append(record.job_id)
+
+    def flush(self) -> None:
+        if self.pending:
+            with open(os.environ[RECORD_FILE_ENV], "a") as f:
+                f.write(json.dumps(self.pending) + "\n")
+            self.pending = []
+
+
+class Busy:
+    fraction_value = 1.0
+
+    def fraction(self) -> float:
+        return self.fraction_value
+
+
+class Idle(Busy):
+    fraction_value = 0.0
+
+
+def written(path: Any) -> list[str]:
+    if not path.exists():
+        return []
+    return [job for line in path.read_text().splitlines() for job in json.loads(line)]
+
+
+def start_recorder(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, busy: type, delay: float) -> int:
+    from emq_django.worker import recorder_process
+
+    monkeypatch.setenv(RECORD_FILE_ENV, str(tmp_path / "records.jsonl"))
+    monkeypatch.setattr(recorder_process, "MachineBusy", busy)
+    endpoint = f"ipc://{tmp_path}/rec.sock"
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            code = RecorderProcess(
+                endpoint, f"{__name__}.FileRecorder", "normal", max_delay=delay
+            ).run(idle_wait=0.1)
+        finally:
+            os._exit(code)
+    return pid
+
+
+def stop(pid: int) -> int:
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def wait_for(check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    return check()
+
+
+@pytest.fixture
+def forwarder(tmp_path: Any) -> Any:
+    context: zmq.Context[Any] = zmq.Context()
+    fwd = RecordForwarder(context, f"ipc://{tmp_path}/rec.sock", max_buffer=1000)
+    yield fwd
+    fwd.close(linger=1)
+    context.term()
+
+
+def test_recorder_process_writes_at_once_on_an_idle_machine(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, forwarder: RecordForwarder
+) -> None:
+    pid = start_recorder(tmp_path, monkeypatch, Idle, delay=30)
+    try:
+        for i in range(3):
+            forwarder.record(rec(f"j{i}"))
+        forwarder.flush()
+        # a malformed message is dropped; what comes after it is still written
+        forwarder.sock.send(b"not json")
+        forwarder.record(rec("after"))
+        forwarder.flush()
+        got = wait_for(lambda: len(written(tmp_path / "records.jsonl")) == 4, 5)
+        assert got, written(tmp_path / "records.jsonl")
+        assert written(tmp_path / "records.jsonl") == ["j0", "j1", "j2", "after"]
+    finally:
+        assert stop(pid) == 0
+
+
+def test_recorder_process_waits_for_a_busy_machine_at_most_max_delay(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, forwarder: RecordForwarder
+) -> None:
+    pid = start_recorder(tmp_path, monkeypatch, Busy, delay=1.5)
+    try:
+        forwarder.record(rec("late"))
+        forwarder.flush()
+        sent = time.monotonic()
+        time.sleep(0.7)
+        assert written(tmp_path / "records.jsonl") == [], "written while the machine was busy"
+        assert wait_for(lambda: written(tmp_path / "records.jsonl"), 5) == ["late"]
+        print(f"written {time.monotonic() - sent:.2f} s after it was sent (max delay 1.5 s)")
+    finally:
+        assert stop(pid) == 0
+
+
+def test_a_stopping_recorder_process_writes_what_waits(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, forwarder: RecordForwarder
+) -> None:
+    pid = start_recorder(tmp_path, monkeypatch, Busy, delay=60)
+    forwarder.record(rec("held"))
+    forwarder.flush()
+    time.sleep(0.5)
+    assert written(tmp_path / "records.jsonl") == []
+    assert stop(pid) == 0
+    assert written(tmp_path / "records.jsonl") == ["held"]
+
+
+def test_machine_busy_reads_a_fraction() -> None:
+    busy = MachineBusy(interval=0.05)
+    sum(i * i for i in range(300_000))  # some CPU time to see
+    time.sleep(0.06)
+    assert 0.0 <= busy.fraction() <= 1.0

@@ -74,6 +74,7 @@ class Command(BaseCommand):
             record_batch=settings.RECORD_BATCH,
             record_buffer=settings.RECORD_BUFFER,
             recorder_priority=settings.RECORDER_PRIORITY,
+            recorder_max_delay=settings.RECORDER_MAX_DELAY,
             max_memory_mb=opts["max_memory_per_worker"],
             kill_grace=settings.KILL_GRACE,
         )
