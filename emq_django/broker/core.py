@@ -24,6 +24,7 @@ from emq_django.broker.state import (
     Peer,
     Queue,
 )
+from emq_django.broker.trace import format_event
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
@@ -59,11 +60,6 @@ COUNTERS = (
 )
 
 
-# (event, now, job id, attempt, queue, task, job manager, error, enqueued at, dispatched at,
-#  extra: the retry delay for "retried")
-TraceEvent = tuple[str, float, bytes, int, str, str, str, str, float, float, float]
-
-
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     heartbeat_interval: float = 1.0
@@ -93,9 +89,9 @@ class BrokerCore(JobLifecycle):
         self.held_schedules: list[list[bytes]] = []  # waiting for a scheduler
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.out: list[tuple[int, bytes, list[bytes]]] = []
-        # job state changes for the trace log, or None when tracing is off; the
-        # server hands them to the writer once per loop turn
-        self.trace: list[TraceEvent] | None = None
+        # job state changes for the trace log (formatted lines), or None when
+        # tracing is off; the server hands them to the writer once per loop turn
+        self.trace: list[str] | None = None
         self.new_id = IdGenerator(id_prefix or os.urandom(4).hex().encode() + b"-")
         self.started_at = now
         self.wall_offset = 0.0  # wall clock minus ``now``, for HEARTBEAT timestamps
@@ -495,19 +491,24 @@ class BrokerCore(JobLifecycle):
         if peer is None and job.peer is not None:
             peer = self.peers.get(job.peer)
         name = (peer.manager_name or _show(peer.identity)) if peer is not None else ""
+        # Formatted now, not when written: a loop turn that writes thousands of
+        # events at once would keep the broker from its sockets for milliseconds.
         self.trace.append(
-            (
-                event,
-                now,
-                job.id,
-                job.attempt,
-                job.queue,
-                job.headers.task,
-                name,
-                error,
-                job.enqueued_at,
-                job.dispatched_at,
-                extra,
+            format_event(
+                (
+                    event,
+                    now,
+                    job.id,
+                    job.attempt,
+                    job.queue,
+                    job.headers.task,
+                    name,
+                    error,
+                    job.enqueued_at,
+                    job.dispatched_at,
+                    extra,
+                ),
+                self.wall_offset,
             )
         )
 

@@ -26,7 +26,7 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.headers import parse_headers
 
 if TYPE_CHECKING:
-    from emq_django.broker.core import BrokerConfig, TraceEvent
+    from emq_django.broker.core import BrokerConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class JobLifecycle:
     counters: dict[str, int]
     wall_offset: float
     stopping: bool
-    trace: list[TraceEvent] | None
+    trace: list[str] | None
     out: list[tuple[int, bytes, list[bytes]]]
 
     def _init_lifecycle(self, seed: int | None = None) -> None:

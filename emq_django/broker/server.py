@@ -226,8 +226,8 @@ class BrokerServer:
         if core.trace and self.tracer is not None:
             now = self.clock()
             if turn_end or len(core.trace) >= TRACE_MAX_EVENTS or now >= self._trace_due:
-                events, core.trace = core.trace, []
-                self.tracer.write(events, core.wall_offset)
+                lines, core.trace = core.trace, []
+                self.tracer.write(lines)
                 self._trace_due = now + TRACE_MAX_DELAY
         while core.out:
             batch, core.out = core.out, []

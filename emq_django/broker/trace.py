@@ -19,11 +19,12 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from emq_django.broker.core import TraceEvent
+# (event, now, job id, attempt, queue, task, job manager, error, enqueued at, dispatched at,
+#  extra: the retry delay for "retried")
+TraceEvent = tuple[str, float, bytes, int, str, str, str, str, float, float, float]
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ class TraceWriter:
         self.written = 0
         self.dropped = 0
 
-    def write(self, events: Iterable[TraceEvent], wall_offset: float) -> None:
-        lines = [format_event(e, wall_offset) for e in events]
+    def write(self, lines: list[str]) -> None:
+        """Append ``lines`` (from ``format_event``, without newlines)."""
         if not lines:
             return
         lines.append("")  # the last line's newline

@@ -5,6 +5,7 @@ to disk, and restore from the journal. Pure: decoded frames in, frames out, fake
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,27 @@ def dispatched(out: Out, ident: bytes = W) -> list[bytes]:
 
 
 def events(core: BrokerCore, job_id: bytes | None = None) -> list[tuple[Any, ...]]:
+    """The trace lines as (event, ts, job, attempt, queue, task, jm, error, -, -, delay)."""
     assert core.trace is not None
-    return [e for e in core.trace if job_id is None or e[2] == job_id]
+    found = []
+    for line in core.trace:
+        e = json.loads(line)
+        event = (
+            e["event"],
+            e["ts"],
+            e["job"].encode(),
+            e["attempt"],
+            e["queue"],
+            e["task"],
+            e["jm"],
+            e.get("error") or "",
+            None,
+            None,
+            e.get("delay_us", 0) / 1e6,
+        )
+        if job_id is None or event[2] == job_id:
+            found.append(event)
+    return found
 
 
 def ops_for(core: BrokerCore, job_id: bytes) -> list[tuple[Any, ...]]:

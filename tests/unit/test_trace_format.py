@@ -68,6 +68,10 @@ def event(kind: str, job: bytes = b"3e174d1ddf5500000001", **kw: Any) -> tuple[A
     )
 
 
+def formatted(events: list[tuple[Any, ...]], wall_offset: float) -> list[str]:
+    return [trace.format_event(e, wall_offset) for e in events]  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "ev",
     [
@@ -101,9 +105,9 @@ def test_any_strings_make_valid_json(job: bytes, text: str, now: float) -> None:
 
 def test_writer_appends_lines_to_the_hours_file(tmp_path: Path) -> None:
     writer = trace.TraceWriter(tmp_path)
-    writer.write([event("enqueued", attempt=0), event("dispatched")], 1.795e9)  # type: ignore[list-item]
-    writer.write([], 1.795e9)
-    writer.write([event("succeeded")], 1.795e9)  # type: ignore[list-item]
+    writer.write(formatted([event("enqueued", attempt=0), event("dispatched")], 1.795e9))
+    writer.write([])
+    writer.write(formatted([event("succeeded")], 1.795e9))
     writer.close()
     (name,) = [p.name for p in tmp_path.iterdir()]
     assert name.startswith("trace-") and name.endswith(".jsonl")
@@ -118,8 +122,8 @@ def test_writer_starts_a_new_file_each_hour(
     clock = [1_795_222_799.5]  # 30 min past some hour, minus half a second
     monkeypatch.setattr(trace.time, "time", lambda: clock[0])
     writer = trace.TraceWriter(tmp_path)
-    writer.write([event("enqueued", attempt=0)], 0.0)  # type: ignore[list-item]
+    writer.write(formatted([event("enqueued", attempt=0)], 0.0))
     clock[0] += 3600
-    writer.write([event("dispatched")], 0.0)  # type: ignore[list-item]
+    writer.write(formatted([event("dispatched")], 0.0))
     writer.close()
     assert len(list(tmp_path.iterdir())) == 2
