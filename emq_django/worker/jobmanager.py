@@ -219,7 +219,6 @@ class JobManager:
             prefetch=c.prefetch,
             max_jobs=c.max_jobs_per_worker,
             max_memory_mb=c.max_memory_mb,
-            recorder=c.recorder,
             record_interval=c.record_interval,
             record_batch=c.record_batch,
             record_buffer=c.record_buffer,

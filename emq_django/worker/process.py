@@ -26,9 +26,7 @@ from emq_django.worker.execution import Outcome, execute
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.recording import (
     JobRecord,
-    JobRecorder,
     close_recorder,
-    load_recorder,
     split_attempt,
 )
 from emq_django.worker.slots import SlotTable
@@ -47,13 +45,11 @@ class SlotConfig:
     prefetch: int = 1
     max_jobs: int = 0  # 0: no limit; else exit after this many (the manager respawns)
     max_memory_mb: int = 0  # 0: no limit; else exit once the process has grown past it
-    recorder: str = ""  # EMQ_RECORDER: dotted path of a JobRecorder class
-    record_interval: float = 0.2  # EMQ_RECORD_INTERVAL: flush the recorder at least this often
-    record_batch: int = 2000  # EMQ_RECORD_BATCH: ... or once it holds this many records
-    record_buffer: int = 50_000  # EMQ_RECORD_BUFFER: kept while the recorder process lags
-    # the job manager's recorder process: records go there (recorder_process.py);
-    # '' = this process runs EMQ_RECORDER itself
+    # the job manager's recorder process (recorder_process.py), '' = nothing recorded
     recorder_endpoint: str = ""
+    record_interval: float = 0.2  # EMQ_RECORD_INTERVAL: hand records over at least this often
+    record_batch: int = 2000  # EMQ_RECORD_BATCH: ... or once it holds this many
+    record_buffer: int = 50_000  # EMQ_RECORD_BUFFER: kept while the recorder process lags
     incarnation: str = ""  # the job manager's run: tells it apart from an earlier one
 
 
@@ -83,13 +79,11 @@ class SlotWorker:
         self.jobs_done = 0
         self.policy = CreditPolicy(config.prefetch)
         self.retiring = False
-        self.recorder: JobRecorder | None
-        if config.recorder and config.recorder_endpoint:
+        self.recorder: RecordForwarder | None = None
+        if config.recorder_endpoint:
             self.recorder = RecordForwarder(
                 self.context, config.recorder_endpoint, config.record_buffer
             )
-        else:
-            self.recorder = load_recorder(config.recorder)
         self._unflushed = 0  # records given to the recorder since its last flush
         self._flush_at = 0.0  # monotonic: when those must be written at the latest
         self.credit = 0
@@ -186,15 +180,13 @@ class SlotWorker:
             self._flush_recorder()
 
     def _recorder_turn(self) -> float:
-        """Flush the recorder when it is due; returns how long the loop may wait for work.
+        """Hand records over when due; returns how long the loop may wait for work.
 
         Records go out every ``record_interval`` seconds (or every
         ``record_batch`` records), not every time the process runs out of work,
-        which under load is after every few no-op jobs: a message (or, without a
-        recorder process, a database transaction) per handful of jobs cost more
-        than the jobs. The history lags the jobs by about ``record_interval``.
-        With nothing recorded, ``flush`` still runs every turn: it is where a
-        recorder may do periodic work (``DatabaseRecorder`` prunes there).
+        which under load is after every few no-op jobs. With nothing new
+        recorded, ``flush`` still runs every turn: it sends what an earlier flush
+        had to keep because the recorder process was behind.
         """
         wait = self.config.heartbeat_interval
         if self.recorder is None:

@@ -157,14 +157,11 @@ class RecordForwarder:
         """Send what is left; wait up to ``linger`` seconds for it to be taken."""
         if self.sock.closed:
             return
+        self.flush()
         if self._records:
-            try:
-                self.sock.send(encode_records(self._records), zmq.NOBLOCK)
-                self._records = []
-            except zmq.Again:
-                log.warning(
-                    "%d job records not recorded: the recorder process is gone", len(self._records)
-                )
+            log.warning(
+                "%d job records not recorded: the recorder process is gone", len(self._records)
+            )
         self.sock.close(linger=int(linger * 1000))
 
 

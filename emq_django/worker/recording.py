@@ -1,10 +1,11 @@
 """The hook through which a job manager records finished jobs (results, history).
 
 ``EMQ_RECORDER`` names a class (dotted path) with ``record(JobRecord)`` and
-``flush()``. Worker processes call ``record`` after every job and ``flush``
-every ``EMQ_RECORD_INTERVAL`` seconds (or ``EMQ_RECORD_BATCH`` records), and
-once more before they exit, so a recorder writes in batches and never costs a
-database round trip per job.
+``flush()``. It runs in the job manager's recorder process
+(``recorder_process.py``), which the worker processes send their records to:
+``record`` for every finished job, ``flush`` after each batch that arrived and
+whenever the process is idle, so a recorder writes in batches and never costs
+a database round trip per job.
 """
 
 from __future__ import annotations
@@ -38,11 +39,10 @@ class JobRecord(NamedTuple):
 
 
 class JobRecorder(Protocol):
-    """``record`` after every job, ``flush`` every ``EMQ_RECORD_INTERVAL`` seconds
-    or ``EMQ_RECORD_BATCH`` records (and whenever the process has nothing recorded
-    and is about to wait, so that a recorder can do periodic work there); ``flush``
-    writes everything recorded so far. A recorder may also define ``close()``,
-    called once when the process ends (after the last flush)."""
+    """``record`` for every finished job, ``flush`` after each batch and when idle
+    (a recorder may do periodic work there); ``flush`` writes everything recorded
+    so far. A recorder may also define ``close()``, called once when the process
+    ends (after the last flush)."""
 
     def record(self, record: JobRecord) -> None: ...
 
