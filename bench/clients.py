@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from bench.procs import cpu_delta, tree_cpu
+from bench.procs import Snapshot, cpu_delta, tree_cpu
 
 POLL_INTERVAL = 0.02
 
@@ -272,6 +272,27 @@ def warm_up(a: Adapter, n: int, timeout: float) -> None:
     wait_done(a, base + n, timeout)
 
 
+def _cpu_detail(
+    path: str,
+    groups: dict[str, list[int]],
+    before: dict[str, Snapshot],
+    after: dict[str, Snapshot],
+    n: int,
+) -> None:
+    """Append each process's CPU µs per task to ``path`` (BENCH_CPU_DETAIL=path):
+    which process of a role the time went to (a job manager's children, say)."""
+    with open(path, "a") as f:
+        for group in groups:
+            for key, seconds in after[group].items():
+                try:
+                    name = " ".join(psutil.Process(key[0]).cmdline())[-60:]
+                except psutil.Error:
+                    name = "?"
+                used = (seconds - before[group].get(key, 0.0)) / n * 1e6
+                f.write(f"{group} {key[0]} {used:.1f} {name}\n")
+        f.write("--\n")
+
+
 def drain(a: Adapter, n: int, roles: dict[str, list[int]]) -> dict[str, Any]:
     me = os.getpid()
     groups = {"producer": [me], **roles}
@@ -288,6 +309,8 @@ def drain(a: Adapter, n: int, roles: dict[str, list[int]]) -> dict[str, Any]:
     machine1 = _machine_busy()
     cpu1 = {g: tree_cpu(p) for g, p in groups.items()}
     cpu = {g: cpu_delta(cpu0[g], cpu1[g]) for g in groups}
+    if os.environ.get("BENCH_CPU_DETAIL"):
+        _cpu_detail(os.environ["BENCH_CPU_DETAIL"], groups, cpu0, cpu1, n)
     total = sum(cpu.values())
     # Busy CPU on the whole machine that none of our processes used: other
     # people's load, which slows every system down. Ideally near zero.

@@ -24,7 +24,7 @@ from emq_django.broker.state import (
     Peer,
     Queue,
 )
-from emq_django.broker.trace import format_event
+from emq_django.broker.trace import format_line, job_fields, where_fields
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
@@ -490,25 +490,28 @@ class BrokerCore(JobLifecycle):
         assert self.trace is not None
         if peer is None and job.peer is not None:
             peer = self.peers.get(job.peer)
-        name = (peer.manager_name or _show(peer.identity)) if peer is not None else ""
+        if peer is None:
+            name = ""
+        else:
+            name = peer.trace_name
+            if name is None:
+                name = peer.trace_name = peer.manager_name or _show(peer.identity)
+        if job.trace_attempt != job.attempt:
+            job.trace_job = job_fields(job.id, job.attempt)
+            job.trace_attempt = job.attempt
         # Formatted now, not when written: a loop turn that writes thousands of
         # events at once would keep the broker from its sockets for milliseconds.
         self.trace.append(
-            format_event(
-                (
-                    event,
-                    now,
-                    job.id,
-                    job.attempt,
-                    job.queue,
-                    job.headers.task,
-                    name,
-                    error,
-                    job.enqueued_at,
-                    job.dispatched_at,
-                    extra,
-                ),
+            format_line(
+                event,
+                now,
                 self.wall_offset,
+                job.trace_job,
+                where_fields(job.headers.task, job.queue, name),
+                error,
+                job.enqueued_at,
+                job.dispatched_at,
+                extra,
             )
         )
 

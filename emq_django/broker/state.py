@@ -31,6 +31,8 @@ class Job:
     failures: int = 0  # failed attempts so far (a lost peer is not a failure)
     cancelled: bool = False  # cancelled while running: its outcome is final, no retry
     enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
+    trace_job: str = ""  # its trace lines' "job" and "attempt" fields (trace.job_fields)
+    trace_attempt: int = -1  # ... for this attempt
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +47,7 @@ class Peer:
     jobs_done: int = 0
     draining: bool = False
     connected_at: float = 0.0
+    trace_name: str | None = None  # its "jm" in the trace log, once known
 
     @property
     def role(self) -> str:

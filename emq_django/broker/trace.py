@@ -51,7 +51,8 @@ def _q(text: str) -> str:
     return quoted
 
 
-def _where_fields(task: str, queue: str, manager: str) -> str:
+def where_fields(task: str, queue: str, manager: str) -> str:
+    """``"task":...,"queue":...,"jm":...``, cached: they repeat on every job."""
     key = (task, queue, manager)
     fields = _where.get(key)
     if fields is None:
@@ -75,24 +76,52 @@ def trace_file_name(wall: float) -> str:
 def format_event(event: TraceEvent, wall_offset: float) -> str:
     """One line of docs/trace-format.md, without the newline."""
     kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = event
-    line = (
-        f'{{"ts":{round((now + wall_offset) * 1_000_000)},"event":"{kind}",'
-        f'"job":{_job(job_id)},"attempt":{attempt},{_where_fields(task, queue, manager)}'
+    return format_line(
+        kind,
+        now,
+        wall_offset,
+        job_fields(job_id, attempt),
+        where_fields(task, queue, manager),
+        error,
+        enqueued,
+        dispatched,
+        extra,
     )
+
+
+def job_fields(job_id: bytes, attempt: int) -> str:
+    """``"job":...,"attempt":N``: the same in every line of one attempt (the broker
+    keeps it with the job)."""
+    return f'"job":{_job(job_id)},"attempt":{attempt}'
+
+
+def format_line(
+    kind: str,
+    now: float,
+    wall_offset: float,
+    job: str,
+    where: str,
+    error: str,
+    enqueued: float,
+    dispatched: float,
+    extra: float,
+) -> str:
+    """``format_event`` from the parts the broker keeps: ``job`` from
+    ``job_fields``, ``where`` from ``where_fields``."""
     if kind == "dispatched":
-        line += f',"wait_us":{round((now - enqueued) * 1_000_000)}'
+        tail = f',"wait_us":{round((now - enqueued) * 1_000_000)}'
     elif kind in _FINISHED:
-        line += (
+        tail = (
             f',"run_us":{round((now - dispatched) * 1_000_000)}'
             f',"total_us":{round((now - enqueued) * 1_000_000)}'
         )
     elif kind == "retried":
-        line += f',"delay_us":{round(extra * 1_000_000)}'
-    if error:
-        line += f',"error":{_q(error)}}}'
+        tail = f',"delay_us":{round(extra * 1_000_000)}'
     else:
-        line += "}"
-    return line
+        tail = ""
+    end = f',"error":{_q(error)}}}' if error else "}"
+    ts = round((now + wall_offset) * 1_000_000)
+    return f'{{"ts":{ts},"event":"{kind}",{job},{where}{tail}{end}'
 
 
 class TraceWriter:

@@ -10,6 +10,7 @@ understand.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -282,9 +283,10 @@ def reply_retry(status: bytes) -> float | None:
             return -1.0
         if token.startswith(b"retry:"):
             try:
-                return max(0.0, float(token[6:]))
+                delay = float(token[6:])
             except ValueError:
                 return -1.0
+            return max(0.0, delay) if math.isfinite(delay) else -1.0
     return None
 
 
@@ -319,6 +321,8 @@ def _decode_heartbeat(f: Sequence[bytes]) -> Heartbeat:
             stamp = float(f[4])
         except ValueError:
             raise ProtocolError("HEARTBEAT timestamp is not a number", f) from None
+        if not math.isfinite(stamp):
+            raise ProtocolError("HEARTBEAT timestamp is not a finite number", f)
     return Heartbeat(f[3], stamp)
 
 

@@ -29,7 +29,7 @@ from emq_django.worker.recorder_process import (
     RecordForwarder,
     recorder_endpoint,
 )
-from emq_django.worker.recording import JobRecord, load_recorder, split_attempt
+from emq_django.worker.recording import load_recorder
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class JobManager:
         self.context = zmq.Context()
         if self.recorder_endpoint:
             self.recorder = RecordForwarder(
-                self.context, self.recorder_endpoint, self.config.record_buffer
+                self.context, self.recorder_endpoint, self.config.record_buffer, self.name
             )
         meta = {
             "role": "manager",
@@ -322,28 +322,24 @@ class JobManager:
         assert self.link is not None
         self.link.send([b"", PROTOCOL, F.REPLY, self.link.new_id(), body, attempt_id, status_frame])
         if self.recorder is not None:
-            job_id, attempt = split_attempt(attempt_id)
-            now = time.time()
-            record = JobRecord(
-                job_id,
-                attempt,
-                "",
-                "",
-                [],
-                {},
-                now - elapsed,
-                now,
-                True,
-                error,
-                body,
-                self.name,
-                lost=True,
-            )
+            now = time.time_ns() // 1000
             try:
-                self.recorder.record(record)
+                self.recorder.add(
+                    attempt_id,
+                    "",
+                    "",
+                    now - int(elapsed * 1e6),
+                    now,
+                    True,
+                    error,
+                    0,
+                    b"",
+                    body,
+                    lost=True,
+                )
                 self.recorder.flush()
             except Exception:
-                log.exception("the job recorder failed on lost job %s", job_id)
+                log.exception("the job recorder failed on lost job %r", attempt_id)
 
     def _enforce_time_limits(self, now: float) -> None:
         for pid, slot in list(self.children.items()):

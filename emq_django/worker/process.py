@@ -24,11 +24,7 @@ from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
 from emq_django.worker.recorder_process import RecordForwarder
-from emq_django.worker.recording import (
-    JobRecord,
-    close_recorder,
-    split_attempt,
-)
+from emq_django.worker.recording import close_recorder
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -82,7 +78,7 @@ class SlotWorker:
         self.recorder: RecordForwarder | None = None
         if config.recorder_endpoint:
             self.recorder = RecordForwarder(
-                self.context, config.recorder_endpoint, config.record_buffer
+                self.context, config.recorder_endpoint, config.record_buffer, config.manager
             )
         self._unflushed = 0  # records given to the recorder since its last flush
         self._flush_at = 0.0  # monotonic: when those must be written at the latest
@@ -151,28 +147,23 @@ class SlotWorker:
 
     def _record(self, req: F.Request, outcome: Outcome, elapsed: float) -> None:
         assert self.recorder is not None
-        job_id, attempt = split_attempt(req.msgid)
         spec = outcome.spec
-        finished = time.time()
-        record = JobRecord(
-            job_id,
-            attempt,
-            req.headers.task or (spec.task_name if spec else ""),
-            req.queue,
-            spec.args if spec else [],
-            spec.kwargs if spec else {},
-            finished - elapsed,
-            finished,
-            outcome.failed,
-            outcome.error_type,
-            outcome.body,
-            self.config.manager,
-            retry_count=req.headers.retry_count,
-        )
+        finished = time.time_ns() // 1000
         try:
-            self.recorder.record(record)
+            self.recorder.add(
+                req.msgid,
+                req.headers.task or (spec.task_name if spec else ""),
+                req.queue,
+                finished - int(elapsed * 1_000_000),
+                finished,
+                outcome.failed,
+                outcome.error_type,
+                req.headers.retry_count,
+                req.body,
+                outcome.body,
+            )
         except Exception:
-            log.exception("the job recorder failed on job %s", job_id)
+            log.exception("the job recorder failed on job %r", req.msgid)
         if not self._unflushed:
             self._flush_at = time.monotonic() + self.config.record_interval
         self._unflushed += 1

@@ -6,9 +6,11 @@ measured with ``bench/trace_overhead.py`` on no-op jobs, two worker processes
 each writing their own batches into one SQLite database spent 25-40 µs of CPU
 per job on it (two writers taking turns on one file: each transaction starts
 with a cold page cache, and one waits for the other's lock), about a fifth of
-everything a job costs. Here a worker process only appends the record to a list
-and, every ``EMQ_RECORD_INTERVAL`` seconds, sends the list as one JSON message
-over a ZeroMQ PUSH socket (a few µs per job). The recorder process, the only
+everything a job costs. Here a worker process only keeps the job's request and
+REPLY bodies as they are, with a tuple of its other fields (``RecordBatch``),
+and, every ``EMQ_RECORD_INTERVAL`` seconds, sends them as one message over a
+ZeroMQ PUSH socket (about a µs per job: the arguments and the result are not
+decoded or encoded again in the worker process). The recorder process, the only
 writer, loads ``EMQ_RECORDER`` and hands it everything that arrived since its
 last write. By default it runs under Linux's SCHED_IDLE policy
 (``EMQ_RECORDER_PRIORITY = "idle"``): it gets only the CPU time that no job,
@@ -33,19 +35,31 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from emq_django.worker.recording import JobRecord, JobRecorder, close_recorder, load_recorder
+from emq_django.worker.recording import (
+    JobRecord,
+    JobRecorder,
+    close_recorder,
+    load_recorder,
+    split_attempt,
+)
 
 log = logging.getLogger(__name__)
 
-_BODY = JobRecord._fields.index("body")
-_encode = json.JSONEncoder(separators=(",", ":"), default=repr).encode
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 SEND_HWM = 1000  # batches queued for the recorder process before a worker keeps them
-BUSY_THRESHOLD = 0.85  # machine CPU busy fraction above which writing waits
+# The machine's CPU busy fraction above which writing waits. Not near 1: processes
+# that pass jobs to each other (client, broker, workers) leave gaps even when the
+# machine is as busy as they can make it: draining no-op jobs as fast as they
+# could, they used about 1.75 of a 2-core machine's cores (bench/run.py's CPU per
+# task times the rate). With 0.85 here the recorder process wrote in those gaps,
+# used 3 µs of CPU per job while the jobs ran, and their throughput fell by about
+# 6% more than with 0.5 (bench/trace_overhead.py, 8 pairs each).
+BUSY_THRESHOLD = 0.5
 BUSY_SAMPLE = 0.25  # seconds between looks at /proc/stat while records wait
 ERROR_LOG_INTERVAL = 60.0
 
@@ -80,76 +94,161 @@ def recorder_endpoint() -> str:
     return "ipc://" + os.path.join(tempfile.gettempdir(), name)
 
 
-def encode_records(records: Iterable[JobRecord]) -> bytes:
-    """Records -> one JSON message: a list of the records' fields, in order.
+class RecordBatch:
+    """The records a worker process has not handed over yet, kept as it got them.
 
-    The REPLY body (bytes) travels as text; ``surrogateescape`` carries bytes
-    that are not UTF-8 through unchanged.
+    A job's record costs the worker process next to nothing: its request body
+    (with the args and kwargs) and its REPLY body stay the bytes that came and
+    went over the wire, and the other fields are strings and numbers in a tuple
+    (no container the garbage collector must walk while thousands wait), the
+    times in integer microseconds (JSON writes them faster than floats). The
+    recorder process decodes them (``decode_batch``), at its own pace.
+
+    The message is two frames: a JSON header ``{"manager": ..., "rows": [...]}``,
+    a row per record, and the bytes of every record's attempt id, request body
+    and REPLY body one after the other, whose lengths end each row.
     """
-    rows = []
-    for r in records:
-        row: list[Any] = list(r)
-        row[_BODY] = r.body.decode("utf-8", "surrogateescape")
-        rows.append(row)
-    return _encode(rows).encode("ascii")
+
+    __slots__ = ("manager", "rows", "parts")
+
+    def __init__(self, manager: str) -> None:
+        self.manager = manager
+        self.rows: list[tuple[Any, ...]] = []
+        self.parts: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(
+        self,
+        attempt_id: bytes,
+        task: str,
+        queue: str,
+        started_us: int,
+        finished_us: int,
+        failed: bool,
+        error_type: str,
+        retry_count: int,
+        request: bytes,
+        reply: bytes,
+        lost: bool = False,
+    ) -> None:
+        self.rows.append(
+            (task, queue, started_us, finished_us, failed, error_type, retry_count, lost,
+             len(attempt_id), len(request), len(reply))
+        )  # fmt: skip
+        self.parts += (attempt_id, request, reply)
+
+    def encode(self) -> list[bytes]:
+        header = _encode({"manager": self.manager, "rows": self.rows}).encode()
+        return [header, b"".join(self.parts)]
+
+    def drop_oldest(self, count: int) -> None:
+        del self.rows[:count]
+        del self.parts[: 3 * count]
 
 
-def decode_records(message: bytes) -> list[JobRecord]:
-    """The inverse of ``encode_records``; raises ValueError on anything else."""
-    rows = json.loads(message)
-    if not isinstance(rows, list):
-        raise ValueError("not a list of records")
+def decode_batch(frames: list[bytes]) -> list[JobRecord]:
+    """``RecordBatch.encode``'s frames -> records; raises ValueError on anything else."""
+    if len(frames) != 2:
+        raise ValueError(f"a batch has 2 frames, not {len(frames)}")
+    header, blob = frames
+    doc = json.loads(header)
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError("the header is not {manager, rows}")
+    manager = doc.get("manager")
+    if not isinstance(manager, str):
+        raise ValueError("the header names no manager")
     records = []
-    for row in rows:
-        if not isinstance(row, list) or not isinstance(row[_BODY], str):
+    at = 0
+    for row in doc["rows"]:
+        if not isinstance(row, list) or len(row) != 11:
             raise ValueError(f"not a record: {str(row)[:100]}")
-        row[_BODY] = row[_BODY].encode("utf-8", "surrogateescape")
-        try:
-            records.append(JobRecord(*row))
-        except TypeError as exc:
-            raise ValueError(f"not a record: {exc}") from None
+        task, queue, started, finished, failed, error, retries, lost, n_id, n_req, n_rep = row
+        if not all(isinstance(n, int) and n >= 0 for n in (n_id, n_req, n_rep)):
+            raise ValueError(f"bad lengths in {str(row)[:100]}")
+        if not (isinstance(started, int) and isinstance(finished, int)):
+            raise ValueError(f"bad times in {str(row)[:100]}")
+        attempt_id = blob[at : at + n_id]
+        request = blob[at + n_id : at + n_id + n_req]
+        at += n_id + n_req
+        reply = blob[at : at + n_rep]
+        at += n_rep
+        job_id, attempt = split_attempt(attempt_id)
+        args, kwargs = _arguments(request)
+        records.append(
+            JobRecord(
+                job_id, attempt, str(task), str(queue), args, kwargs, started / 1e6,
+                finished / 1e6, bool(failed), str(error), reply, manager, bool(lost),
+                int(retries),
+            )
+        )  # fmt: skip
+    if at != len(blob):
+        raise ValueError(f"the bodies are {len(blob)} bytes, the rows account for {at}")
     return records
 
 
-class RecordForwarder:
-    """The ``JobRecorder`` of a worker process: sends its records to the recorder
-    process. ``flush`` never blocks; what cannot be sent is kept for the next one."""
+def _arguments(request: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """The args and kwargs of a request body (``["run", {...}]``); none when it
+    is not one (the job was refused as malformed, or the job manager does not
+    know it)."""
+    if not request:
+        return [], {}
+    try:
+        data = json.loads(request)
+    except (ValueError, UnicodeDecodeError):
+        return [], {}
+    spec = data[1] if isinstance(data, list) and len(data) == 2 else None
+    if not isinstance(spec, dict):
+        return [], {}
+    args, kwargs = spec.get("args") or [], spec.get("kwargs") or {}
+    return (args if isinstance(args, list) else []), (kwargs if isinstance(kwargs, dict) else {})
 
-    def __init__(self, context: zmq.Context[Any], endpoint: str, max_buffer: int) -> None:
+
+class RecordForwarder:
+    """How a worker process (or the job manager) hands its records to the recorder
+    process. ``add`` is all a job costs; ``flush`` sends them as one message and
+    never blocks: what cannot be sent is kept for the next one."""
+
+    def __init__(
+        self, context: zmq.Context[Any], endpoint: str, max_buffer: int, manager: str
+    ) -> None:
         self.sock = context.socket(zmq.PUSH)
         self.sock.sndhwm = SEND_HWM
         self.sock.connect(endpoint)
         self.max_buffer = max_buffer
-        self._records: list[JobRecord] = []
+        self.batch = RecordBatch(manager)
+        self.add: Callable[..., None] = self.batch.add  # the hot path: no extra call
         self._next_error_log = 0.0
         self.sent = 0
         self.dropped = 0
 
-    def record(self, record: JobRecord) -> None:
-        self._records.append(record)
+    def __len__(self) -> int:
+        return len(self.batch)
 
     def flush(self) -> None:
-        if not self._records:
+        if not self.batch.rows:
             return
         try:
-            self.sock.send(encode_records(self._records), zmq.NOBLOCK)
+            self.sock.send_multipart(self.batch.encode(), zmq.NOBLOCK)
         except zmq.Again:
             self._keep()
             return
-        self.sent += len(self._records)
-        self._records = []
+        self.sent += len(self.batch)
+        self.batch = RecordBatch(self.batch.manager)
+        self.add = self.batch.add
 
     def _keep(self) -> None:
-        excess = len(self._records) - self.max_buffer
+        excess = len(self.batch) - self.max_buffer
         if excess > 0:
-            del self._records[:excess]
+            self.batch.drop_oldest(excess)
             self.dropped += excess
         now = time.monotonic()
         if now >= self._next_error_log:
             self._next_error_log = now + ERROR_LOG_INTERVAL
             log.warning(
                 "the recorder process is not taking job records; %d kept, %d dropped so far",
-                len(self._records),
+                len(self.batch),
                 self.dropped,
             )
 
@@ -158,9 +257,9 @@ class RecordForwarder:
         if self.sock.closed:
             return
         self.flush()
-        if self._records:
+        if self.batch.rows:
             log.warning(
-                "%d job records not recorded: the recorder process is gone", len(self._records)
+                "%d job records not recorded: the recorder process is gone", len(self.batch)
             )
         self.sock.close(linger=int(linger * 1000))
 
@@ -224,7 +323,7 @@ class RecorderProcess:
         self.received = 0
         self.bad_messages = 0
         self.deferred = 0  # times writing waited for a busy machine
-        self._waiting: list[bytes] = []
+        self._waiting: list[list[bytes]] = []
         self._oldest = 0.0  # monotonic: when the oldest waiting message came
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -275,7 +374,7 @@ class RecorderProcess:
     def _receive(self, pull: zmq.Socket[Any]) -> None:
         while True:
             try:
-                message = pull.recv(zmq.NOBLOCK)
+                message = pull.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             if not self._waiting:
@@ -288,10 +387,10 @@ class RecorderProcess:
             self._take(message, recorder)
         self._flush(recorder)
 
-    def _take(self, message: bytes, recorder: JobRecorder | None) -> None:
+    def _take(self, message: list[bytes], recorder: JobRecorder | None) -> None:
         try:
-            records = decode_records(message)
-        except (ValueError, IndexError, UnicodeError) as exc:
+            records = decode_batch(message)
+        except (ValueError, TypeError, UnicodeError) as exc:
             self.bad_messages += 1
             log.error("recorder process: dropped a malformed message (%s)", exc)
             return

@@ -32,6 +32,7 @@ from emq_django.protocol import (
     parse_headers,
     parse_queues,
 )
+from emq_django.protocol.frames import reply_retry
 
 P = PROTOCOL
 BODY = (
@@ -190,6 +191,22 @@ def test_reply_status_flags() -> None:
     ok = Reply(b"r", b"{}", b"req", b"ok,ready")
     assert ok.ready and not ok.failed
     assert not Reply(b"r", b"{}").ready  # EventMQ's REPLY gives no credit back
+
+
+@pytest.mark.parametrize(
+    ("status", "delay"),
+    [
+        (b"failed", None),
+        (b"failed,retry", -1.0),
+        (b"failed,retry:2.5", 2.5),
+        (b"failed,retry:-3", 0.0),
+        (b"failed,retry:x", -1.0),  # not a number: the backoff
+        (b"failed,retry:inf", -1.0),  # ... nor one a job could wait for
+        (b"failed,retry:nan", -1.0),
+    ],
+)
+def test_reply_retry_delay(status: bytes, delay: float | None) -> None:
+    assert reply_retry(status) == delay
 
 
 def test_request_decodes_eventmq_frames_as_observed() -> None:
@@ -464,6 +481,8 @@ MALFORMED = [
     pytest.param(_inform(b'[[1, "' + b"q" * 300 + b'"]]'), "too long", id="inform-long-name"),
     pytest.param(_inform(b"", b"worker", b"{bad"), "meta", id="inform-meta-not-json"),
     pytest.param(_inform(b"", b"worker", b"[1]"), "meta", id="inform-meta-not-object"),
+    pytest.param([b"", P, b"HEARTBEAT", b"m", b"nan"], "finite", id="heartbeat-nan"),
+    pytest.param([b"", P, b"HEARTBEAT", b"m", b"-inf"], "finite", id="heartbeat-inf"),
     pytest.param([b"", P, b"ERROR", b"m", b"r", b"c"], "ERROR needs", id="error-6"),
     pytest.param([b"", P, b"ERROR", b"m", b"r", b"c", b"\xff"], "UTF-8", id="error-non-utf8"),
 ]

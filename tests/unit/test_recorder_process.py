@@ -14,10 +14,10 @@ import zmq
 
 from emq_django.worker.recorder_process import (
     MachineBusy,
+    RecordBatch,
     RecorderProcess,
     RecordForwarder,
-    decode_records,
-    encode_records,
+    decode_batch,
     parse_priority,
 )
 from emq_django.worker.recording import JobRecord
@@ -42,31 +42,95 @@ def rec(job_id: str = "a1", **kw: Any) -> JobRecord:
     return JobRecord(**fields)
 
 
+def add(batch: RecordBatch | RecordForwarder, record: JobRecord) -> None:
+    """What a worker process gives for ``record``: its request and REPLY bodies."""
+    request = json.dumps(
+        ["run", {"path": "app.tasks", "callable": "send", "args": record.args,
+                 "kwargs": record.kwargs}]
+    ).encode()  # fmt: skip
+    batch.add(
+        f"{record.job_id}#{record.attempt}".encode(),
+        record.task,
+        record.queue,
+        round(record.started * 1e6),
+        round(record.finished * 1e6),
+        record.failed,
+        record.error_type,
+        record.retry_count,
+        request,
+        record.body,
+        lost=record.lost,
+    )
+
+
+def ids(frames: list[bytes]) -> list[str]:
+    return [r.job_id for r in decode_batch(frames)]
+
+
 def test_records_survive_the_trip_field_for_field() -> None:
     records = [
         rec(),
         rec("b2", failed=True, error_type="ValueError", lost=True, retry_count=3),
         # a REPLY body that is not UTF-8 comes back byte for byte
         rec("c3", body=b'{"value":"\xff\xfe"}'),
+        rec("d4", args=[], kwargs={}, attempt=1),
     ]
-    message = encode_records(records)
-    assert isinstance(message, bytes)
-    assert decode_records(message) == records
+    batch = RecordBatch("host:42")
+    for r in records:
+        add(batch, r)
+    frames = batch.encode()
+    assert all(isinstance(f, bytes) for f in frames)
+    assert decode_batch(frames) == records
+
+
+def test_a_request_that_is_not_a_run_body_records_no_arguments() -> None:
+    """A job refused as malformed, or lost (the job manager has no body): the
+    record is still made, with empty args and kwargs."""
+    batch = RecordBatch("m")
+    batch.add(b"x#1", "", "q", 1, 2, True, "ProtocolError", 0, b"\xffnot json", b"{}")
+    batch.add(b"y", "", "", 1, 2, True, "WorkerLost", 0, b"", b"{}", lost=True)
+    batch.add(b"z#2", "t", "q", 1, 2, False, "", 0, b'["run", {"args": 5}]', b"{}")
+    x, y, z = decode_batch(batch.encode())
+    assert (x.job_id, x.attempt, x.args, x.kwargs) == ("x", 1, [], {})
+    assert (y.job_id, y.attempt, y.lost, y.manager) == ("y", 1, True, "m")
+    assert (z.job_id, z.attempt, z.args, z.kwargs) == ("z", 2, [], {})
+
+
+def header(*row: object) -> bytes:
+    return json.dumps({"manager": "m", "rows": [list(row)]}).encode()
+
+
+GOOD_ROW = ("t", "q", 1, 2, False, "", 0, False, 3, 0, 2)
+
+
+def _good_header() -> bytes:
+    return header(*GOOD_ROW)
 
 
 @pytest.mark.parametrize(
-    "message",
+    "frames",
     [
-        b"not json",
-        b'{"a": 1}',
-        b"[1, 2]",
-        json.dumps([["too", "short"]]).encode(),
-        json.dumps([[*list(rec())[:10], 5, "host:1", False, 0]]).encode(),  # body not text
+        [b"not json", b""],
+        [b'{"a": 1}', b""],
+        [b'{"manager": "m", "rows": [1, 2]}', b""],
+        [json.dumps({"manager": "m", "rows": [["too", "short"]]}).encode(), b""],
+        [json.dumps({"rows": []}).encode(), b""],  # no manager
+        [_good_header()],  # one frame
+        [_good_header(), b"a#1{}", b"x"],  # three frames
+        [_good_header(), b"a#1{}xx"],  # bodies longer than the rows say
+        [_good_header(), b"a#1"],  # ... or shorter
+        [header(*GOOD_ROW[:8], -3, 0, 2), b"a#1{}"],  # a negative length
+        [header("t", "q", "x", *GOOD_ROW[3:]), b"a#1{}"],  # a time that is no number
+        [header(*GOOD_ROW[:6], None, *GOOD_ROW[7:]), b"a#1{}"],  # retry count None
     ],
 )
-def test_malformed_messages_raise_value_error(message: bytes) -> None:
-    with pytest.raises((ValueError, IndexError)):
-        decode_records(message)
+def test_malformed_batches_raise_value_or_type_error(frames: list[bytes]) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        decode_batch(frames)
+
+
+def test_the_good_batch_of_the_malformed_ones_decodes() -> None:
+    assert ids([_good_header(), b"a#1{}"]) == ["a"]
 
 
 def test_forwarder_sends_one_message_per_flush(tmp_path: Any) -> None:
@@ -74,16 +138,16 @@ def test_forwarder_sends_one_message_per_flush(tmp_path: Any) -> None:
     endpoint = f"ipc://{tmp_path}/rec.sock"
     pull = context.socket(zmq.PULL)
     pull.bind(endpoint)
-    forwarder = RecordForwarder(context, endpoint, max_buffer=5)
+    forwarder = RecordForwarder(context, endpoint, max_buffer=5, manager="m")
     try:
         forwarder.flush()  # nothing recorded: nothing sent
         assert not pull.poll(50)
-        forwarder.record(rec("1"))
-        forwarder.record(rec("2"))
+        add(forwarder, rec("1"))
+        add(forwarder, rec("2"))
         forwarder.flush()
         assert pull.poll(2000)
-        assert [r.job_id for r in decode_records(pull.recv())] == ["1", "2"]
-        assert forwarder.sent == 2 and not forwarder._records
+        assert ids(pull.recv_multipart()) == ["1", "2"]
+        assert forwarder.sent == 2 and not len(forwarder)
     finally:
         forwarder.close(linger=0)
         pull.close(linger=0)
@@ -95,26 +159,26 @@ def test_forwarder_keeps_what_it_cannot_send_then_sends_it(tmp_path: Any) -> Non
     records (at most max_buffer, the oldest dropped and counted) until it can send."""
     context: zmq.Context[Any] = zmq.Context()
     endpoint = f"ipc://{tmp_path}/rec.sock"
-    forwarder = RecordForwarder(context, endpoint, max_buffer=5)
+    forwarder = RecordForwarder(context, endpoint, max_buffer=5, manager="m")
     forwarder.sock.sndhwm = 1
     pull = None
     try:
         for i in range(40):
-            forwarder.record(rec(f"x{i}"))
+            add(forwarder, rec(f"x{i}"))
             forwarder.flush()
-        kept = [r.job_id for r in forwarder._records]
+        kept = [f.decode().split("#")[0] for f in forwarder.batch.parts[::3]]
         assert 0 < len(kept) <= 5 and kept[-1] == "x39"
         assert forwarder.dropped > 0
         pull = context.socket(zmq.PULL)
         pull.bind(endpoint)
         received: list[str] = []
         deadline = time.monotonic() + 5
-        while forwarder._records and time.monotonic() < deadline:
+        while len(forwarder) and time.monotonic() < deadline:
             while pull.poll(50):
-                received += [r.job_id for r in decode_records(pull.recv())]
+                received += ids(pull.recv_multipart())
             forwarder.flush()
         while pull.poll(200):
-            received += [r.job_id for r in decode_records(pull.recv())]
+            received += ids(pull.recv_multipart())
         assert received[-len(kept) :] == kept
         assert forwarder.sent + forwarder.dropped == 40
         assert len(received) == forwarder.sent
@@ -213,7 +277,7 @@ def wait_for(check: Any, timeout: float) -> Any:
 @pytest.fixture
 def forwarder(tmp_path: Any) -> Any:
     context: zmq.Context[Any] = zmq.Context()
-    fwd = RecordForwarder(context, f"ipc://{tmp_path}/rec.sock", max_buffer=1000)
+    fwd = RecordForwarder(context, f"ipc://{tmp_path}/rec.sock", max_buffer=1000, manager="m")
     yield fwd
     fwd.close(linger=1)
     context.term()
@@ -225,11 +289,11 @@ def test_recorder_process_writes_at_once_on_an_idle_machine(
     pid = start_recorder(tmp_path, monkeypatch, Idle, delay=30)
     try:
         for i in range(3):
-            forwarder.record(rec(f"j{i}"))
+            add(forwarder, rec(f"j{i}"))
         forwarder.flush()
         # a malformed message is dropped; what comes after it is still written
-        forwarder.sock.send(b"not json")
-        forwarder.record(rec("after"))
+        forwarder.sock.send_multipart([b"not json", b""])
+        add(forwarder, rec("after"))
         forwarder.flush()
         got = wait_for(lambda: len(written(tmp_path / "records.jsonl")) == 4, 5)
         assert got, written(tmp_path / "records.jsonl")
@@ -243,7 +307,7 @@ def test_recorder_process_waits_for_a_busy_machine_at_most_max_delay(
 ) -> None:
     pid = start_recorder(tmp_path, monkeypatch, Busy, delay=1.5)
     try:
-        forwarder.record(rec("late"))
+        add(forwarder, rec("late"))
         forwarder.flush()
         sent = time.monotonic()
         time.sleep(0.7)
@@ -258,7 +322,7 @@ def test_a_stopping_recorder_process_writes_what_waits(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, forwarder: RecordForwarder
 ) -> None:
     pid = start_recorder(tmp_path, monkeypatch, Busy, delay=60)
-    forwarder.record(rec("held"))
+    add(forwarder, rec("held"))
     forwarder.flush()
     time.sleep(0.5)
     assert written(tmp_path / "records.jsonl") == []
