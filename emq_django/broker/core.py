@@ -493,9 +493,9 @@ class BrokerCore(JobLifecycle):
         if peer is None:
             name = ""
         else:
+            if peer.trace_name is None:
+                peer.trace_name = peer.manager_name or _show(peer.identity)
             name = peer.trace_name
-            if name is None:
-                name = peer.trace_name = peer.manager_name or _show(peer.identity)
         if job.trace_attempt != job.attempt:
             job.trace_job = job_fields(job.id, job.attempt)
             job.trace_attempt = job.attempt

@@ -120,7 +120,8 @@ class JobResultAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobResult]:
         qs = super().get_queryset(request)
-        if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
+        match = request.resolver_match
+        if match and (match.url_name or "").endswith("changelist"):
             qs = qs.defer(*LIST_DEFERRED)
         return qs
 

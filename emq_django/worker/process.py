@@ -24,7 +24,6 @@ from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
 from emq_django.worker.recorder_process import RecordForwarder
-from emq_django.worker.recording import close_recorder
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,11 @@ class SlotWorker:
         try:
             self._loop()
         finally:
-            close_recorder(self.recorder)
+            if self.recorder is not None:
+                try:
+                    self.recorder.close()  # hands over what it still holds
+                except Exception:
+                    log.exception("could not hand the last job records over")
             self.link.close(linger=500)
             self.context.term()
         return 0
