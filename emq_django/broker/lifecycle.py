@@ -71,7 +71,7 @@ class JobLifecycle:
         job = Job(cmd.msgid, cmd.queue, headers, cmd.body, client, now)
         job.enqueued_wall = now + self.wall_offset
         if self.trace is not None:
-            self._trace("enqueued", job, now)
+            self._trace_enqueued(job, now)
         run_at = headers.run_after - self.wall_offset if headers.run_after else 0.0
         if guaranteed and (over or queue.spilled) and run_at <= now:
             self._spill(job, queue)
@@ -124,7 +124,7 @@ class JobLifecycle:
         if not failed:
             self.counters["succeeded"] += 1
             if self.trace is not None:
-                self._trace("succeeded", job, now)
+                self._trace_succeeded(job, now)
             self._forget(job, now)
             return True
         job.failures += 1
@@ -417,3 +417,5 @@ class JobLifecycle:
             peer: Any = None,
             extra: float = 0.0,
         ) -> None: ...
+        def _trace_enqueued(self, job: Job, now: float) -> None: ...
+        def _trace_succeeded(self, job: Job, now: float) -> None: ...

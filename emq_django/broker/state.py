@@ -31,8 +31,8 @@ class Job:
     failures: int = 0  # failed attempts so far (a lost peer is not a failure)
     cancelled: bool = False  # cancelled while running: its outcome is final, no retry
     enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
-    trace_job: str = ""  # its trace lines' "job" and "attempt" fields (trace.job_fields)
-    trace_attempt: int = -1  # ... for this attempt
+    trace_id: str = ""  # the id as its trace lines give it (trace.job_json)
+    trace_where: str = ""  # its lines' task, queue and job manager for this attempt
 
 
 @dataclass(slots=True, eq=False)

@@ -1,8 +1,9 @@
 """The trace log: one JSON line per job state change, in hourly files.
 
 The one source for the job history and the analytics (docs/trace-format.md).
-The broker core buffers events as tuples; ``TraceWriter.write`` formats and
-appends them once per loop turn, so tracing costs no system call per job. A
+The broker core formats each event as it happens and buffers the lines; the
+server has ``TraceWriter.write`` append them at most every 20 ms (server.py),
+so tracing costs no system call per job. A
 write that fails (a full disk) is logged and counted, never raised: the trace
 must not stop the broker.
 
@@ -10,7 +11,10 @@ Formatting is on the broker's hot path (three events per job), so lines are
 built with f-strings rather than ``json.dumps`` of a dict: the strings that
 repeat (task, queue, job manager, error) are JSON-quoted once and cached, and a
 job id made of letters and digits (every id our client makes) needs no quoting
-work at all. The output is the same JSON, field for field, as ``json.dumps``.
+work at all; the broker keeps a job's quoted id and its task/queue/job manager
+fields with the job. The three lines every job has (enqueued, dispatched,
+succeeded) have a function each. The output is the same JSON, field for field,
+as ``json.dumps``.
 """
 
 from __future__ import annotations
@@ -36,10 +40,6 @@ _FINISHED = frozenset(("succeeded", "failed", "timed_out"))
 _where: dict[tuple[str, str, str], str] = {}
 
 
-def _us(seconds: float) -> int:
-    return int(round(seconds * 1_000_000))
-
-
 def _q(text: str) -> str:
     """``text`` as a JSON string (``null`` for ''); cached, they repeat on every job."""
     quoted = _quoted.get(text)
@@ -62,7 +62,8 @@ def where_fields(task: str, queue: str, manager: str) -> str:
     return fields
 
 
-def _job(job_id: bytes) -> str:
+def job_json(job_id: bytes) -> str:
+    """The job id as a JSON string (the broker keeps it with the job)."""
     if job_id.isalnum():  # ASCII letters and digits: nothing to escape
         return f'"{job_id.decode("ascii")}"'
     return _quote(job_id.decode("utf-8", "replace"))
@@ -80,7 +81,8 @@ def format_event(event: TraceEvent, wall_offset: float) -> str:
         kind,
         now,
         wall_offset,
-        job_fields(job_id, attempt),
+        job_json(job_id),
+        attempt,
         where_fields(task, queue, manager),
         error,
         enqueued,
@@ -89,25 +91,22 @@ def format_event(event: TraceEvent, wall_offset: float) -> str:
     )
 
 
-def job_fields(job_id: bytes, attempt: int) -> str:
-    """``"job":...,"attempt":N``: the same in every line of one attempt (the broker
-    keeps it with the job)."""
-    return f'"job":{_job(job_id)},"attempt":{attempt}'
-
-
 def format_line(
     kind: str,
     now: float,
     wall_offset: float,
     job: str,
+    attempt: int,
     where: str,
     error: str,
     enqueued: float,
     dispatched: float,
     extra: float,
 ) -> str:
-    """``format_event`` from the parts the broker keeps: ``job`` from
-    ``job_fields``, ``where`` from ``where_fields``."""
+    """``format_event`` from the parts the broker keeps: ``job`` from ``job_json``,
+    ``where`` from ``where_fields``. The three lines every job has are made by
+    ``enqueued_line``, ``dispatched_line`` and ``succeeded_line``, which are the
+    same as this, only faster (no choosing)."""
     if kind == "dispatched":
         tail = f',"wait_us":{round((now - enqueued) * 1_000_000)}'
     elif kind in _FINISHED:
@@ -121,7 +120,31 @@ def format_line(
         tail = ""
     end = f',"error":{_q(error)}}}' if error else "}"
     ts = round((now + wall_offset) * 1_000_000)
-    return f'{{"ts":{ts},"event":"{kind}",{job},{where}{tail}{end}'
+    return f'{{"ts":{ts},"event":"{kind}","job":{job},"attempt":{attempt},{where}{tail}{end}'
+
+
+def enqueued_line(wall: float, job: str, attempt: int, where: str) -> str:
+    return (
+        f'{{"ts":{round(wall * 1_000_000)},"event":"enqueued","job":{job},'
+        f'"attempt":{attempt},{where}}}'
+    )
+
+
+def dispatched_line(wall: float, job: str, attempt: int, where: str, wait: float) -> str:
+    return (
+        f'{{"ts":{round(wall * 1_000_000)},"event":"dispatched","job":{job},'
+        f'"attempt":{attempt},{where},"wait_us":{round(wait * 1_000_000)}}}'
+    )
+
+
+def succeeded_line(
+    wall: float, job: str, attempt: int, where: str, run: float, total: float
+) -> str:
+    return (
+        f'{{"ts":{round(wall * 1_000_000)},"event":"succeeded","job":{job},'
+        f'"attempt":{attempt},{where},"run_us":{round(run * 1_000_000)},'
+        f'"total_us":{round(total * 1_000_000)}}}'
+    )
 
 
 class TraceWriter:
