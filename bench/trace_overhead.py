@@ -7,7 +7,8 @@ Each pair runs ``bench/run.py --only emq`` once without and once with
 so that a machine whose speed drifts during the run (a shared 2-core VM does)
 affects both sides alike. ``BENCH_EMQ_TRACE_PARTS=trace`` (or ``recorder``)
 turns on only one of the two. Prints every pair, then the medians and the ratio
-on/off of the drain rate and of the CPU per task.
+on/off of the drain rate and of the CPU per task, and how the pairs' own ratios
+spread (a busy 2-core machine's runs vary by more than the effect measured).
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def main() -> None:
     for key in ["drain", "cpu"] + sorted(k for k in off[0] if k.startswith("cpu_")):
         a, b = med(off, key), med(on, key)
         print(f"{key:12s} {a:10,.1f} {b:9,.1f} {b / a:9.1%}")
+    ratios = sorted(b["drain"] / a["drain"] for a, b in zip(off, on, strict=True))
+    if len(ratios) >= 4:
+        q1, q2, q3 = statistics.quantiles(ratios, n=4)
+        print(
+            f"\non/off drain of single pairs: median {q2:.1%}, quartiles {q1:.1%} - {q3:.1%}, "
+            f"range {ratios[0]:.1%} - {ratios[-1]:.1%}"
+        )
 
 
 if __name__ == "__main__":
