@@ -162,16 +162,25 @@ def decode_batch(frames: list[bytes]) -> list[JobRecord]:
     records = []
     at = 0
     for row in doc["rows"]:
-        if not isinstance(row, list) or len(row) != 11:
+        if type(row) is not list or len(row) != 11:
             raise ValueError(f"not a record: {str(row)[:100]}")
         task, queue, started, finished, failed, error, retries, lost, n_id, n_req, n_rep = row
-        if not all(isinstance(n, int) and n >= 0 for n in (n_id, n_req, n_rep)):
-            raise ValueError(f"bad lengths in {str(row)[:100]}")
-        if not (isinstance(started, int) and isinstance(finished, int)):
-            raise ValueError(f"bad times in {str(row)[:100]}")
+        if not (
+            type(n_id) is int
+            and type(n_req) is int
+            and type(n_rep) is int
+            and type(started) is int
+            and type(finished) is int
+            and type(retries) is int
+            and n_id >= 0
+            and n_req >= 0
+            and n_rep >= 0
+        ):
+            raise ValueError(f"bad numbers in {str(row)[:100]}")
         attempt_id = blob[at : at + n_id]
-        request = blob[at + n_id : at + n_id + n_req]
-        at += n_id + n_req
+        at += n_id
+        request = blob[at : at + n_req]
+        at += n_req
         reply = blob[at : at + n_rep]
         at += n_rep
         job_id, attempt = split_attempt(attempt_id)
@@ -179,8 +188,8 @@ def decode_batch(frames: list[bytes]) -> list[JobRecord]:
         records.append(
             JobRecord(
                 job_id, attempt, str(task), str(queue), args, kwargs, started / 1e6,
-                finished / 1e6, bool(failed), str(error), reply, manager, bool(lost),
-                int(retries),
+                finished / 1e6, failed is True, str(error), reply, manager, lost is True,
+                retries,
             )
         )  # fmt: skip
     if at != len(blob):
@@ -195,9 +204,12 @@ def _arguments(request: bytes) -> tuple[list[Any], dict[str, Any]]:
     if not request:
         return [], {}
     try:
-        data = json.loads(request)
-    except (ValueError, UnicodeDecodeError):
-        return [], {}
+        data = json.loads(request.decode())  # str: json need not guess the encoding
+    except ValueError:  # UnicodeDecodeError too: not UTF-8 (it may be UTF-16 JSON)
+        try:
+            data = json.loads(request)
+        except ValueError:
+            return [], {}
     spec = data[1] if isinstance(data, list) and len(data) == 2 else None
     if not isinstance(spec, dict):
         return [], {}
