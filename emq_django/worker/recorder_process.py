@@ -19,11 +19,13 @@ history catches up in the gaps (a 2-core machine draining no-op jobs as fast as
 it can still has them; a recorder that falls behind keeps its records, see
 below). ``"normal"`` or a nice value (1-19) make it compete for the CPU instead.
 Even at SCHED_IDLE its work costs the jobs something (it takes the CPU caches
-from them), so while the machine is busy it only collects (``RecorderProcess``).
+from them, and it writes in the gaps processes that pass jobs to each other
+leave), so while the machine is more than half busy it only collects
+(``RecorderProcess``, ``BUSY_THRESHOLD``).
 
 Nothing here can lose or delay a job. A worker process never blocks on the
 recorder: when the recorder process is down or far behind, a worker keeps its
-records (up to ``EMQ_RESULTS_MAX_BUFFER``, then drops the oldest, counted and
+records (up to ``EMQ_RECORD_BUFFER``, then drops the oldest, counted and
 logged); the job manager restarts a recorder process that died.
 """
 
