@@ -26,10 +26,6 @@ import time
 from pathlib import Path
 from typing import IO
 
-# (event, now, job id, attempt, queue, task, job manager, error, enqueued at, dispatched at,
-#  extra: the retry delay for "retried")
-TraceEvent = tuple[str, float, bytes, int, str, str, str, str, float, float, float]
-
 log = logging.getLogger(__name__)
 
 _quote = json.JSONEncoder(ensure_ascii=False).encode
@@ -74,23 +70,6 @@ def trace_file_name(wall: float) -> str:
     return time.strftime("trace-%Y%m%d-%H.jsonl", time.gmtime(wall))
 
 
-def format_event(event: TraceEvent, wall_offset: float) -> str:
-    """One line of docs/trace-format.md, without the newline."""
-    kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = event
-    return format_line(
-        kind,
-        now,
-        wall_offset,
-        job_json(job_id),
-        attempt,
-        where_fields(task, queue, manager),
-        error,
-        enqueued,
-        dispatched,
-        extra,
-    )
-
-
 def format_line(
     kind: str,
     now: float,
@@ -103,8 +82,9 @@ def format_line(
     dispatched: float,
     extra: float,
 ) -> str:
-    """``format_event`` from the parts the broker keeps: ``job`` from ``job_json``,
-    ``where`` from ``where_fields``. The three lines every job has are made by
+    """One line of docs/trace-format.md, without the newline, from the parts the
+    broker keeps: ``job`` from ``job_json``, ``where`` from ``where_fields``.
+    The three lines every job has are made by
     ``enqueued_line``, ``dispatched_line`` and ``succeeded_line``, which are the
     same as this, only faster (no choosing)."""
     if kind == "dispatched":
@@ -158,7 +138,7 @@ class TraceWriter:
         self.dropped = 0
 
     def write(self, lines: list[str]) -> None:
-        """Append ``lines`` (from ``format_event``, without newlines)."""
+        """Append ``lines`` (from ``format_line`` and co., without newlines)."""
         if not lines:
             return
         lines.append("")  # the last line's newline

@@ -37,7 +37,6 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -145,6 +144,10 @@ class RecordBatch:
         header = _encode({"manager": self.manager, "rows": self.rows}).encode()
         return [header, b"".join(self.parts)]
 
+    def clear(self) -> None:
+        self.rows.clear()
+        self.parts.clear()
+
     def drop_oldest(self, count: int) -> None:
         del self.rows[:count]
         del self.parts[: 3 * count]
@@ -232,7 +235,7 @@ class RecordForwarder:
         self.sock.connect(endpoint)
         self.max_buffer = max_buffer
         self.batch = RecordBatch(manager)
-        self.add: Callable[..., None] = self.batch.add  # the hot path: no extra call
+        self.add = self.batch.add  # the hot path: no extra call
         self._next_error_log = 0.0
         self.sent = 0
         self.dropped = 0
@@ -249,8 +252,7 @@ class RecordForwarder:
             self._keep()
             return
         self.sent += len(self.batch)
-        self.batch = RecordBatch(self.batch.manager)
-        self.add = self.batch.add
+        self.batch.clear()
 
     def _keep(self) -> None:
         excess = len(self.batch) - self.max_buffer

@@ -83,6 +83,14 @@ def opens_database(pid: int, path: str) -> bool:
     return False
 
 
+def start_recording(emq_processes: EmqProcesses, client: dict[str, str]) -> tuple[Any, Any]:
+    """A broker and a job manager "rec-jm" (2 slots) that records, both ready."""
+    broker = start_broker(emq_processes, client)
+    jm = start_jm(emq_processes, "rec-jm", concurrency=2, extra_env=RECORDER)
+    wait_jm_ready(client, "rec-jm", 2, [broker, jm])
+    return broker, jm
+
+
 def send_adds(n: int, start: int = 0) -> list[str]:
     handles = [tasks.add.delay(i, 1) for i in range(start, start + n)]
     assert [h.get(timeout=30) for h in handles] == [i + 1 for i in range(start, start + n)]
@@ -92,9 +100,7 @@ def send_adds(n: int, start: int = 0) -> list[str]:
 def test_one_lower_priority_process_writes_the_history(
     emq_processes: EmqProcesses, client: dict[str, str]
 ) -> None:
-    broker = start_broker(emq_processes, client)
-    jm = start_jm(emq_processes, "rec-jm", concurrency=2, extra_env=RECORDER)
-    wait_jm_ready(client, "rec-jm", 2, [broker, jm])
+    broker, jm = start_recording(emq_processes, client)
     ids = send_adds(300)
     got = wait_until(
         lambda: (h := history(client)) and len(h) >= 300 and h, "300 rows", 15, [broker, jm]
@@ -115,9 +121,7 @@ def test_one_lower_priority_process_writes_the_history(
 def test_a_killed_recorder_process_is_replaced(
     emq_processes: EmqProcesses, client: dict[str, str]
 ) -> None:
-    broker = start_broker(emq_processes, client)
-    jm = start_jm(emq_processes, "rec-jm", concurrency=2, extra_env=RECORDER)
-    wait_jm_ready(client, "rec-jm", 2, [broker, jm])
+    broker, jm = start_recording(emq_processes, client)
     first = wait_until(lambda: recorder_pid(jm), "the recorder process", 10, [jm])
     os.kill(first, signal.SIGKILL)
     second = wait_until(
