@@ -64,6 +64,10 @@ stopping=0
 stop_all() {
   [ "$stopping" = 1 ] && return
   stopping=1
+  # A second signal must not cut the stopping short: `make` passes its own
+  # SIGTERM on to this script, which would otherwise exit here and leave the
+  # processes below running.
+  trap '' INT TERM
   echo
   echo "stopping demo processes..."
   local i
