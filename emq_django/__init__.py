@@ -6,6 +6,7 @@
 
 from emq_django.exceptions import (
     BrokerUnavailable,
+    Cancelled,
     EmqError,
     JobRefused,
     ProtocolError,
@@ -22,6 +23,7 @@ from emq_django.task import Task, task
 
 __all__ = [
     "BrokerUnavailable",
+    "Cancelled",
     "EmqError",
     "JobRefused",
     "ProtocolError",

@@ -130,8 +130,10 @@ class Client:
                 self._wait_ack(msgid)
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a job that has not started yet; True if it was. A running job
-        cannot be stopped, but it will not be retried. Asks the broker's monitor
+        """Cancel a job; True if it was cancelled or is being stopped. A job that
+        has not started is removed; a running one has its worker process killed (its
+        ``get()`` raises ``Cancelled``). Only a job running on an EventMQ job manager
+        cannot be stopped (False; it will not be retried). Asks the broker's monitor
         channel (``EMQ_MONITOR_URL``); raises ``BrokerUnavailable``."""
         import json
 
@@ -144,7 +146,8 @@ class Client:
         answer = query(settings.MONITOR_URL, b"CANCEL " + job_id.encode(), settings.MONITOR_TIMEOUT)
         if answer.startswith(b"ERROR"):
             raise JobRefused(answer.decode(errors="replace"))
-        return job_id in json.loads(answer)["cancelled"]
+        states = json.loads(answer)
+        return job_id in states["cancelled"] or job_id in states.get("stopping", ())
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the broker has acknowledged everything sent so far."""

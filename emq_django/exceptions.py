@@ -66,6 +66,13 @@ class TaskFailed(EmqError):
         return text
 
 
+class Cancelled(TaskFailed):
+    """The job was cancelled (``Client.cancel()``, the monitor's ``CANCEL``): raised
+    by its ``get()``. A ``TaskFailed``: a job that was cancelled did not succeed."""
+
+    TYPE = "emq_django.exceptions.Cancelled"
+
+
 class ResultTimeout(EmqError, TimeoutError):
     """No result arrived within the timeout given to ``Result.get()``."""
 

@@ -13,7 +13,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from emq_django.exceptions import ResultTimeout, ResultUnavailable, TaskFailed, type_name
+from emq_django.exceptions import Cancelled, ResultTimeout, ResultUnavailable, TaskFailed, type_name
 
 if TYPE_CHECKING:
     from emq_django.client import Client
@@ -169,7 +169,8 @@ def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
         return None, TaskFailed("ProtocolError", f"reply body is not JSON: {body[:100]!r}")
     if isinstance(data, dict) and "error" in data and isinstance(data["error"], dict):
         err = data["error"]
-        return None, TaskFailed(
+        cls = Cancelled if err.get("type") == Cancelled.TYPE else TaskFailed
+        return None, cls(
             str(err.get("type", "Exception")),
             str(err.get("message", "")),
             str(err.get("traceback", "")),

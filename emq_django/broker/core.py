@@ -34,6 +34,7 @@ from emq_django.broker.trace import (
 )
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
+from emq_django.protocol.body import encode_failure
 from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ COUNTERS = (
     "dead_lettered",
     "spilled",
     "cancelled",
+    "worker_lost",
 )
+WORKER_LOST = "emq_django.exceptions.WorkerLost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,10 @@ class BrokerCore(JobLifecycle):
         self.schedulers: dict[bytes, Peer] = {}  # frontend peers that sent INFORM
         self.managers: dict[str, bytes] = {}  # our job managers: name -> control identity
         self.inflight: dict[bytes, Job] = {}  # attempt id -> job
+        # attempts whose worker process is gone, held under its job manager until
+        # it says how the process ended (or until this deadline)
+        self.held: dict[bytes, float] = {}
+        self.done_by_manager: dict[str, int] = {}  # Peer.manager -> attempts finished
         self.held_schedules: list[list[bytes]] = []  # waiting for a scheduler
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.out: list[tuple[int, bytes, list[bytes]]] = []
@@ -149,6 +156,8 @@ class BrokerCore(JobLifecycle):
             # a quarter interval: a dead peer is noticed within liveness + 1/4 intervals
             self.next_expiry_check = now + self.config.heartbeat_interval / 4
             self._expire_peers(now)
+            if self.held:
+                self._expire_held(now)
         if now >= self.delayed.next_due():
             self._release_due(now)
         if now >= self.next_housekeeping:
@@ -298,23 +307,42 @@ class BrokerCore(JobLifecycle):
         job = self.inflight.get(cmd.request_msgid)
         if job is None or not self._may_answer(peer, job):
             self.counters["stale_replies"] += 1
+        elif failed and F.FLAG_REQUEUE in cmd.status.split(b","):
+            # a worker process that is going away gives back a job it never started
+            del self.inflight[cmd.request_msgid]
+            self._release(job)
+            self._requeue(job, now)
         else:
             del self.inflight[cmd.request_msgid]
+            self.held.pop(cmd.request_msgid, None)
             owner = self._finish(job, now)
+            lost = F.reply_lost(cmd.status) if failed else None
+            if lost is not None:
+                self.counters["worker_lost"] += 1
             final = self._settle(job, failed, cmd.status, now)
-            if owner is not None and owner.identity != identity and b"lost" in cmd.status:
-                # its job manager says the process is gone
-                self._drop_peer(owner, now, "lost its worker process")
-            if final and job.client is not None:
-                self.out.append(
-                    (
-                        FRONTEND,
-                        job.client,
-                        [b"", PROTOCOL, F.REPLY, self.new_id(), cmd.body, job.id, cmd.status],
-                    )
-                )
+            if (
+                lost is not None
+                and owner is not None
+                and owner.identity != identity
+                and owner.role == ROLE_SLOT
+            ):
+                # its job manager says the process is gone: the slot's other jobs
+                # never started, and go back to their queue without counting
+                self._drop_peer(owner, now, "lost its worker process", verdict=True)
+            if final:
+                self._answer_client(job, cmd.body, cmd.status, failed)
         if ready:
             self._credit(peer, now)
+
+    def _answer_client(self, job: Job, body: bytes, status: bytes, failed: bool) -> None:
+        if job.client is None:
+            return
+        if failed and job.cancelled:
+            body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
+            status = b"failed,error:" + CANCELLED.encode()
+        self.out.append(
+            (FRONTEND, job.client, [b"", PROTOCOL, F.REPLY, self.new_id(), body, job.id, status])
+        )
 
     def _backend_heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
         pass  # last_seen is updated for every command
@@ -328,7 +356,8 @@ class BrokerCore(JobLifecycle):
             self._drop_peer(peer, now, "said goodbye")
 
     def _backend_kbye(self, identity: bytes, cmd: F.Kbye, now: float) -> None:
-        self._drop_peer(self.peers[identity], now, "said KBYE")
+        # a goodbye with jobs in flight gives them back: they go to their queue uncounted
+        self._drop_peer(self.peers[identity], now, "said KBYE", verdict=True)
 
     # ---- dispatch -----------------------------------------------------------
 
@@ -363,11 +392,12 @@ class BrokerCore(JobLifecycle):
         job.attempt += 1
         job.attempt_id = job.id + b"#%d" % job.attempt
         job.peer = peer.identity
+        job.manager = peer.manager
         job.dispatched_at = now
         if self.trace is not None:
             self._trace_dispatched(job, now, peer)
         self.inflight[job.attempt_id] = job
-        peer.inflight.add(job.attempt_id)
+        peer.inflight[job.attempt_id] = None
         queue.in_flight += 1
         if not returning:
             self._set_credit(peer, peer.credit - 1)
@@ -391,28 +421,35 @@ class BrokerCore(JobLifecycle):
     def _may_answer(self, peer: Peer, job: Job) -> bool:
         if job.peer == peer.identity:
             return True
-        # our job manager answers for a slot whose process it had to kill
-        owner = self.peers.get(job.peer) if job.peer else None
-        return bool(
-            owner and peer.role == ROLE_MANAGER and peer.manager and owner.manager == peer.manager
-        )
+        # our job manager answers for a slot whose process it had to kill, and a
+        # slot that connected again answers under its new identity
+        return bool(peer.role != ROLE_PLAIN and peer.manager and peer.manager == job.manager)
 
-    def _finish(self, job: Job, now: float) -> Peer | None:
-        """The attempt's peer is done with it; returns that peer."""
+    def _release(self, job: Job) -> Peer | None:
+        """The attempt is no longer in flight at its peer; returns that peer."""
         self.queues[job.queue].in_flight -= 1
         owner = self.peers.get(job.peer) if job.peer else None
         if owner is not None:
-            owner.inflight.discard(job.attempt_id)
+            owner.inflight.pop(job.attempt_id, None)
+        return owner
+
+    def _finish(self, job: Job, now: float) -> Peer | None:
+        """The attempt's peer is done with it; returns that peer."""
+        owner = self._release(job)
+        if job.manager is not None:  # counted per job manager: slots come and go
+            self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
+        if owner is not None:
             owner.jobs_done += 1
             if owner.draining and not owner.inflight:
                 self._drop_peer(owner, now, "said goodbye")
         return owner
 
     def _requeue(self, job: Job, now: float, lost_from: Peer | None = None) -> None:
+        """Back to the front of its queue, not counted as an attempt: it never started.
+        The caller has released it (``in_flight``) already."""
         if self.trace is not None:
             self._trace("requeued", job, now, "PeerLost", peer=lost_from)
         queue = self.queues[job.queue]
-        queue.in_flight -= 1
         self.counters["requeued"] += 1
         job.peer = None
         target = None if queue.pending else queue.pick()
@@ -421,7 +458,11 @@ class BrokerCore(JobLifecycle):
         else:
             queue.push_front(job)
 
-    def _drop_peer(self, peer: Peer, now: float, why: str) -> None:
+    def _drop_peer(self, peer: Peer, now: float, why: str, verdict: bool = False) -> None:
+        """Forget ``peer``. Its in-flight attempts: a slot runs the first and has not
+        started the others, which go back to their queue uncounted; the running one
+        ended with its process (an attempt that failed: ``_lost``), or waits for its
+        job manager's word on how (``verdict``: it came already)."""
         if self.peers.pop(peer.identity, None) is None:
             return
         for weight, name in peer.queues:
@@ -435,19 +476,88 @@ class BrokerCore(JobLifecycle):
             orphans = [p for p in self.peers.values() if p.manager == peer.manager]
             for orphan in orphans:
                 self._set_credit(orphan, 0)  # so that nothing is requeued onto them
-        lost = [self.inflight.pop(a) for a in sorted(peer.inflight) if a in self.inflight]
+        lost = [self.inflight.pop(a) for a in peer.inflight if a in self.inflight]
         peer.inflight.clear()
+        running: list[Job] = []
+        if lost and not verdict:
+            # a slot runs one job at a time; our job manager's control connection
+            # holds attempts whose processes died; EventMQ's runs one per worker
+            running = lost[:1] if peer.role == ROLE_SLOT else lost
+        unstarted = lost[len(running) :]
         if peer.role != ROLE_SLOT or lost:
             log.info(
-                "job manager %s %s; requeueing %d in-flight jobs",
+                "job manager %s %s; %d jobs were running, %d go back to their queue",
                 _show(peer.identity),
                 why,
-                len(lost),
+                len(running),
+                len(unstarted),
             )
-        for job in lost:
+        for job in unstarted:
+            self.queues[job.queue].in_flight -= 1
             self._requeue(job, now, lost_from=peer)
+        for job in running:
+            self._lost_or_hold(job, peer, now)
+        if peer.role == ROLE_MANAGER and peer.manager not in self.managers:
+            self.done_by_manager.pop(peer.manager or "", None)
         for orphan in orphans:
             self._drop_peer(orphan, now, f"went with its job manager {peer.manager}")
+
+    def _lost_or_hold(self, job: Job, peer: Peer, now: float) -> None:
+        """``job`` was running on ``peer``, which is gone. While its job manager
+        lives, the attempt waits for its word (the exit code, the signal); else it
+        ends now as a failed attempt."""
+        manager = self.peers.get(self.managers.get(peer.manager or "", b""))
+        if peer.role == ROLE_SLOT and manager is not None and manager is not peer:
+            job.peer = manager.identity
+            manager.inflight[job.attempt_id] = None
+            self.inflight[job.attempt_id] = job
+            self.held[job.attempt_id] = now + self.config.heartbeat_interval * (
+                self.config.heartbeat_liveness
+            )
+            return
+        if peer.role == ROLE_SLOT and peer.manager in self.managers:
+            detail = "worker process lost"
+        else:
+            detail = "job manager lost"
+        self._lost(job, now, detail)
+
+    def _lost(self, job: Job, now: float, detail: str) -> None:
+        """The attempt ended with its process, and nobody can say more: a failed attempt."""
+        self.held.pop(job.attempt_id, None)
+        self.queues[job.queue].in_flight -= 1
+        if job.manager is not None:
+            self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
+        self.counters["worker_lost"] += 1
+        log.warning("job %s: %s mid-job", _show(job.id), detail)
+        status = F.lost_status(WORKER_LOST, detail)
+        if self._settle(job, True, status, now):
+            body = encode_failure(WORKER_LOST, f"the job's {detail} mid-job", "")
+            self._answer_client(job, body, status, True)
+
+    def _kill_attempt(self, job: Job) -> bool:
+        """Ask the job manager running ``job`` to kill its worker process (KILL, an
+        extension only our job managers get). False when that cannot be done."""
+        owner = self.peers.get(job.peer) if job.peer else None
+        if owner is None or owner.role == ROLE_PLAIN:
+            return False
+        if job.attempt_id in self.held:
+            return True  # its process is gone already; its job manager will say so
+        control = self.managers.get(owner.manager or "")
+        if control is None:
+            return False
+        self.out.append((BACKEND, control, F.Kill(self.new_id(), job.attempt_id).encode()))
+        return True
+
+    def _expire_held(self, now: float) -> None:
+        for attempt_id in [a for a, due in self.held.items() if now >= due]:
+            del self.held[attempt_id]
+            job = self.inflight.pop(attempt_id, None)
+            if job is None:
+                continue
+            owner = self.peers.get(job.peer) if job.peer else None
+            if owner is not None:
+                owner.inflight.pop(attempt_id, None)
+            self._lost(job, now, "worker process lost (its job manager did not say how)")
 
     # ---- heartbeats ---------------------------------------------------------
 
@@ -617,6 +727,9 @@ def _reply_always(raw: bytes) -> bytes:
     """
     flags = raw.split(b",") if raw else []
     return raw if b"reply-requested" in flags else b",".join([b"reply-requested", *flags])
+
+
+CANCELLED = "emq_django.exceptions.Cancelled"
 
 
 def _show(identity: bytes) -> str:

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_REQUESTED_LIMIT = 3  # emq.Retry on a task declared with no retries
+# A guaranteed job is retried after at least this many worker deaths, whatever its
+# ``retries``: a killed job manager must not send durable work to the dead letters.
+GUARANTEED_DEATH_RETRIES = 2
 
 
 class JobLifecycle:
@@ -130,10 +133,17 @@ class JobLifecycle:
         job.failures += 1
         error = F.reply_error(status) or "Error"
         asked = F.reply_retry(status)
+        lost = F.reply_lost(status)
+        died = lost is not None and error != "TimeoutError"  # a time-out is a failure
         limit = job.headers.retry_count
         if asked is not None and not limit:
             limit = RETRY_REQUESTED_LIMIT
-        if job.failures <= limit and not job.cancelled:  # also while stopping: journaled
+        if died and job.headers.guarantee and self.journal_ops is not None:
+            limit = max(limit, GUARANTEED_DEATH_RETRIES)
+        if job.cancelled:
+            self._end_cancelled(job, now)
+            return True
+        if job.failures <= limit:  # also while stopping: journaled
             if asked is not None and asked >= 0:
                 delay = asked
             else:
@@ -145,11 +155,20 @@ class JobLifecycle:
         self.counters["failed"] += 1
         if self.trace is not None:
             self._trace("timed_out" if error == "TimeoutError" else "failed", job, now, error)
-        if job.headers.retry_count or asked is not None:
+        if died:  # a job that keeps killing its worker: the dead letters say how
+            short = error.rpartition(".")[2]
+            self._bury(job, f"{short}: {lost}" if lost else short, now)
+        elif job.headers.retry_count or asked is not None:
             self._bury(job, error, now)
         else:
             self._forget(job, now)
         return True
+
+    def _end_cancelled(self, job: Job, now: float) -> None:
+        self.counters["cancelled"] += 1
+        if self.trace is not None:
+            self._trace("cancelled", job, now)
+        self._forget(job, now)
 
     def _retry(self, job: Job, error: str, delay: float, now: float) -> None:
         self.counters["retried"] += 1
@@ -306,7 +325,7 @@ class JobLifecycle:
                 queue.in_flight -= 1
                 peer = self.peers.get(job.peer or b"")
                 if peer is not None:
-                    peer.inflight.discard(job.attempt_id)
+                    peer.inflight.pop(job.attempt_id, None)
                     self._credit(peer, now)
             elif job in queue.pending:
                 queue.pending.remove(job)
@@ -330,8 +349,11 @@ class JobLifecycle:
     # ---- cancelling (the monitor's CANCEL command) ---------------------------
 
     def cancel(self, job_id: bytes, now: float) -> str:
-        """Cancel a job that has not started: ``cancelled``. One running now cannot be
-        stopped, but it will not be retried: ``running``. Else ``unknown``."""
+        """Cancel a job. One that has not started (waiting, delayed, dead): gone,
+        ``cancelled``. One running on our job manager: its worker process is killed
+        (the KILL command) and the job ends as cancelled, ``stopping``. One running
+        on an EventMQ job manager cannot be stopped but will not be retried:
+        ``running``. Else ``unknown``."""
         spilled_to = self.spilled_ids.pop(job_id, None)
         if spilled_to is not None:
             self.queues[spilled_to].spilled -= 1
@@ -345,17 +367,18 @@ class JobLifecycle:
             return "unknown"
         if job.attempt_id in self.inflight and job.peer is not None:
             job.cancelled = True
-            return "running"
+            return "stopping" if self._kill_attempt(job) else "running"
         queue = self.queues[job.queue]
+        waiting = True
         if job in queue.pending:
             queue.pending.remove(job)
             queue.pending_bytes -= len(job.body)
         elif self.delayed.remove(job_id) is None:
-            self.dead.take([job_id])
-        self.counters["cancelled"] += 1
-        if self.trace is not None:
-            self._trace("cancelled", job, now)
-        self._forget(job, now)
+            waiting = not self.dead.take([job_id])  # a dead letter's caller has its answer
+        job.cancelled = True
+        self._end_cancelled(job, now)
+        if waiting:
+            self._answer_client(job, b"", b"failed", True)  # its get() raises Cancelled
         return "cancelled"
 
     # ---- dead letters (the monitor's commands) ------------------------------
@@ -418,4 +441,6 @@ class JobLifecycle:
             extra: float = 0.0,
         ) -> None: ...
         def _trace_enqueued(self, job: Job, now: float) -> None: ...
+        def _kill_attempt(self, job: Job) -> bool: ...
+        def _answer_client(self, job: Job, body: bytes, status: bytes, failed: bool) -> None: ...
         def _trace_succeeded(self, job: Job, now: float) -> None: ...

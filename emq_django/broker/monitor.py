@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from emq_django.broker.core import BrokerCore
-from emq_django.broker.state import ROLE_MANAGER, ROLE_SLOT, Peer
+from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer
 
 
 def _show(identity: bytes) -> str:
@@ -65,7 +65,11 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
         entry["slots"] += 1 if peer.role == ROLE_SLOT else max(peer.credit + len(peer.inflight), 0)
         entry["free_slots"] += peer.credit
         entry["busy"] += len(peer.inflight)
-        entry["jobs_done"] += peer.jobs_done
+        if peer.role == ROLE_PLAIN:
+            entry["jobs_done"] += peer.jobs_done
+    for key, entry in groups.items():
+        if entry["kind"] == "emq":  # kept per job manager: worker processes are replaced
+            entry["jobs_done"] = core.done_by_manager.get(key, 0)
     return sorted(groups.values(), key=lambda e: str(e["identity"]))
 
 

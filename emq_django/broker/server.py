@@ -316,7 +316,12 @@ class BrokerServer:
             return monitor.as_json(doc) if command.endswith(b"JSON") else monitor.as_lines(doc)
         if words and words[0].upper() == b"CANCEL" and len(words) > 1:
             now = self.clock()
-            states: dict[str, list[str]] = {"cancelled": [], "running": [], "unknown": []}
+            states: dict[str, list[str]] = {
+                "cancelled": [],
+                "stopping": [],
+                "running": [],
+                "unknown": [],
+            }
             for job_id in words[1:]:
                 states[self.core.cancel(job_id, now)].append(job_id.decode("utf-8", "replace"))
             self._flush()

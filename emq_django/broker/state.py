@@ -28,8 +28,9 @@ class Job:
     attempt_id: bytes = b""
     peer: bytes | None = None
     dispatched_at: float = 0.0
-    failures: int = 0  # failed attempts so far (a lost peer is not a failure)
+    failures: int = 0  # failed attempts so far: failures, time-outs and worker deaths
     cancelled: bool = False  # cancelled while running: its outcome is final, no retry
+    manager: str | None = None  # the job manager (Peer.manager) of its current attempt
     enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
     trace_id: str = ""  # the id as its trace lines give it (trace.job_json)
     trace_where: str = ""  # its lines' task, queue and job manager for this attempt
@@ -43,7 +44,9 @@ class Peer:
     last_seen: float
     meta: dict[str, Any] = field(default_factory=dict)
     credit: int = 0
-    inflight: set[bytes] = field(default_factory=set)  # attempt ids
+    # attempt ids in dispatch order: a slot runs them one by one, so the first is the
+    # one running and the others have not started
+    inflight: dict[bytes, None] = field(default_factory=dict)
     jobs_done: int = 0
     draining: bool = False
     connected_at: float = 0.0

@@ -36,6 +36,7 @@ UNSCHEDULE = b"UNSCHEDULE"
 INFORM = b"INFORM"
 READY = b"READY"
 ERROR = b"ERROR"  # extension: the broker refused the command named by ref_msgid
+KILL = b"KILL"  # extension: broker -> our job manager only, stop the process running an attempt
 
 PEER_WORKER = "worker"
 PEER_SCHEDULER = "scheduler"
@@ -220,6 +221,20 @@ class Error:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Extension: the broker asks our job manager to kill the worker process that
+    runs ``attempt_id`` (``reason``: ``cancelled``). Only sent on a job manager's
+    control connection (INFORM ``role: manager``), never to an EventMQ peer."""
+
+    msgid: bytes
+    attempt_id: bytes
+    reason: str = "cancelled"
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, KILL, self.msgid, self.attempt_id, self.reason.encode()]
+
+
 Command: TypeAlias = (
     Ack
     | Reply
@@ -233,6 +248,7 @@ Command: TypeAlias = (
     | Inform
     | Ready
     | Error
+    | Kill
 )
 
 
@@ -261,6 +277,28 @@ def _queue_name(frame: bytes, frames: Sequence[bytes]) -> str:
 STATUS_OK = b"ok"
 STATUS_FAILED = b"failed"
 FLAG_READY = b"ready"
+FLAG_LOST = b"lost"  # the attempt ended with its worker process: killed, died, timed out
+FLAG_REQUEUE = b"requeue"  # the worker process gives the job back unstarted
+MAX_STATUS_LENGTH = 255
+
+
+def lost_status(error: str, detail: str) -> bytes:
+    """The status of a REPLY our job manager sends for an attempt whose worker
+    process ended mid-job: ``failed,lost:<detail>,error:<type>``."""
+    detail = detail.replace(",", ";")[:120]
+    return b"failed,lost:" + detail.encode() + b",error:" + error.replace(",", "_").encode()[:100]
+
+
+@lru_cache(maxsize=1024)
+def reply_lost(status: bytes) -> str | None:
+    """How the attempt's worker process ended (``exit code 1``, ``killed by signal 6``)
+    for a REPLY flagged ``lost``: '' when not said; None for a REPLY not so flagged."""
+    for token in status.split(b","):
+        if token == FLAG_LOST:
+            return ""
+        if token.startswith(b"lost:"):
+            return token[5:].decode("utf-8", "replace")
+    return None
 
 
 @lru_cache(maxsize=1024)
@@ -308,7 +346,7 @@ def _decode_reply(f: Sequence[bytes]) -> Reply:
     _count(f, "REPLY", 5, 6, 7)
     request_msgid = f[5] if len(f) > 5 else b""
     status = f[6] if len(f) > 6 else b""
-    if len(status) > 64:
+    if len(status) > MAX_STATUS_LENGTH:
         raise ProtocolError("REPLY status frame too long", f)
     return Reply(f[3], f[4], request_msgid, status)
 
@@ -444,6 +482,13 @@ def _decode_error(f: Sequence[bytes]) -> Error:
     return Error(f[3], f[4], _text(f[6], "reason", f, 4096), _text(f[5], "code", f))
 
 
+def _decode_kill(f: Sequence[bytes]) -> Kill:
+    _count(f, "KILL", 6)
+    if not f[4] or len(f[4]) > MAX_ID_LENGTH:
+        raise ProtocolError("KILL needs an attempt id of 1 to 255 bytes", f)
+    return Kill(f[3], f[4], _text(f[5], "reason", f))
+
+
 _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     ACK: _decode_ack,
     REPLY: _decode_reply,
@@ -458,6 +503,7 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     INFORM: _decode_inform,
     READY: _decode_ready,
     ERROR: _decode_error,
+    KILL: _decode_kill,
 }
 
 

@@ -353,10 +353,11 @@ def test_heartbeats_are_sent_each_interval_to_every_peer() -> None:
 
 
 def test_silent_peer_is_dropped_and_its_jobs_go_to_another_peer() -> None:
+    # the attempt it was running counts (issue 12): with a retry left it runs again
     core = make_core()
     inform(core, b"silent")
     ready(core, b"silent")
-    request(core, b"client", b"j1", headers=b"reply-requested")
+    request(core, b"client", b"j1", headers=b"reply-requested,retry-count:1")
     assert core.inflight[b"j1#1"].peer == b"silent"
     inform(core, b"alive")
     ready(core, b"alive")
@@ -364,14 +365,15 @@ def test_silent_peer_is_dropped_and_its_jobs_go_to_another_peer() -> None:
         tick(core, now, keep_alive=(b"alive",))
     assert b"silent" in core.peers  # not yet: fewer than `liveness` intervals
     requeued: list[Request] = []
-    for now in (3.0, 11.0):  # plain (EventMQ) peers: 3 s x liveness + 1
+    for now in (3.0, 11.0, 13.0):  # plain (EventMQ) peers: 3 s x liveness + 1; backoff
         requeued += requests_to(tick(core, now, keep_alive=(b"alive",)), b"alive")
     assert b"silent" not in core.peers
-    assert core.counters["peers_expired"] == 1 and core.counters["requeued"] == 1
+    assert core.counters["peers_expired"] == 1 and core.counters["worker_lost"] == 1
+    assert core.counters["retried"] == 1
     assert [r.msgid for r in requeued] == [b"j1#2"]
     assert list(core.inflight) == [b"j1#2"]
     # the result of the second attempt still reaches the client with its own msgid
-    out = reply(core, b"alive", b"j1#2", now=11.0)
+    out = reply(core, b"alive", b"j1#2", now=13.0)
     assert [c.request_msgid for c in sent_to(out, FRONTEND, b"client")] == [b"j1"]
 
 
@@ -379,14 +381,14 @@ def test_requeued_job_waits_when_no_other_peer_has_credit() -> None:
     core = make_core()
     inform(core, b"silent")
     ready(core, b"silent")
-    request(core, b"client", b"j1")
-    for now in (1.0, 2.0, 3.0, 11.0):
+    request(core, b"client", b"j1", headers=b"retry-count:1")
+    for now in (1.0, 2.0, 3.0, 11.0, 13.0):  # dropped at 11, retried after the backoff
         tick(core, now)
     assert not core.peers
     assert [j.id for j in core.queues["default"].pending] == [b"j1"]
     assert core.queues["default"].in_flight == 0
     inform(core, b"new", now=11.0)
-    out = ready(core, b"new", now=11.0)
+    out = ready(core, b"new", now=13.0)
     assert [r.msgid for r in requests_to(out, b"new")] == [b"j1#2"]
 
 
@@ -403,7 +405,7 @@ def test_busy_slot_is_kept_while_its_manager_is_alive_and_dropped_with_it() -> N
     inform(core, b"slot0", meta=slot_meta(0))
     inform(core, b"slot1", meta=slot_meta(1))
     ready(core, b"slot0")
-    request(core, b"client", b"long")
+    request(core, b"client", b"long", headers=b"retry-count:1")
     assert core.inflight[b"long#1"].peer == b"slot0"
     # slot0 is busy in a long job and silent; slot1 is idle and silent too
     for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
@@ -416,7 +418,9 @@ def test_busy_slot_is_kept_while_its_manager_is_alive_and_dropped_with_it() -> N
         tick(core, now)
     assert b"mgr" not in core.peers
     assert b"slot0" not in core.peers
-    assert core.counters["requeued"] == 1
+    # the attempt it was running counts (issue 12; it used to be requeued uncounted)
+    assert core.counters["worker_lost"] == 1 and core.counters["retried"] == 1
+    tick(core, 12.0)  # after the backoff it waits for a job manager
     assert [j.id for j in core.queues["default"].pending] == [b"long"]
 
 
@@ -428,7 +432,8 @@ def test_busy_slot_whose_manager_is_gone_is_dropped() -> None:
     for now in (1.0, 2.0, 3.0, 4.0):
         tick(core, now)
     assert b"slot0" not in core.peers
-    assert core.counters["requeued"] == 1
+    assert core.counters["worker_lost"] == 1  # its attempt counts: retries=0, so final
+    assert core.counters["failed"] == 1 and len(core.dead) == 1
 
 
 def test_manager_reply_failed_lost_drops_its_slot() -> None:
@@ -518,17 +523,17 @@ def test_reply_for_an_attempt_that_was_requeued_is_stale() -> None:
     core = make_core()
     inform(core, b"slow")
     ready(core, b"slow")
-    request(core, b"client", b"j", headers=b"reply-requested")
+    request(core, b"client", b"j", headers=b"reply-requested,retry-count:1")
     inform(core, b"other")
     ready(core, b"other")
-    for now in (1.0, 2.0, 3.0, 11.0):
+    for now in (1.0, 2.0, 3.0, 11.0, 12.5):  # dropped at 11, retried after the backoff
         tick(core, now, keep_alive=(b"other",))
     assert list(core.inflight) == [b"j#2"]
-    inform(core, b"slow", now=11.5)  # it comes back and answers the first attempt
-    out = reply(core, b"slow", b"j#1", now=11.5)
+    inform(core, b"slow", now=12.6)  # it comes back and answers the first attempt
+    out = reply(core, b"slow", b"j#1", now=12.6)
     assert core.counters["stale_replies"] == 1
     assert [s for s, _, _ in out if s == FRONTEND] == []
-    out = reply(core, b"other", b"j#2", now=11.6)
+    out = reply(core, b"other", b"j#2", now=12.7)
     assert [c.request_msgid for c in sent_to(out, FRONTEND, b"client")] == [b"j"]
     assert core.counters["succeeded"] == 1
 

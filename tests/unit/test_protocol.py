@@ -413,7 +413,9 @@ MALFORMED = [
     pytest.param([b"", P, b"ACK", b"m", b"a", b"b"], "ACK needs 5", id="ack-6"),
     pytest.param([b"", P, b"REPLY", b"m"], "REPLY needs", id="reply-4"),
     pytest.param([b"", P, b"REPLY", b"m", b"b", b"r", b"s", b"x"], "REPLY needs", id="reply-8"),
-    pytest.param([b"", P, b"REPLY", b"m", b"b", b"r", b"s" * 65], "status", id="reply-long-status"),
+    pytest.param(
+        [b"", P, b"REPLY", b"m", b"b", b"r", b"s" * 256], "status", id="reply-long-status"
+    ),
     pytest.param([b"", P, b"HEARTBEAT", b"m", b"t", b"x"], "HEARTBEAT needs", id="heartbeat-6"),
     pytest.param([b"", P, b"HEARTBEAT", b"m", b"yesterday"], "timestamp", id="heartbeat-bad-ts"),
     pytest.param([b"", P, b"DISCONNECT", b"m", b"x"], "DISCONNECT needs", id="disconnect-5"),
