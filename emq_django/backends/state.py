@@ -184,11 +184,13 @@ def _finished(task: Task, job_id: str, alias: str, state: Any, job: Any) -> Task
     if state is not None:
         args, kwargs = json.loads(state.args), json.loads(state.kwargs)
     errors = []
-    if not job.failed:
+    if job.status == "succeeded":
         status = TaskResultStatus.SUCCESSFUL
     else:
         errors.append(TaskError(exception_class_path=_class_path(job), traceback=job.traceback))
-        retries_left = state is not None and job.attempts <= state.retries
+        retries_left = job.status == "retrying" or (
+            state is not None and job.attempts <= state.retries and job.status != "cancelled"
+        )
         status = TaskResultStatus.READY if retries_left else TaskResultStatus.FAILED
     result: TaskResult[Any, Any] = TaskResult(
         task=task,

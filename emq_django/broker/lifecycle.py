@@ -31,9 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_REQUESTED_LIMIT = 3  # emq.Retry on a task declared with no retries
-# A guaranteed job is retried after at least this many worker deaths, whatever its
-# ``retries``: a killed job manager must not send durable work to the dead letters.
-GUARANTEED_DEATH_RETRIES = 2
 
 
 class JobLifecycle:
@@ -139,7 +136,7 @@ class JobLifecycle:
         if asked is not None and not limit:
             limit = RETRY_REQUESTED_LIMIT
         if died and job.headers.guarantee and self.journal_ops is not None:
-            limit = max(limit, GUARANTEED_DEATH_RETRIES)
+            limit = max(limit, F.GUARANTEED_DEATH_RETRIES)
         if job.cancelled:
             self._end_cancelled(job, now)
             return True

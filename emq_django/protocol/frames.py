@@ -280,6 +280,11 @@ FLAG_READY = b"ready"
 FLAG_LOST = b"lost"  # the attempt ended with its worker process: killed, died, timed out
 FLAG_REQUEUE = b"requeue"  # the worker process gives the job back unstarted
 MAX_STATUS_LENGTH = 255
+REQUEUE_STATUS = b"failed,requeue"
+# The delivery rule both ends apply: a guaranteed job is retried after at least this
+# many deaths of its worker process, whatever its ``retries`` (a job manager killed
+# with its jobs must not send durable work to the dead letters).
+GUARANTEED_DEATH_RETRIES = 2
 
 
 def lost_status(error: str, detail: str) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from emq_django.exceptions import TaskFailed
+from emq_django.exceptions import Cancelled, TaskFailed
 
 
 def stored_outcome(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
@@ -17,13 +17,14 @@ def stored_outcome(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
         .only("status", "result", "error_type", "error", "traceback", "task")
         .first()
     )
-    if row is None:
+    if row is None or row.status == "retrying":  # not final: another attempt comes
         return False, None, None, ""
     if row.failed:
+        cls = Cancelled if row.error_type == Cancelled.TYPE else TaskFailed
         return (
             True,
             None,
-            TaskFailed(row.error_type or row.status, row.error, row.traceback),
+            cls(row.error_type or row.status, row.error, row.traceback),
             row.task,
         )
     return True, (json.loads(row.result) if row.result else None), None, row.task

@@ -20,9 +20,18 @@ class Status(models.TextChoices):
     LOST = "lost"  # the worker process died mid-job; its job manager answered
     RETRIED = "retried"  # reserved: retries (issue #3)
     DEAD_LETTERED = "dead_lettered"  # reserved: dead letters (issue #3)
+    RETRYING = "retrying"  # the last attempt failed and the job will be tried again
+    CANCELLED = "cancelled"  # cancelled while it ran (its worker process was killed)
 
 
-FAILURES = (Status.FAILED, Status.TIMED_OUT, Status.LOST, Status.DEAD_LETTERED)
+# final failures; ``retrying`` is not final
+FAILURES = (
+    Status.FAILED,
+    Status.TIMED_OUT,
+    Status.LOST,
+    Status.DEAD_LETTERED,
+    Status.CANCELLED,
+)
 
 
 class JobResult(models.Model):

@@ -36,7 +36,7 @@ from django.db import DatabaseError, connections
 from emq_django.results.conf import results_settings
 from emq_django.results.models import JobResult, JobStat, Status
 from emq_django.results.pruning import prune
-from emq_django.worker.recording import JobRecord
+from emq_django.worker.recording import CANCELLED, JobRecord, will_retry
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,10 @@ def time_adapter(db: Any) -> Callable[[float], Any]:
 def status_of(record: JobRecord) -> str:
     if not record.failed:
         return Status.SUCCEEDED
+    if record.error_type == CANCELLED:
+        return Status.CANCELLED
+    if will_retry(record):
+        return Status.RETRYING
     if record.error_type == "TimeoutError":
         return Status.TIMED_OUT
     return Status.LOST if record.lost else Status.FAILED

@@ -33,6 +33,8 @@ from emq_django.worker.recording import load_recorder
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
+WORKER_LOST = "emq_django.exceptions.WorkerLost"
+CANCELLED = "emq_django.exceptions.Cancelled"
 
 PR_SET_PDEATHSIG = 1
 RECORDER_RESPAWN_DELAY = 1.0  # seconds between restarts of a recorder process that died
@@ -193,10 +195,32 @@ class JobManager:
     def _drain(self) -> None:
         assert self.link is not None
         for cmd in self.link.messages():
-            if type(cmd) is F.Kbye and not self.signals:
+            if type(cmd) is F.Kill:
+                self._kill_attempt(cmd.attempt_id, cmd.reason)
+            elif type(cmd) is F.Kbye and not self.signals:
                 log.info("the broker said goodbye; connecting again")
                 self.link.connect()
                 return
+
+    def _kill_attempt(self, attempt_id: bytes, reason: str) -> None:
+        """The broker's KILL (a job cancelled while it runs): stop the process that
+        runs ``attempt_id`` as for a time limit, SIGTERM then SIGKILL after the grace."""
+        for pid, slot in self.children.items():
+            if self.table.read(slot)[0] != attempt_id:
+                continue
+            self.table.mark_cancelled(slot)
+            log.warning(
+                "slot %d: job %s %s; stopping process %d",
+                slot,
+                attempt_id.decode(errors="replace"),
+                reason,
+                pid,
+            )
+            if pid not in self.kill_deadlines:
+                _kill(pid, signal.SIGTERM)
+                self.kill_deadlines[pid] = time.monotonic() + self.config.kill_grace
+            return
+        log.info("asked to stop job %s, which no worker process runs", attempt_id)
 
     def _goodbye(self) -> None:
         assert self.link is not None
@@ -301,38 +325,47 @@ class JobManager:
                 self._spawn(slot)
 
     def _answer_for_lost_job(self, slot: int, pid: int, status: int) -> None:
-        """Send the REPLY a dead worker process could not: TimeoutError or WorkerLost."""
-        attempt_id, started, limit = self.table.read(slot)
-        if not attempt_id:
+        """Send the REPLY a dead worker process could not: Cancelled, TimeoutError or
+        WorkerLost, with how the process ended (``lost:exit code 1``)."""
+        job = self.table.running(slot)
+        if job is None:
             return
         self.table.clear(slot)
-        elapsed = time.monotonic() - started
-        if limit and elapsed >= limit:
+        elapsed = time.monotonic() - job.started
+        how = _describe_status(status)
+        retries = job.retries
+        if job.cancelled:
+            error = CANCELLED
+            message = f"the job was cancelled while it ran; its worker process was {how}"
+        elif job.timeout and elapsed >= job.timeout:
             error = "TimeoutError"
             message = (
-                f"job ran longer than its time limit of {limit:g} s "
+                f"job ran longer than its time limit of {job.timeout:g} s "
                 "and its worker process was killed"
             )
         else:
-            error = "emq_django.exceptions.WorkerLost"
-            message = f"worker process {pid} died mid-job ({_describe_status(status)})"
+            error = WORKER_LOST
+            message = f"worker process {pid} died mid-job ({how})"
+            if job.guaranteed:  # the broker's rule (frames.GUARANTEED_DEATH_RETRIES)
+                retries = max(retries, F.GUARANTEED_DEATH_RETRIES)
+        attempt_id = job.attempt_id
         log.warning("slot %d: job %s: %s", slot, attempt_id.decode(errors="replace"), message)
         body = encode_failure(error, message, "")
-        status_frame = b"failed,lost,error:" + error.encode()
         assert self.link is not None
+        status_frame = F.lost_status(error, how)
         self.link.send([b"", PROTOCOL, F.REPLY, self.link.new_id(), body, attempt_id, status_frame])
         if self.recorder is not None:
             now = time.time_ns() // 1000
             try:
                 self.recorder.add(
                     attempt_id,
-                    "",
-                    "",
+                    job.task,
+                    job.queue,
                     now - int(elapsed * 1e6),
                     now,
                     True,
                     error,
-                    0,
+                    retries,
                     b"",
                     body,
                     lost=True,

@@ -18,8 +18,10 @@ from typing import Any
 
 import zmq
 
+from emq_django.exceptions import Cancelled
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
+from emq_django.protocol.body import encode_failure
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
@@ -27,6 +29,7 @@ from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
+CANCELLED = Cancelled.TYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,9 @@ class SlotWorker:
             on_connect=self._on_connect,
         )
         self.stopping = False
+        # a job overran its time limit or was cancelled: this process is being killed;
+        # it reports that job as failed and gives the jobs it holds back unstarted
+        self.abandoning = False
         self.jobs_done = 0
         self.policy = CreditPolicy(config.prefetch)
         self.retiring = False
@@ -107,10 +113,10 @@ class SlotWorker:
         self._grant(self._wanted())
 
     def _loop(self) -> None:
-        while not self.stopping and not self.retiring:
+        while not self.stopping and not self.retiring and not self.abandoning:
             if self.link.poll(self._recorder_turn()):
                 self._drain()
-            if self.stopping or self.retiring:
+            if self.stopping or self.retiring or self.abandoning:
                 break
             self.link.tick()
         self._goodbye()
@@ -118,7 +124,10 @@ class SlotWorker:
     def _drain(self) -> None:
         for cmd in self.link.messages():
             if type(cmd) is F.Request:
-                self._run(cmd)
+                if self.abandoning:
+                    self._give_back(cmd)
+                else:
+                    self._run(cmd)
             elif type(cmd) is F.Kbye:
                 log.info("the broker said goodbye; connecting again")
                 self.link.connect()
@@ -127,16 +136,20 @@ class SlotWorker:
     def _run(self, req: F.Request) -> None:
         self.credit -= 1
         started = time.monotonic()
-        self.table.start(self.config.slot, req.msgid, started, req.headers.timeout)
+        h = req.headers
+        slot = self.config.slot
+        self.table.start(
+            slot, req.msgid, started, h.timeout, req.queue, h.task, h.retry_count, h.guarantee
+        )
         outcome = execute(req.body, req.msgid)
-        self.table.clear(self.config.slot)
         self.jobs_done += 1
         elapsed = time.monotonic() - started
+        outcome = self._overruled(outcome, elapsed, h.timeout)
         self.policy.observe(elapsed)
         if self.recorder is not None:
             self._record(req, outcome, elapsed)
         wanted = self._wanted()
-        if self.stopping or self._should_retire():
+        if self.stopping or self.abandoning or self._should_retire():
             wanted = 0  # no more credit from this process
         # the REPLY gives one credit back ("ready") when we want more than we hold
         give_back = self.credit < wanted
@@ -144,9 +157,35 @@ class SlotWorker:
         self.link.send(
             [b"", PROTOCOL, F.REPLY, self.link.new_id(), outcome.body, req.msgid, status]
         )
+        # cleared after the REPLY: killed in between, its job manager answers too,
+        # and the broker drops the second answer as stale
+        self.table.clear(slot)
         if give_back:
             self.credit += 1
             self._grant(wanted - self.credit)
+
+    def _overruled(self, outcome: Outcome, elapsed: float, timeout: float) -> Outcome:
+        """A job cancelled while it ran, or that ran past its time limit, failed,
+        whatever it returned during the kill grace (its job manager is killing this
+        process)."""
+        if self.table.cancelled(self.config.slot):
+            self.abandoning = True
+            body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
+            return Outcome(body, True, CANCELLED, outcome.spec)
+        if timeout and elapsed >= timeout:
+            self.abandoning = True
+            message = f"job ran {elapsed:.3f} s, longer than its time limit of {timeout:g} s"
+            return Outcome(
+                encode_failure("TimeoutError", message, ""), True, "TimeoutError", outcome.spec
+            )
+        return outcome
+
+    def _give_back(self, req: F.Request) -> None:
+        """A job this process will not start: back to the broker, uncounted."""
+        self.credit -= 1
+        self.link.send(
+            [b"", PROTOCOL, F.REPLY, self.link.new_id(), b"{}", req.msgid, F.REQUEUE_STATUS]
+        )
 
     def _record(self, req: F.Request, outcome: Outcome, elapsed: float) -> None:
         assert self.recorder is not None
@@ -235,7 +274,10 @@ class SlotWorker:
             return
         for cmd in self.link.goodbye(wait=self.config.heartbeat_interval * 2):
             if type(cmd) is F.Request:
-                self._run(cmd)
+                if self.abandoning:
+                    self._give_back(cmd)
+                else:
+                    self._run(cmd)
 
 
 def _peak_rss_mb() -> float:

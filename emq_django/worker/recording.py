@@ -62,6 +62,23 @@ def close_recorder(recorder: JobRecorder | None) -> None:
         log.exception("the job recorder failed while closing")
 
 
+CANCELLED = "emq_django.exceptions.Cancelled"
+RETRY = "emq_django.exceptions.Retry"
+RETRY_REQUESTED_LIMIT = 3  # as the broker's (lifecycle.RETRY_REQUESTED_LIMIT)
+
+
+def will_retry(record: JobRecord) -> bool:
+    """Whether the broker tries a failed attempt again (its rule, as far as the
+    record knows it: ``retry_count`` is the job's retries, or for a lost guaranteed
+    job the larger number of deaths it survives)."""
+    if not record.failed or record.error_type == CANCELLED:
+        return False
+    limit = record.retry_count
+    if record.error_type == RETRY and not limit:
+        limit = RETRY_REQUESTED_LIMIT
+    return record.attempt <= limit
+
+
 def split_attempt(attempt_id: bytes) -> tuple[str, int]:
     """``b"<job id>#2"`` -> ("<job id>", 2); an id without ``#`` is attempt 1."""
     job_id, sep, number = attempt_id.rpartition(b"#")

@@ -1,17 +1,38 @@
 """A table in shared memory where each worker process says what it is running.
 
 The job manager reads it to enforce time limits and to answer for a worker
-process that died mid-job, without a message per job between the processes.
+process that died mid-job (with the job's task and queue, for the history),
+without a message per job between the processes. It also marks a job cancelled
+there, so that a worker process whose job returns during the kill grace reports
+it cancelled, not succeeded.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+from typing import NamedTuple
 
-_HEADER = struct.Struct("=ddB")  # started (monotonic), timeout, attempt id length
-SLOT_SIZE = 512
-MAX_ATTEMPT_ID = SLOT_SIZE - _HEADER.size
+# started (monotonic), timeout, retries, lengths of attempt id, queue and task, flags
+_HEADER = struct.Struct("=ddiHHHB")
+SLOT_SIZE = 1024
+MAX_ATTEMPT_ID = 255
+MAX_QUEUE = 255
+MAX_TASK = SLOT_SIZE - _HEADER.size - MAX_ATTEMPT_ID - MAX_QUEUE
+_FLAGS = _HEADER.size - 1  # offset of the flags byte
+GUARANTEED = 1
+CANCELLED = 2
+
+
+class Running(NamedTuple):
+    attempt_id: bytes
+    started: float
+    timeout: float
+    queue: str = ""
+    task: str = ""
+    retries: int = 0
+    guaranteed: bool = False
+    cancelled: bool = False
 
 
 class SlotTable:
@@ -19,23 +40,62 @@ class SlotTable:
         self.count = count
         self._mem = mmap.mmap(-1, SLOT_SIZE * max(count, 1))  # shared with forked children
 
-    def start(self, slot: int, attempt_id: bytes, started: float, timeout: float) -> None:
-        attempt_id = attempt_id[:MAX_ATTEMPT_ID]
+    def start(
+        self,
+        slot: int,
+        attempt_id: bytes,
+        started: float,
+        timeout: float,
+        queue: str = "",
+        task: str = "",
+        retries: int = 0,
+        guaranteed: bool = False,
+    ) -> None:
+        aid = attempt_id[:MAX_ATTEMPT_ID]
+        q = queue.encode()[:MAX_QUEUE]
+        t = task.encode()[:MAX_TASK]
         base = slot * SLOT_SIZE
-        self._mem[base + _HEADER.size : base + _HEADER.size + len(attempt_id)] = attempt_id
-        _HEADER.pack_into(self._mem, base, started, timeout, len(attempt_id))
+        data = base + _HEADER.size
+        self._mem[data : data + len(aid) + len(q) + len(t)] = aid + q + t
+        flags = GUARANTEED if guaranteed else 0
+        _HEADER.pack_into(
+            self._mem, base, started, timeout, retries, len(aid), len(q), len(t), flags
+        )
 
     def clear(self, slot: int) -> None:
-        _HEADER.pack_into(self._mem, slot * SLOT_SIZE, 0.0, 0.0, 0)
+        _HEADER.pack_into(self._mem, slot * SLOT_SIZE, 0.0, 0.0, 0, 0, 0, 0, 0)
+
+    def mark_cancelled(self, slot: int) -> None:
+        base = slot * SLOT_SIZE
+        self._mem[base + _FLAGS] = self._mem[base + _FLAGS] | CANCELLED
+
+    def cancelled(self, slot: int) -> bool:
+        return bool(self._mem[slot * SLOT_SIZE + _FLAGS] & CANCELLED)
 
     def read(self, slot: int) -> tuple[bytes, float, float]:
         """(attempt id, started, timeout); an empty id when the slot is idle."""
-        base = slot * SLOT_SIZE
-        started, timeout, length = _HEADER.unpack_from(self._mem, base)
-        if not length:
+        running = self.running(slot)
+        if running is None:
             return b"", 0.0, 0.0
-        return (
-            bytes(self._mem[base + _HEADER.size : base + _HEADER.size + length]),
+        return running.attempt_id, running.started, running.timeout
+
+    def running(self, slot: int) -> Running | None:
+        """What the slot runs, or None when it is idle."""
+        base = slot * SLOT_SIZE
+        started, timeout, retries, n_id, n_queue, n_task, flags = _HEADER.unpack_from(
+            self._mem, base
+        )
+        if not n_id:
+            return None
+        data = base + _HEADER.size
+        raw = bytes(self._mem[data : data + n_id + n_queue + n_task])
+        return Running(
+            raw[:n_id],
             started,
             timeout,
+            raw[n_id : n_id + n_queue].decode("utf-8", "replace"),
+            raw[n_id + n_queue :].decode("utf-8", "replace"),
+            retries,
+            bool(flags & GUARANTEED),
+            bool(flags & CANCELLED),
         )
