@@ -359,14 +359,14 @@ class JobManager:
             try:
                 self.recorder.add(
                     attempt_id,
-                    job.task,
+                    job.task if job.body else "",  # '': keep an earlier attempt's row
                     job.queue,
                     now - int(elapsed * 1e6),
                     now,
                     True,
                     error,
                     retries,
-                    b"",
+                    job.body,
                     body,
                     lost=True,
                 )

@@ -139,7 +139,15 @@ class SlotWorker:
         h = req.headers
         slot = self.config.slot
         self.table.start(
-            slot, req.msgid, started, h.timeout, req.queue, h.task, h.retry_count, h.guarantee
+            slot,
+            req.msgid,
+            started,
+            h.timeout,
+            req.queue,
+            h.task,
+            h.retry_count,
+            h.guarantee,
+            req.body,
         )
         outcome = execute(req.body, req.msgid)
         self.jobs_done += 1

@@ -13,12 +13,15 @@ import mmap
 import struct
 from typing import NamedTuple
 
-# started (monotonic), timeout, retries, lengths of attempt id, queue and task, flags
-_HEADER = struct.Struct("=ddiHHHB")
-SLOT_SIZE = 1024
+# started (monotonic), timeout, retries, lengths of attempt id, queue, task, body, flags
+_HEADER = struct.Struct("=ddiHHHHB")
+SLOT_SIZE = 8192
 MAX_ATTEMPT_ID = 255
 MAX_QUEUE = 255
-MAX_TASK = SLOT_SIZE - _HEADER.size - MAX_ATTEMPT_ID - MAX_QUEUE
+MAX_TASK = 480
+# the job's body, when it fits, so that the history row of a job whose process died
+# has its arguments (and the admin's Retry sends them); a larger one is left out
+MAX_BODY = SLOT_SIZE - _HEADER.size - MAX_ATTEMPT_ID - MAX_QUEUE - MAX_TASK
 _FLAGS = _HEADER.size - 1  # offset of the flags byte
 GUARANTEED = 1
 CANCELLED = 2
@@ -33,6 +36,7 @@ class Running(NamedTuple):
     retries: int = 0
     guaranteed: bool = False
     cancelled: bool = False
+    body: bytes = b""  # b"" when it did not fit
 
 
 class SlotTable:
@@ -50,20 +54,22 @@ class SlotTable:
         task: str = "",
         retries: int = 0,
         guaranteed: bool = False,
+        body: bytes = b"",
     ) -> None:
         aid = attempt_id[:MAX_ATTEMPT_ID]
         q = queue.encode()[:MAX_QUEUE]
         t = task.encode()[:MAX_TASK]
+        b = body if len(body) <= MAX_BODY else b""
         base = slot * SLOT_SIZE
         data = base + _HEADER.size
-        self._mem[data : data + len(aid) + len(q) + len(t)] = aid + q + t
+        self._mem[data : data + len(aid) + len(q) + len(t) + len(b)] = aid + q + t + b
         flags = GUARANTEED if guaranteed else 0
         _HEADER.pack_into(
-            self._mem, base, started, timeout, retries, len(aid), len(q), len(t), flags
+            self._mem, base, started, timeout, retries, len(aid), len(q), len(t), len(b), flags
         )
 
     def clear(self, slot: int) -> None:
-        _HEADER.pack_into(self._mem, slot * SLOT_SIZE, 0.0, 0.0, 0, 0, 0, 0, 0)
+        _HEADER.pack_into(self._mem, slot * SLOT_SIZE, 0.0, 0.0, 0, 0, 0, 0, 0, 0)
 
     def mark_cancelled(self, slot: int) -> None:
         base = slot * SLOT_SIZE
@@ -82,20 +88,23 @@ class SlotTable:
     def running(self, slot: int) -> Running | None:
         """What the slot runs, or None when it is idle."""
         base = slot * SLOT_SIZE
-        started, timeout, retries, n_id, n_queue, n_task, flags = _HEADER.unpack_from(
+        started, timeout, retries, n_id, n_queue, n_task, n_body, flags = _HEADER.unpack_from(
             self._mem, base
         )
         if not n_id:
             return None
         data = base + _HEADER.size
-        raw = bytes(self._mem[data : data + n_id + n_queue + n_task])
+        raw = bytes(self._mem[data : data + n_id + n_queue + n_task + n_body])
+        q_end = n_id + n_queue
+        t_end = q_end + n_task
         return Running(
             raw[:n_id],
             started,
             timeout,
-            raw[n_id : n_id + n_queue].decode("utf-8", "replace"),
-            raw[n_id + n_queue :].decode("utf-8", "replace"),
+            raw[n_id:q_end].decode("utf-8", "replace"),
+            raw[q_end:t_end].decode("utf-8", "replace"),
             retries,
             bool(flags & GUARANTEED),
             bool(flags & CANCELLED),
+            raw[t_end:],
         )

@@ -1,0 +1,287 @@
+"""Attempts are the unit (issue 12): worker deaths, time-outs and cancels end an
+attempt as failed and count against ``retries``, and ``get()`` answers the final
+outcome only.
+
+Real broker and job manager processes on their own loopback ports; the tasks are
+in tests/e2e/attempt_tasks.py and write one line per run to EMQ_ATTEMPT_LOG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emq_django.exceptions import Cancelled, TaskFailed
+from emq_django.monitor_client import query
+from tests.conftest import EmqProcesses, ManagedProcess
+from tests.e2e import attempt_tasks as tasks
+from tests.e2e.test_spine import (
+    job_manager,
+    monitor,
+    run_manage,
+    start_broker,
+    wait_jm_ready,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+IMPORTS = "tests.e2e.attempt_tasks"
+RECORDER = "emq_django.results.recorder.DatabaseRecorder"
+KILL_GRACE = 2.0
+
+
+@pytest.fixture
+def env(
+    emq_env: dict[str, str], emq_client_env: dict[str, str], tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    """The broker, job managers and this test process share these settings."""
+    extra = {
+        "EMQ_IMPORTS": IMPORTS,
+        "EMQ_ATTEMPT_LOG": str(tmp_path / "attempts.jsonl"),
+        "EMQ_RETRY_BASE": "0.2",
+        "EMQ_RETRY_CAP": "1",
+        "EMQ_KILL_GRACE": str(KILL_GRACE),
+        "EMQ_TRACE_DIR": str(tmp_path / "trace"),
+        "EMQ_RECORDER": "",
+    }
+    emq_env.update(extra)
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    yield emq_env
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def start(
+    procs: EmqProcesses, env: dict[str, str], concurrency: int = 2, recorder: bool = False
+) -> list[ManagedProcess]:
+    broker = start_broker(procs, env)
+    jm = procs.start(
+        "emq_jobmanager",
+        "--queues",
+        "attempts:10",
+        "--concurrency",
+        str(concurrency),
+        "--name",
+        "att",
+        env={"EMQ_RECORDER": RECORDER if recorder else ""},
+        name="jm-att",
+    )
+    wait_jm_ready(env, "att", concurrency, [broker, jm])
+    return [broker, jm]
+
+
+def runs(env: dict[str, str], key: str) -> list[dict[str, Any]]:
+    path = Path(env["EMQ_ATTEMPT_LOG"])
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["key"] == key]
+
+
+def dead_letters(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    doc = json.loads(query(env["EMQ_MONITOR_URL"], b"DEADLETTERS LIST"))
+    return {d["id"]: d for d in doc["dead_letters"]}
+
+
+def trace_events(env: dict[str, str], job: str) -> list[str]:
+    events = []
+    for path in sorted(Path(env["EMQ_TRACE_DIR"]).glob("trace-*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["job"] == job:
+                events.append(event["event"])
+    return events
+
+
+def history_row(env: dict[str, str], job_id: str) -> dict[str, Any] | None:
+    path = env["DATABASE_URL"][len("sqlite:///") :]
+    with sqlite3.connect(path, timeout=10) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute("SELECT * FROM emq_results_jobresult WHERE id = ?", (job_id,)).fetchone()
+    return dict(row) if row is not None else None
+
+
+def migrate(env: dict[str, str]) -> None:
+    done = run_manage(env, "migrate", "--noinput")
+    assert done.returncode == 0, done.stderr
+
+
+# ---- worker deaths ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [("exit", "WorkerLost: exit code 1"), ("abort", "WorkerLost: killed by signal 6")],
+)
+def test_poison_job_runs_three_times_then_dead_letter_while_others_flow(
+    emq_processes: EmqProcesses, env: dict[str, str], how: str, reason: str
+) -> None:
+    procs = start(emq_processes, env)
+    key = f"poison-{how}"
+    poisoned = tasks.poison.apply_async((key, how), job_id=key)  # retries=2
+    others = [tasks.add.delay(n, 1) for n in range(40)]
+    assert [h.get(timeout=60) for h in others] == [n + 1 for n in range(40)]
+    with pytest.raises(TaskFailed) as failed:
+        poisoned.get(timeout=60)
+    assert failed.value.type == "emq_django.exceptions.WorkerLost"
+    letter = wait_until(lambda: dead_letters(env).get(key), "the dead letter", 15, procs)
+    assert letter["error"] == reason
+    assert letter["attempts"] == 3
+    time.sleep(2.0)  # and it is not run again
+    assert len(runs(env, key)) == 3
+    assert len({r["pid"] for r in runs(env, key)}) == 3  # each run killed its process
+    # the job manager is still whole: both slots serve
+    assert job_manager(monitor(env), "att")["slots"] == 2  # type: ignore[index]
+    assert [h.get(timeout=30) for h in [tasks.add.delay(1, 1), tasks.add.delay(2, 2)]] == [2, 4]
+
+
+def test_retries_zero_worker_death_runs_once(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    procs = start(emq_processes, env)
+    handle = tasks.dies_once.apply_async(("once",), job_id="once")
+    with pytest.raises(TaskFailed) as failed:
+        handle.get(timeout=30)
+    assert failed.value.type == "emq_django.exceptions.WorkerLost"
+    assert "exit code 1" in failed.value.message
+    time.sleep(3.0)  # more than a retry delay and the heartbeat expiry
+    assert len(runs(env, "once")) == 1
+    assert all(p.alive() for p in procs)
+
+
+# ---- time limits and cancel ---------------------------------------------------------
+
+
+def test_return_during_the_grace_is_a_timeout(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    start(emq_processes, env, concurrency=1)
+    handle = tasks.late.apply_async(("late",), job_id="late")  # timeout=1, returns at 1.6 s
+    with pytest.raises(TaskFailed) as failed:
+        handle.get(timeout=30)
+    assert failed.value.type == "TimeoutError"
+    (run,) = runs(env, "late")
+    wait_until(lambda: not Path(f"/proc/{run['pid']}").exists(), "the process to end", 15)
+    # a fresh process takes the slot
+    assert tasks.add.delay(2, 3).get(timeout=30) == 5
+
+
+def test_cancel_of_a_running_job_kills_it_and_get_raises_cancelled(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    from emq_django.client import get_client
+
+    migrate(env)
+    start(emq_processes, env, concurrency=1, recorder=True)
+    handle = tasks.sleeper.apply_async(("cancel-me",), job_id="cancel-me")
+    (run,) = wait_until(lambda: runs(env, "cancel-me"), "the job to start", 30)
+    asked = time.monotonic()
+    assert get_client().cancel("cancel-me") is True
+    with pytest.raises(Cancelled):
+        handle.get(timeout=KILL_GRACE + 10)
+    took = time.monotonic() - asked
+    print(f"\ncancel of a running job: get() raised Cancelled after {took:.2f} s")
+    assert took <= KILL_GRACE + 1.0
+    assert not Path(f"/proc/{run['pid']}").exists() or _zombie(run["pid"])
+    assert tasks.add.delay(1, 2).get(timeout=30) == 3  # its slot was replaced
+    assert "cancelled" in trace_events(env, "cancel-me")
+    row = wait_until(lambda: history_row(env, "cancel-me"), "the history row", 15)
+    assert row["status"] == "cancelled" and row["task"] == "tests.e2e.attempt_tasks.sleeper"
+    time.sleep(1.0)
+    assert len(runs(env, "cancel-me")) == 1  # not retried
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+# ---- honest history and counts ------------------------------------------------------
+
+
+def test_timed_out_job_history_has_task_and_queue_and_retry_works(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    from emq_django.results import actions
+    from emq_django.results.models import JobResult
+
+    migrate(env)
+    start(emq_processes, env, concurrency=2, recorder=True)
+    done = [tasks.add.delay(n, n) for n in range(10)]
+    assert [h.get(timeout=30) for h in done] == [2 * n for n in range(10)]
+    with pytest.raises(TaskFailed) as failed:
+        tasks.overrun.apply_async(("over",), job_id="over").get(timeout=30)
+    assert failed.value.type == "TimeoutError"
+    row = wait_until(
+        lambda: (r := history_row(env, "over")) and r["status"] == "timed_out" and r,
+        "the timed-out job's history row",
+        15,
+    )
+    assert row["task"] == "tests.e2e.attempt_tasks.overrun" and row["queue"] == "attempts"
+    assert json.loads(row["args"]) == ["over"]
+    # the admin's Retry sends it again as a new job
+    fields = {f.attname for f in JobResult._meta.concrete_fields}
+    new_id = actions.retry(JobResult(**{k: v for k, v in row.items() if k in fields}))
+    wait_until(lambda: len(runs(env, "over")) == 2, "the retried job to run", 30)
+    wait_until(
+        lambda: (r := history_row(env, new_id)) and r["status"] == "timed_out",
+        "the retried job's row",
+        30,
+    )
+    # workers were replaced twice: jobs done still equals succeeded + failed
+    doc = monitor(env)
+    counters = doc["counters"]
+    assert counters["succeeded"] == 10 and counters["failed"] == 2
+    assert job_manager(doc, "att")["jobs_done"] == 12  # type: ignore[index]
+
+
+# ---- a result is final only when the job is -----------------------------------------
+
+FLAKY_CLIENT = """
+import json
+from tests.e2e import attempt_tasks as t
+from emq_django.handles import history_installed
+handle = t.flaky.apply_async((KEY,), job_id=KEY)
+print("HISTORY=" + json.dumps(history_installed()))
+print("VALUE=" + json.dumps(handle.get(timeout=60)))
+"""
+
+
+@pytest.mark.parametrize("with_history", [True, False], ids=["history", "no-history"])
+def test_task_failing_twice_then_succeeding_get_returns_its_value(
+    emq_processes: EmqProcesses,
+    env: dict[str, str],
+    with_history: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    migrate(env)
+    # retries 1 s then 2 s later: get() first looks at the history after 1 s, when
+    # attempt 1 has failed and attempt 2 has not run yet
+    monkeypatch.setenv("EMQ_RETRY_BASE", "1.0")
+    monkeypatch.setenv("EMQ_RETRY_CAP", "2")
+    start(emq_processes, env, recorder=True)
+    key = f"flaky-{with_history}"
+    extra: dict[str, str] = {}
+    if not with_history:
+        extra["DJANGO_SETTINGS_MODULE"] = "tests.e2e.nohistory_settings"
+    script = FLAKY_CLIENT.replace("KEY", repr(key))
+    out = run_manage(env, "shell", "-c", script, extra_env=extra, timeout=90)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert json.loads(lines["HISTORY"]) is with_history
+    assert json.loads(lines["VALUE"]) == f"{key} ok"
+    assert len(runs(env, key)) == 3
