@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,10 +59,19 @@ class JournalError(Exception):
 
 
 class Journal:
-    def __init__(self, path: str | os.PathLike[str], sync: str = "normal") -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], sync: str = "normal", new: bool = False
+    ) -> None:
+        """Open (or create) the journal. An existing file that is empty or not a
+        journal raises ``JournalError``: guaranteed jobs must not vanish silently.
+        ``new``: start an empty journal on purpose, moving an existing file aside."""
         if sync not in ("normal", "full"):
             raise ValueError(f"EMQ_JOURNAL_SYNC must be 'normal' or 'full', not {sync!r}")
         self.path = Path(path)
+        if new:
+            _move_aside(self.path)
+        elif self.path.exists():
+            _check_existing(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -177,3 +187,34 @@ _APPLY = {
     "delete": _delete,
     "prune_done": _prune_done,
 }
+
+
+def _check_existing(path: Path) -> None:
+    """Raises ``JournalError`` unless ``path`` is a readable journal."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise JournalError(
+                f"the journal {path} is an empty file, not a journal; if its guaranteed "
+                "jobs are lost anyway, start with --new-journal (the file is moved aside)"
+            )
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise JournalError(f"cannot read the journal {path}: {exc}") from exc
+    if head != b"SQLite format 3\x00":
+        raise JournalError(
+            f"the journal {path} is not a journal (not an SQLite file); check "
+            "EMQ_JOURNAL_PATH, or start with --new-journal (the file is moved aside)"
+        )
+
+
+def _move_aside(path: Path) -> None:
+    if not path.exists():
+        return
+    aside = path.with_name(f"{path.name}.old-{int(time.time())}")
+    for suffix in ("", "-wal", "-shm"):
+        part = Path(f"{path}{suffix}")
+        if part.exists():
+            part.rename(Path(f"{aside}{suffix}"))
+    log.warning("--new-journal: moved the journal %s aside to %s", path, aside)

@@ -47,6 +47,7 @@ class BrokerServer:
         context: zmq.Context[Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         shutdown_grace: float | None = None,
+        new_journal: bool = False,
     ) -> None:
         self.settings = settings
         self.context = context or zmq.Context.instance()
@@ -68,7 +69,7 @@ class BrokerServer:
         self.core.wall_offset = time.time() - clock()
         self.journal: Journal | None = None
         if settings.JOURNAL_PATH:
-            self.journal = Journal(settings.JOURNAL_PATH, settings.JOURNAL_SYNC)
+            self.journal = Journal(settings.JOURNAL_PATH, settings.JOURNAL_SYNC, new=new_journal)
             self.core.journal_ops = []
             counts = self.core.restore(self.journal.load(), clock())
             waiting = sum(n for state, n in counts.items() if state != "done")
@@ -263,6 +264,7 @@ class BrokerServer:
         except JournalError as exc:
             unsaved = {op[1] for op in ops if op[0] == "put"}
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
+            core.counters["refused"] += len(unsaved)
             core.unsave(unsaved, self.clock())
             core.out = [
                 _refusal(m, unsaved, str(exc)) for m in core.out if not _dispatch_of(m, unsaved)
@@ -372,11 +374,18 @@ class BrokerServer:
             pass
 
     def _log_exit(self) -> None:
-        lost = sum(len(q.pending) for q in self.core.queues.values())
+        journaled = self.journal is not None
+        waiting = [j for q in self.core.queues.values() for j in q.pending]
+        kept = sum(1 for j in waiting if journaled and j.headers.guarantee)
+        in_flight = list(self.core.inflight.values())
+        kept_running = sum(1 for j in in_flight if journaled and j.headers.guarantee)
         log.info(
-            "broker stopped: %d jobs still in flight, %d waiting (not guaranteed: dropped)",
-            len(self.core.inflight),
-            lost,
+            "broker stopped: %d jobs in flight, %d waiting; %d guaranteed kept in the "
+            "journal, %d not guaranteed dropped",
+            len(in_flight),
+            len(waiting),
+            kept + kept_running,
+            len(waiting) - kept + len(in_flight) - kept_running,
         )
 
     def close(self) -> None:

@@ -36,3 +36,26 @@ def overrun(key: str, seconds: float = 30.0) -> None:
 def always_fails(key: str) -> None:
     record("run", key)
     raise RuntimeError(f"{key} always fails")
+
+
+@emq.task(queue="faults", guarantee=True, reply=False, retries=2)
+def poison(key: str, how: str = "exit") -> None:
+    record("run", key)
+    if how == "abort":
+        os.abort()
+    os._exit(1)
+
+
+@emq.task(queue="faults", reply=False)
+def dies_once(key: str) -> None:  # retries=0 without guarantee: at most once
+    record("run", key)
+    os._exit(1)
+
+
+@emq.task(queue="faults", timeout=1, retries=0)
+def late(key: str, seconds: float = 1.5) -> int:
+    """Returns inside the kill grace (EMQ_KILL_GRACE=1 here): still a time-out."""
+    record("run", key)
+    time.sleep(seconds)
+    record("done", key)
+    return 7

@@ -35,6 +35,12 @@ class Command(BaseCommand):
             "--heartbeat-liveness", type=int, help="missed heartbeats before a peer is dropped"
         )
         parser.add_argument("--max-pending", type=int, help="waiting jobs allowed per queue")
+        parser.add_argument(
+            "--new-journal",
+            action="store_true",
+            help="start with an empty journal on purpose (an existing file is moved aside); "
+            "without it an empty or unreadable journal file stops the broker",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         from emq_django.broker.server import BrokerServer
@@ -49,9 +55,9 @@ class Command(BaseCommand):
             max_pending=opts["max_pending"],
         )
         try:
-            server = BrokerServer(settings)
+            server = BrokerServer(settings, new_journal=opts["new_journal"])
         except JournalError as exc:
-            raise CommandError(f"{exc}; set EMQ_JOURNAL_PATH to a writable file") from exc
+            raise CommandError(str(exc)) from exc
         try:
             server.bind()
         except zmq.ZMQError as exc:
