@@ -7,4 +7,11 @@ class EmqDjangoConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from emq_django import checks  # noqa: F401  (registers system checks)
+        from emq_django import (
+            checks,  # noqa: F401  (registers system checks)
+            registry,
+        )
+        from emq_django.backends.discovery import register_django_tasks
+
+        # Django Tasks API tasks declared on an EmqTaskBackend run on job managers too
+        registry.add_discoverer(register_django_tasks)

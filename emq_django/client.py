@@ -19,10 +19,12 @@ from typing import Any
 
 import zmq
 
-from emq_django import wire
+from emq_django import transport, wire
 from emq_django.exceptions import BrokerUnavailable, JobRefused, ProtocolError, QueueFull
+from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +50,12 @@ class Client:
         self._replies: OrderedDict[bytes, F.Reply] = OrderedDict()
         self._errors: dict[bytes, F.Error] = {}
         self._confirmed = False
-        self._prefix = os.urandom(6).hex()
-        self._n = 0
+        self._ids = IdGenerator()
 
     # ---- sending ------------------------------------------------------------
 
     def new_id(self) -> str:
-        self._n += 1
-        return f"{self._prefix}{self._n:08x}"
+        return self._ids.text()
 
     def send(
         self,
@@ -193,12 +193,9 @@ class Client:
     def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:
             context = self._context or zmq.Context.instance()
-            sock = context.socket(zmq.DEALER)
-            sock.linger = 1000
-            sock.sndhwm = 0  # the ACK window bounds what is queued
-            sock.rcvhwm = 0
-            sock.connect(self.url)
-            self._sock = sock
+            # no high-water marks: the ACK window bounds what is queued
+            options = SocketOptions(linger=1000, sndhwm=0, rcvhwm=0)
+            self._sock = transport.connect(context, zmq.DEALER, self.url, options)
         return self._sock
 
     def _reset(self) -> None:

@@ -10,17 +10,18 @@ has been silent for ``liveness`` intervals or said KBYE.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
 
-from emq_django import wire
+from emq_django import transport, wire
 from emq_django.exceptions import ProtocolError
+from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class BrokerLink:
         heartbeat_interval: float,
         heartbeat_liveness: int,
         on_connect: Callable[[], None] | None = None,
+        identity: Callable[[], bytes] | None = None,
     ) -> None:
         self.context = context
         self.url = url
@@ -48,28 +50,26 @@ class BrokerLink:
         self.on_connect = on_connect  # e.g. a worker sending its READYs again
         self.sock: zmq.Socket[Any] | None = None
         self.last_recv = self.last_send = 0.0
-        self._prefix = b"%x-" % os.getpid()
-        self._n = 0
-
-    def new_id(self) -> bytes:
-        self._n += 1
-        return self._prefix + b"%x" % self._n
+        self.new_id = IdGenerator()
+        self.identity = identity  # a fresh socket identity per connection; None: libzmq's
+        self.connections = 0
 
     def connect(self) -> None:
         """A fresh socket and INFORM (again)."""
         self.close(linger=0)
-        sock: zmq.Socket[Any] = self.context.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(self.url)
-        self.sock = sock
+        self.connections += 1
+        options = SocketOptions(identity=self.identity() if self.identity else None)
+        self.sock = transport.connect(self.context, zmq.DEALER, self.url, options)
         self.last_recv = time.monotonic()
         self.send(F.Inform(self.new_id(), self.queues, self.peer_type, self.meta).encode())
         if self.on_connect is not None:
             self.on_connect()
 
-    def send(self, frames: list[bytes]) -> None:
+    def send(self, frames: list[bytes], nonblocking: bool = False) -> None:
+        """Send one message; with ``nonblocking``, raises ``zmq.Again`` when it
+        cannot be queued now."""
         assert self.sock is not None, "connect() first"
-        wire.send(self.sock, frames, nonblocking=False)
+        wire.send(self.sock, frames, nonblocking=nonblocking)
         self.last_send = time.monotonic()
 
     def poll(self, timeout: float) -> bool:

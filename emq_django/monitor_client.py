@@ -7,18 +7,17 @@ from typing import Any
 
 import zmq
 
+from emq_django import transport
 from emq_django.exceptions import BrokerUnavailable
 
 
 def query(url: str, request: bytes = b"MONITOR JSON", timeout: float = 2.0) -> bytes:
     """Send one monitor request; raises ``BrokerUnavailable`` after ``timeout`` s."""
     context: zmq.Context[Any] = zmq.Context.instance()
-    sock = context.socket(zmq.REQ)
-    sock.linger = 0
+    sock = transport.connect(context, zmq.REQ, url)
     try:
-        sock.connect(url)
         sock.send(request)
-        if not sock.poll(timeout * 1000):
+        if not sock.poll(int(timeout * 1000)):
             raise BrokerUnavailable(
                 f"broker unreachable at {url}: the monitor channel did not "
                 f"answer within {timeout:g} s"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from emq_django.exceptions import TaskNotFound
@@ -15,6 +15,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _tasks: dict[str, Task] = {}
+# Called by ``autodiscover`` after the imports, with ``imports``: other kinds of
+# task (the Django Tasks API's) register theirs here. Added by their app's
+# ``ready()``, so that this module imports none of them.
+_discoverers: list[Callable[[Iterable[str]], object]] = []
+
+
+def add_discoverer(discover: Callable[[Iterable[str]], object]) -> None:
+    if discover not in _discoverers:
+        _discoverers.append(discover)
 
 
 def register(task: Task) -> None:
@@ -59,7 +68,6 @@ def autodiscover(imports: Iterable[str] = ()) -> list[str]:
             raise ImportError(
                 f"EMQ_IMPORTS names {module!r}, which cannot be imported: {exc}"
             ) from exc
-    from emq_django.backends.discovery import register_django_tasks
-
-    register_django_tasks(imports)  # Django Tasks API tasks on an EmqTaskBackend
+    for discover in _discoverers:
+        discover(imports)
     return names()

@@ -8,7 +8,6 @@ no clock, no Django: unit-testable and fuzzable on its own.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,7 +18,6 @@ from emq_django.broker.state import (
     ROLE_MANAGER,
     ROLE_PLAIN,
     ROLE_SLOT,
-    IdGenerator,
     Job,
     Peer,
     Queue,
@@ -33,6 +31,7 @@ from emq_django.broker.trace import (
     where_fields,
 )
 from emq_django.exceptions import ProtocolError
+from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
@@ -106,7 +105,7 @@ class BrokerCore(JobLifecycle):
         # job state changes for the trace log (formatted lines), or None when
         # tracing is off; the server hands them to the writer (server.py)
         self.trace: list[str] | None = None
-        self.new_id = IdGenerator(id_prefix or os.urandom(4).hex().encode() + b"-")
+        self.new_id = IdGenerator(id_prefix)
         self.started_at = now
         self.wall_offset = 0.0  # wall clock minus ``now``, for HEARTBEAT timestamps
         self.next_heartbeat = now + config.heartbeat_interval

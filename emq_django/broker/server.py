@@ -19,13 +19,14 @@ from typing import Any
 
 import zmq
 
-from emq_django import wire
+from emq_django import transport, wire
 from emq_django.broker import monitor
 from emq_django.broker.core import BACKEND, FRONTEND, BrokerConfig, BrokerCore
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
 from emq_django.protocol import frames as F
+from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +102,13 @@ class BrokerServer:
         self._wake_w.setblocking(False)
         self.frontend = self._router(FRONTEND_HWM)
         self.backend = self._router()
-        self.monitor = self.context.socket(zmq.ROUTER)
-        self.monitor.linger = 0
+        self.monitor = transport.make_socket(self.context, zmq.ROUTER)
         self.sockets = {FRONTEND: self.frontend, BACKEND: self.backend}
 
     def _router(self, hwm: int | None = None) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] = self.context.socket(zmq.ROUTER)
-        sock.linger = 0
-        sock.router_mandatory = 1  # an unroutable peer raises instead of a silent drop
-        if hwm is not None:
-            sock.sndhwm = hwm
-        return sock
+        # ROUTER_MANDATORY: an unroutable peer raises instead of a silent drop
+        options = SocketOptions(sndhwm=hwm, router_mandatory=True)
+        return transport.make_socket(self.context, zmq.ROUTER, options)
 
     def bind(self) -> None:
         """Bind the three ports; raises ``zmq.ZMQError`` naming the address on failure."""

@@ -151,17 +151,3 @@ class Queue:
                 tier[identity] = None  # to the back: rotation among equals
                 return identity
         return None
-
-
-class IdGenerator:
-    """Cheap unique message ids: a per-broker prefix and a counter."""
-
-    __slots__ = ("_prefix", "_n")
-
-    def __init__(self, prefix: bytes) -> None:
-        self._prefix = prefix
-        self._n = 0
-
-    def __call__(self) -> bytes:
-        self._n += 1
-        return self._prefix + b"%x" % self._n

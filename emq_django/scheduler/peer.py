@@ -22,12 +22,11 @@ import zmq
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from emq_django import wire
 from emq_django.exceptions import BrokerUnavailable, ProtocolError
+from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
-from emq_django.protocol.frames import PROTOCOL, decode
-from emq_django.protocol.headers import format_headers
+from emq_django.protocol.headers import Headers, format_headers
 from emq_django.scheduler import store
 from emq_django.scheduler.config import SchedulerConfig
 from emq_django.scheduler.inbound import schedule_spec, unschedule_name
@@ -45,20 +44,11 @@ class SchedulerPeer:
         self.config = config
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
         self.context: zmq.Context[Any] | None = None
-        self.sock: zmq.Socket[Any] | None = None
+        self.link: BrokerLink | None = None
         self.inbox: list[F.Schedule] = []  # SCHEDULE/UNSCHEDULE seen while sending
         self.stopping = False
         self.fired = 0  # jobs sent
-        self._n = 0
-        self._prefix = b"s" + os.urandom(5).hex().encode()
-        self._connections = 0
-        self.last_recv = self.last_beat = 0.0
         self.next_db = 0.0
-
-    def _id(self) -> bytes:
-        # the broker uses a REQUEST's msgid as the job's id: unique across schedulers
-        self._n += 1
-        return b"%s%08x" % (self._prefix, self._n)
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -66,13 +56,20 @@ class SchedulerPeer:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.context = zmq.Context()
-        self._connect()
-        log.info(
-            "scheduler %s: broker %s, catch-up policy %r",
-            self.name,
-            self.config.broker_url,
-            self.config.catch_up,
+        c = self.config
+        meta = {"role": "scheduler", "host": pysocket.gethostname(), "pid": os.getpid()}
+        self.link = BrokerLink(
+            self.context,
+            c.broker_url,
+            (),
+            F.PEER_SCHEDULER,
+            meta,
+            heartbeat_interval=c.heartbeat_interval,
+            heartbeat_liveness=c.heartbeat_liveness,
+            identity=self._identity,
         )
+        self.link.connect()
+        log.info("scheduler %s: broker %s, catch-up policy %r", self.name, c.broker_url, c.catch_up)
         try:
             self._loop()
         finally:
@@ -80,31 +77,24 @@ class SchedulerPeer:
             self.context.term()
             log.info("scheduler %s stopped after sending %d jobs", self.name, self.fired)
 
+    def _identity(self) -> bytes:
+        # EventMQ's router needs a UTF-8 identity; a fresh one per connection
+        assert self.link is not None
+        return f"scheduler-{self.name}-{self.link.connections}".encode()
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
     def _loop(self) -> None:
-        c = self.config
-        silence_limit = c.heartbeat_interval * c.heartbeat_liveness
+        link = self.link
+        assert link is not None
         while not self.stopping:
-            assert self.sock is not None
             now = time.monotonic()
-            wait = max(0.0, min(self.next_db, self.last_beat + c.heartbeat_interval) - now)
-            if self.sock.poll(int(wait * 1000) + 1):
+            wait = max(0.0, min(self.next_db, link.last_send + link.interval) - now)
+            if link.poll(wait):
                 self._drain()
             self._handle_inbox()
-            now = time.monotonic()
-            if now - self.last_recv > silence_limit:
-                log.warning(
-                    "broker at %s silent for %.1f s; connecting again",
-                    c.broker_url,
-                    now - self.last_recv,
-                )
-                self._connect()
-            elif now - self.last_beat >= c.heartbeat_interval:
-                # the broker counts only HEARTBEATs from a scheduler, not its REQUESTs
-                self._send([b"", PROTOCOL, F.HEARTBEAT, self._id(), b"%f" % time.time()])
-                self.last_beat = now
+            link.tick()  # a HEARTBEAT when due; a fresh connection after silence
             if time.monotonic() >= self.next_db and not self.stopping:
                 self.next_db = time.monotonic() + self._database_turn()
 
@@ -140,14 +130,18 @@ class SchedulerPeer:
         headers = format_headers(
             guarantee=job.guarantee, retry_count=job.retries, timeout=job.timeout, task=job.task
         )
-        msgid = self._id()
+        link = self.link
+        assert link is not None
+        # the broker uses a REQUEST's msgid as the job's id: unique across schedulers
+        msgid = link.new_id()
         try:
-            self._send([b"", PROTOCOL, F.REQUEST, msgid, job.queue.encode(), headers, body])
+            request = F.Request(msgid, job.queue, Headers(raw=headers), body)
+            link.send(request.encode(), nonblocking=True)
             self._wait_ack(msgid)
         except (zmq.Again, BrokerUnavailable) as exc:
             # a fresh socket: the unacknowledged REQUEST must not reach the broker
             # later, when the tick has been rolled back to be fired again
-            self._connect()
+            link.connect()
             if isinstance(exc, BrokerUnavailable):
                 raise
             raise BrokerUnavailable(
@@ -157,11 +151,11 @@ class SchedulerPeer:
         log.info("sent %s for schedule %s (due %s)", job.task, job.name, due.isoformat())
 
     def _wait_ack(self, msgid: bytes) -> None:
-        assert self.sock is not None
+        assert self.link is not None
         deadline = time.monotonic() + self.config.ack_timeout
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
+            if remaining <= 0 or not self.link.poll(remaining):
                 raise BrokerUnavailable(
                     f"the broker at {self.config.broker_url} did not acknowledge within "
                     f"{self.config.ack_timeout:g} s"
@@ -179,21 +173,15 @@ class SchedulerPeer:
         for cmd in self._read():
             if type(cmd) is F.Kbye and not self.stopping:
                 log.info("the broker said goodbye; connecting again")
-                self._connect()
+                assert self.link is not None
+                self.link.connect()
                 return
 
     def _read(self) -> list[F.Command]:
-        """Everything waiting on the socket; SCHEDULE/UNSCHEDULE go to the inbox."""
-        assert self.sock is not None
+        """Everything waiting now, decoded; SCHEDULE/UNSCHEDULE go to the inbox."""
+        assert self.link is not None
         commands: list[F.Command] = []
-        while wire.readable(self.sock):
-            frames = wire.recv(self.sock)
-            self.last_recv = time.monotonic()
-            try:
-                cmd = decode(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a malformed message from the broker: %s", exc)
-                continue
+        for cmd in self.link.messages():
             if isinstance(cmd, F.Schedule):
                 self.inbox.append(cmd)
             else:
@@ -249,32 +237,11 @@ class SchedulerPeer:
 
     # ---- socket -----------------------------------------------------------------
 
-    def _connect(self) -> None:
-        assert self.context is not None
-        if self.sock is not None:
-            self.sock.close(linger=0)
-        self._connections += 1
-        sock = self.context.socket(zmq.DEALER)
-        sock.linger = 0
-        # EventMQ's router needs a UTF-8 identity; a fresh one per connection
-        sock.identity = f"scheduler-{self.name}-{self._connections}".encode()
-        sock.connect(self.config.broker_url)
-        self.sock = sock
-        meta = {"role": "scheduler", "host": pysocket.gethostname(), "pid": os.getpid()}
-        # queued on the pipe that connect() made, even before the broker answers
-        self._send(F.Inform(self._id(), (), F.PEER_SCHEDULER, meta).encode())
-        self.last_recv = self.last_beat = time.monotonic()
-
-    def _send(self, frames: list[bytes]) -> None:
-        assert self.sock is not None
-        wire.send(self.sock, frames)
-
     def _goodbye(self) -> None:
-        if self.sock is None:
+        if self.link is None or self.link.sock is None:
             return
         try:
-            self._send([b"", PROTOCOL, F.KBYE, self._id()])
+            self.link.send(F.Kbye(self.link.new_id()).encode(), nonblocking=True)
         except zmq.ZMQError:
             pass
-        self.sock.close(linger=200)
-        self.sock = None
+        self.link.close(linger=200)

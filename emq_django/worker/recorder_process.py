@@ -41,6 +41,8 @@ from typing import Any
 
 import zmq
 
+from emq_django import transport
+from emq_django.transport import SocketOptions
 from emq_django.worker.recording import (
     JobRecord,
     JobRecorder,
@@ -230,9 +232,9 @@ class RecordForwarder:
     def __init__(
         self, context: zmq.Context[Any], endpoint: str, max_buffer: int, manager: str
     ) -> None:
-        self.sock = context.socket(zmq.PUSH)
-        self.sock.sndhwm = SEND_HWM
-        self.sock.connect(endpoint)
+        self.sock = transport.connect(
+            context, zmq.PUSH, endpoint, SocketOptions(linger=-1, sndhwm=SEND_HWM)
+        )
         self.max_buffer = max_buffer
         self.batch = RecordBatch(manager)
         self.add = self.batch.add  # the hot path: no extra call
@@ -351,8 +353,7 @@ class RecorderProcess:
         lower_priority(self.priority)
         recorder = load_recorder(self.recorder_path)
         context: zmq.Context[Any] = zmq.Context()
-        pull = context.socket(zmq.PULL)
-        pull.bind(self.endpoint)
+        pull = transport.bind(context, zmq.PULL, self.endpoint)
         busy = MachineBusy()
         try:
             while not self.stopping:
