@@ -1,0 +1,67 @@
+"""The broker command and its journal file: refusing a file that is not a journal,
+--new-journal, and an exit log that says where the waiting jobs went."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from emq_django.client import Client
+from emq_django.protocol.headers import format_headers
+from tests.conftest import EmqProcesses
+
+
+def test_an_empty_journal_file_stops_the_broker_with_a_clear_error(
+    emq_processes: EmqProcesses, emq_env: dict[str, str]
+) -> None:
+    journal = Path(emq_env["EMQ_JOURNAL_PATH"])
+    journal.write_bytes(b"")
+    broker = emq_processes.start("emq_broker")
+    assert emq_processes.wait_for_exit(broker, timeout=30) != 0
+    assert "empty file, not a journal" in broker.stderr()
+    assert "--new-journal" in broker.stderr()
+    assert journal.exists() and journal.stat().st_size == 0  # left as it was
+
+
+def test_a_file_that_is_not_a_journal_stops_the_broker(
+    emq_processes: EmqProcesses, emq_env: dict[str, str]
+) -> None:
+    journal = Path(emq_env["EMQ_JOURNAL_PATH"])
+    journal.write_bytes(b"these are not the jobs you are looking for\n" * 10)
+    broker = emq_processes.start("emq_broker")
+    assert emq_processes.wait_for_exit(broker, timeout=30) != 0
+    assert "not an SQLite file" in broker.stderr()
+
+
+def test_new_journal_moves_the_old_file_aside_and_starts_empty(
+    emq_processes: EmqProcesses, emq_env: dict[str, str]
+) -> None:
+    journal = Path(emq_env["EMQ_JOURNAL_PATH"])
+    journal.write_bytes(b"")
+    broker = emq_processes.start("emq_broker", "--new-journal")
+    emq_processes.wait_for_output(broker, "broker up", timeout=30)
+    aside = list(journal.parent.glob(journal.name + ".old-*"))
+    assert len(aside) == 1 and aside[0].stat().st_size == 0
+    assert journal.exists() and journal.read_bytes()[:16] == b"SQLite format 3\x00"
+
+
+def test_the_exit_log_tells_guaranteed_jobs_kept_from_others_dropped(
+    emq_processes: EmqProcesses, emq_env: dict[str, str]
+) -> None:
+    broker = emq_processes.start("emq_broker")
+    emq_processes.wait_for_output(broker, "broker up", timeout=30)
+    client = Client(emq_env["EMQ_BROKER_URL"], ack_timeout=10)
+    try:
+        body = b'["run", {"path": "x", "callable": "y", "args": [], "kwargs": {}}]'
+        for _ in range(3):
+            client.send("nobody-serves", format_headers(guarantee=True), body)
+        for _ in range(2):
+            client.send("nobody-serves", format_headers(), body)
+        client.flush(timeout=10)
+    finally:
+        client.close()
+    emq_processes.send_signal(broker, signal.SIGTERM)
+    assert emq_processes.wait_for_exit(broker, timeout=30) == 0
+    log = broker.stderr()
+    assert "0 jobs in flight, 5 waiting; 3 guaranteed kept in the journal" in log
+    assert "2 not guaranteed dropped" in log
