@@ -288,3 +288,19 @@ def test_schedule_page_lists_its_runs_with_outcome(staff: Client) -> None:
     assert "emq-failed" in page and "emq-succeeded" in page
     assert 'id="emq-run-now"' in page
     assert "%H:%M:%S" not in page
+
+
+def test_dashboard_gives_the_last_figures_seen_when_unreachable(
+    monitor: FakeMonitor, settings: Any
+) -> None:
+    from emq_django.results import dashboard
+
+    monitor.answers["MONITOR JSON"] = {"counters": {"succeeded": 41}, "dead_letters": 2}
+    seen = dashboard.data(now=1000.0)
+    assert seen["ok"] and "last" not in seen
+    settings.EMQ_MONITOR_URL = f"tcp://127.0.0.1:{free_tcp_port()}"  # nobody there
+    settings.EMQ_DASHBOARD_TIMEOUT = 0.2
+    down = dashboard.data(now=1010.0)
+    assert not down["ok"]
+    assert down["last"]["monitor"]["counters"]["succeeded"] == 41
+    assert down["last"]["time"] == 1000.0 and down["last"]["dead_letters"] == 2
