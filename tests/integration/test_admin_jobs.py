@@ -304,3 +304,17 @@ def test_dashboard_gives_the_last_figures_seen_when_unreachable(
     assert not down["ok"]
     assert down["last"]["monitor"]["counters"]["succeeded"] == 41
     assert down["last"]["time"] == 1000.0 and down["last"]["dead_letters"] == 2
+
+
+def test_run_now_button_sends_and_records(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration.test_results import FakeClient
+
+    fake = FakeClient()
+    monkeypatch.setattr("emq_django.client.get_client", lambda: fake)
+    schedule = ScheduledJob.objects.create(
+        name="tick", task="project.demo.tasks.add", interval_seconds=60
+    )
+    url = f"/admin/emq_scheduler/scheduledjob/{schedule.pk}/run-now/"
+    page = staff.post(url, follow=True).content.decode()
+    assert "Sent job" in page and "new1" in page
+    assert ScheduleRun.objects.get(job_id="new1").manual
