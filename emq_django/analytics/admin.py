@@ -142,4 +142,4 @@ class MetricsDashboardAdmin(admin.ModelAdmin):
 
 
 def _w(window: dashboard.Window) -> tuple[Any, Any]:
-    return window.start, window.end
+    return window.start, window.chart_end

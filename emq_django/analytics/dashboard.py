@@ -33,6 +33,11 @@ class Window:
         return cls(start, max(end, start + dt.timedelta(minutes=1)))
 
     @property
+    def chart_end(self) -> dt.datetime:
+        """The x axis ends at the last minute's point (a minute is drawn at its start)."""
+        return max(self.end - dt.timedelta(minutes=1), self.start + dt.timedelta(minutes=1))
+
+    @property
     def hours(self) -> float:
         return (self.end - self.start).total_seconds() / 3600
 

@@ -122,7 +122,7 @@ def test_admin_pages_in_browser(
     # the job list: fits 1366 px, seconds, human run times; then the failed job
     def failed_listed() -> bool:
         browser.get(f"{base}/admin/emq_results/jobresult/?status=failed")
-        return failed.id in browser.find_element(By.ID, "result_list").text
+        return failed.id in browser.page_source
 
     wait_until(failed_listed, "the failed job in the list", 20, procs)
     browser.get(f"{base}/admin/emq_results/jobresult/")
