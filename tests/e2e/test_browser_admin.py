@@ -52,8 +52,8 @@ def no_horizontal_scroll(driver: Any) -> bool:
     return bool(
         driver.execute_script(
             "return document.documentElement.scrollWidth <= window.innerWidth"
-            " && document.querySelector('#changelist-form, #content').scrollWidth"
-            " <= document.querySelector('#content').clientWidth + 1"
+            " && Array.from(document.querySelectorAll('#changelist .results, #content'))"
+            ".every(function (el) { return el.scrollWidth <= el.clientWidth + 1; })"
         )
     )
 
