@@ -33,9 +33,9 @@ def nice_ticks(top: float, most: int = 6) -> list[float]:
 
 def tick_label(value: float, step: float) -> str:
     """A tick as few digits as its step needs: 0, 0.5, 1,500, 2.5k never 1.56e+3."""
-    decimals = max(0, -math.floor(math.log10(step))) if 0 < step < 1 else 0
-    if step == 2.5 * 10 ** math.floor(math.log10(step)) and step < 10:
-        decimals = max(decimals, 1)
+    decimals = 0
+    while decimals < 6 and abs(round(step * 10**decimals) - step * 10**decimals) > 1e-9:
+        decimals += 1
     if value >= 10_000 and decimals == 0:
         return f"{value / 1000:,.{0 if value % 1000 == 0 else 1}f}k"
     return f"{value:,.{decimals}f}"

@@ -58,6 +58,7 @@ def test_nice_ticks_are_round() -> None:
     assert nice_ticks(1560) == [0, 500, 1000, 1500, 2000]
     assert [tick_label(v, 500) for v in (0, 1500)] == ["0", "1,500"]
     assert [tick_label(v, 0.05) for v in (0.05, 0.1)] == ["0.05", "0.10"]
+    assert [tick_label(v, 0.25) for v in (0.25, 1.0)] == ["0.25", "1.00"]
     assert "e+" not in "".join(tick_label(v, 2000) for v in nice_ticks(11_000))
 
 

@@ -134,7 +134,7 @@
       // the last figures seen: this page's, else the web server's (after a reload)
       if (!shown && d.last) {
         renderBroker(d.last.monitor, d.last, d.queue_rates);
-        text("emq-seen", "last seen " + new Date(d.last.time * 1000).toLocaleTimeString());
+        text("emq-seen", "at " + new Date(d.last.time * 1000).toLocaleTimeString());
       }
       $("emq-state").textContent = "unreachable";
       $("emq-state").className = "emq-value emq-down";
