@@ -12,6 +12,8 @@ BROKER_URL="${EMQ_BROKER_URL:-tcp://127.0.0.1:47291}"
 export PYTHONUNBUFFERED=1
 # The broker's trace log, for `manage.py emq_analyze` (the admin's metrics page).
 export EMQ_TRACE_DIR="${EMQ_TRACE_DIR:-$PWD/var/trace}"
+# The demo shows jobs' arguments in the admin (masked by default elsewhere).
+export EMQ_RESULTS_SHOW_ARGS="${EMQ_RESULTS_SHOW_ARGS:-true}"
 
 "$PY" manage.py migrate --noinput
 

@@ -17,8 +17,20 @@ from emq_django.analytics.models import (
     QueueMetric,
     TaskMetric,
 )
+from emq_django.results.display import round_number
 
 HOURS = (1, 6, 24, 24 * 7)
+
+
+def rounded(field: str, description: str = "") -> Any:
+    """A list column showing ``field`` rounded (1.62, not 1.6166666666666667)."""
+
+    @admin.display(description=description or field.replace("_", " "), ordering=field)
+    def show(self: Any, obj: Any) -> str:
+        return round_number(getattr(obj, field))
+
+    show.__name__ = f"{field}_rounded"
+    return show
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -31,11 +43,19 @@ class ReadOnly(admin.ModelAdmin):
         return False
 
 
-_LATENCY = ("wait_p95_ms", "run_p95_ms", "e2e_p95_ms", "e2e_p99_ms")
+_LATENCY = ("wait_p95_ms_rounded", "run_p95_ms_rounded", "e2e_p95_ms_rounded", "e2e_p99_ms_rounded")
+
+
+class MinuteMetricAdmin(ReadOnly):
+    throughput_rounded = rounded("throughput", "jobs/s")
+    wait_p95_ms_rounded = rounded("wait_p95_ms", "wait p95 (ms)")
+    run_p95_ms_rounded = rounded("run_p95_ms", "run p95 (ms)")
+    e2e_p95_ms_rounded = rounded("e2e_p95_ms", "end-to-end p95 (ms)")
+    e2e_p99_ms_rounded = rounded("e2e_p99_ms", "end-to-end p99 (ms)")
 
 
 @admin.register(QueueMetric)
-class QueueMetricAdmin(ReadOnly):
+class QueueMetricAdmin(MinuteMetricAdmin):
     list_display = (
         "minute",
         "queue",
@@ -43,14 +63,14 @@ class QueueMetricAdmin(ReadOnly):
         "succeeded",
         "failed",
         "retried",
-        "throughput",
+        "throughput_rounded",
         *_LATENCY,
     )
     list_filter = ("queue",)
 
 
 @admin.register(TaskMetric)
-class TaskMetricAdmin(ReadOnly):
+class TaskMetricAdmin(MinuteMetricAdmin):
     list_display = ("minute", "queue", "task", "jobs", "failed", "timed_out", "retried", *_LATENCY)
     list_filter = ("queue",)
     search_fields = ("task",)
@@ -58,7 +78,9 @@ class TaskMetricAdmin(ReadOnly):
 
 @admin.register(JobManagerMetric)
 class JobManagerMetricAdmin(ReadOnly):
-    list_display = ("minute", "jm", "attempts", "succeeded", "failed", "busy_ms", "utilisation")
+    list_display = ("minute", "jm", "attempts", "succeeded", "failed", "busy", "busy_processes")
+    busy = rounded("busy_ms", "busy (ms)")
+    busy_processes = rounded("utilisation", "mean busy processes")
     list_filter = ("jm",)
 
 
@@ -104,7 +126,7 @@ class MetricsDashboardAdmin(admin.ModelAdmin):
         ]
         context = {
             **self.admin_site.each_context(request),
-            "title": "Job metrics",
+            "title": "Metrics",
             "opts": self.model._meta,
             "window": window,
             "hours": hours,
@@ -120,4 +142,4 @@ class MetricsDashboardAdmin(admin.ModelAdmin):
 
 
 def _w(window: dashboard.Window) -> tuple[Any, Any]:
-    return window.start, window.end
+    return window.start, window.chart_end

@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, FloatField, Max, Sum
+from django.db.models import Count, F, FloatField, Max, Min, Sum
 from django.db.models.functions import Cast
 
 from emq_django.analytics.models import FailureMetric, JobManagerMetric, QueueMetric, TaskMetric
@@ -22,11 +22,24 @@ class Window:
 
     @classmethod
     def last(cls, hours: float, now: dt.datetime | None = None) -> Window:
-        """The ``hours`` up to the newest metric (or ``now`` when there is none),
-        so that traces from the past still show."""
-        newest = QueueMetric.objects.aggregate(m=Max("minute"))["m"]
+        """At most ``hours`` up to the newest metric (or ``now`` when there is none),
+        and no earlier than the first one: a young demo's minutes fill the chart."""
+        span = QueueMetric.objects.aggregate(first=Min("minute"), newest=Max("minute"))
+        newest, first = span["newest"], span["first"]
         end = (newest + dt.timedelta(minutes=1)) if newest else (now or dt.datetime.now(dt.UTC))
-        return cls(end - dt.timedelta(hours=hours), end)
+        start = end - dt.timedelta(hours=hours)
+        if first is not None and first > start:
+            start = first
+        return cls(start, max(end, start + dt.timedelta(minutes=1)))
+
+    @property
+    def chart_end(self) -> dt.datetime:
+        """The x axis ends at the last minute's point (a minute is drawn at its start)."""
+        return max(self.end - dt.timedelta(minutes=1), self.start + dt.timedelta(minutes=1))
+
+    @property
+    def hours(self) -> float:
+        return (self.end - self.start).total_seconds() / 3600
 
 
 def queue_series(window: Window) -> dict[str, Series]:
@@ -72,14 +85,20 @@ def slowest_tasks(window: Window, limit: int = 15) -> list[dict[str, Any]]:
 
 
 def utilisation(window: Window) -> list[dict[str, Any]]:
-    minutes = max((window.end - window.start).total_seconds() / 60, 1.0)
+    """Per job manager: the mean busy processes over the minutes it has rows for
+    (a minute without one is a minute it was not running, or had nothing to do)."""
     rows = (
         JobManagerMetric.objects.filter(minute__gte=window.start, minute__lt=window.end)
         .values("jm")
-        .annotate(attempts=Sum("attempts"), busy=Sum("busy_ms"), peak=Max("utilisation"))
+        .annotate(
+            attempts=Sum("attempts"),
+            busy=Sum("busy_ms"),
+            peak=Max("utilisation"),
+            minutes=Count("minute"),
+        )
         .order_by("jm")
     )
-    return [{**r, "mean": (r["busy"] or 0.0) / 60000.0 / minutes} for r in rows]
+    return [{**r, "mean": (r["busy"] or 0.0) / 60000.0 / max(r["minutes"], 1)} for r in rows]
 
 
 def failures(window: Window, limit: int = 15) -> list[dict[str, Any]]:

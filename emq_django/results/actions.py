@@ -1,4 +1,5 @@
-"""What the admin's retry and cancel actions do, through the client API."""
+"""What the admin's retry, cancel and dead-letter buttons do: the client API for a
+retry, the broker's monitor channel (``CANCEL``, ``DEADLETTERS``) for the rest."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from django.utils import timezone
+
 from emq_django import registry
 from emq_django.client import get_client
 from emq_django.conf import cached_settings
+from emq_django.exceptions import JobRefused
+from emq_django.monitor_client import query
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
-from emq_django.results.models import JobResult
+from emq_django.results.models import JobResult, RetryLink
+
+CANCEL_STATES = ("cancelled", "running", "unknown")
 
 
 def _autodiscover_once() -> None:
@@ -21,7 +28,8 @@ def _autodiscover_once() -> None:
 
 
 def retry(row: JobResult) -> str:
-    """Send the job again with its arguments, as a new job; returns the new id.
+    """Send the job again with its arguments, as a new job; returns the new id and
+    remembers which job it repeats (``RetryLink``).
 
     Uses the registered task when this process knows it (its queue, retries and
     timeout); else sends the same body a client would, to the row's queue.
@@ -34,25 +42,52 @@ def retry(row: JobResult) -> str:
     _autodiscover_once()
     task = registry.find(row.task)
     if task is not None:
-        return task.apply_async(args, kwargs, queue=row.queue or None).id
-    path, _, name = row.task.rpartition(".")
-    headers = format_headers(reply_requested=True, task=row.task)
-    body = encode_run_body(path, name, args, kwargs)
-    return get_client().send(row.queue or "default", headers, body, confirm=True)
+        new_id = task.apply_async(args, kwargs, queue=row.queue or None).id
+    else:
+        path, _, name = row.task.rpartition(".")
+        headers = format_headers(reply_requested=True, task=row.task)
+        body = encode_run_body(path, name, args, kwargs)
+        new_id = get_client().send(row.queue or "default", headers, body, confirm=True)
+    RetryLink.objects.create(job_id=new_id, original_id=row.id, created_at=timezone.now())
+    return new_id
 
 
-def cancel(job_ids: Iterable[str]) -> tuple[list[str], str]:
-    """Ask the broker to cancel these jobs: (cancelled ids, a reason if none could be).
+def _monitor(words: list[str]) -> dict[str, Any]:
+    """One monitor command; raises ``BrokerUnavailable``, or ``JobRefused`` for an ERROR."""
+    if any(not w or not w.isprintable() or " " in w for w in words):
+        raise ValueError("job ids are printable and contain no spaces")
+    settings = cached_settings()
+    answer = query(settings.MONITOR_URL, " ".join(words).encode(), settings.MONITOR_TIMEOUT)
+    if answer.startswith(b"ERROR"):
+        raise JobRefused(answer.decode(errors="replace"))
+    doc = json.loads(answer)
+    if not isinstance(doc, dict):
+        raise JobRefused(f"the monitor answered {doc!r}")
+    return doc
 
-    The client API has no cancel yet (it needs a broker command: see README); until
-    it has, this cancels nothing and says why, rather than editing rows.
-    """
-    client: Any = get_client()
-    cancel_job = getattr(client, "cancel", None)
-    if cancel_job is None:
-        return [], (
-            "cancelling needs the broker's cancel command, which this version does not "
-            "have yet (see README, 'Admin dashboard and history'); nothing was changed"
-        )
-    done = [job_id for job_id in job_ids if cancel_job(job_id)]
-    return done, ""
+
+def cancel(job_ids: Iterable[str]) -> dict[str, list[str]]:
+    """Ask the broker to cancel these jobs (one ``CANCEL`` command): the ids by what
+    happened: ``cancelled`` (it had not started), ``running`` (it runs now and will not
+    be retried), ``unknown`` (finished, or never seen). Raises ``BrokerUnavailable``."""
+    ids = list(job_ids)
+    if not ids:
+        return {state: [] for state in CANCEL_STATES}
+    doc = _monitor(["CANCEL", *ids])
+    return {state: [str(i) for i in doc.get(state, [])] for state in CANCEL_STATES}
+
+
+def dead_letters() -> list[dict[str, Any]]:
+    """``DEADLETTERS LIST``: the broker's dead letters (raises ``BrokerUnavailable``)."""
+    letters = _monitor(["DEADLETTERS", "LIST"]).get("dead_letters", [])
+    return [letter for letter in letters if isinstance(letter, dict)]
+
+
+def dead_letter_command(action: str, job_ids: list[str] | None) -> int:
+    """``DEADLETTERS REQUEUE|PURGE ALL|<id>...``: how many were requeued or purged."""
+    if action not in ("requeue", "purge"):
+        raise ValueError(f"not a dead-letter action: {action!r}")
+    doc = _monitor(["DEADLETTERS", action.upper(), *(job_ids or ["ALL"])])
+    if "error" in doc:
+        raise JobRefused(str(doc["error"]))
+    return int(doc.get(action + "d", 0))

@@ -1,4 +1,6 @@
-"""The job history's admin, and the dashboard as an admin page."""
+"""The job history's admin: a list that fits the page, and a job page with its
+attempts, durations, links and Retry / Cancel buttons. The dashboard and dead
+letters pages are in ``admin_pages``."""
 
 from __future__ import annotations
 
@@ -6,20 +8,60 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.template.response import TemplateResponse
-from django.urls import path
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results import actions, dashboard
-from emq_django.results.conf import results_settings
-from emq_django.results.models import Dashboard, JobResult
+from emq_django.results import actions, job_page
+from emq_django.results.admin_pages import DashboardAdmin  # noqa: F401  (registers it)
+from emq_django.results.display import human_duration, short_time
+from emq_django.results.models import JobResult
 
-MASK = "•••• (masked: set EMQ_RESULTS_SHOW_ARGS=true to show)"
 LIST_DEFERRED = ("args", "kwargs", "result", "error", "traceback")
+FAILED_FINALLY = ("failed", "timed_out", "lost")
+# every status a row can have (issue 12 adds retrying and cancelled), and the two
+# that are not a status of their own: "retried" and "dead lettered"
+STATUS_CHOICES = (
+    ("succeeded", "succeeded"),
+    ("failed", "failed"),
+    ("timed_out", "timed out"),
+    ("lost", "lost (worker died)"),
+    ("retrying", "retrying (waits for its next attempt)"),
+    ("cancelled", "cancelled"),
+    ("retried", "retried (more than one attempt)"),
+    ("dead_lettered", "dead lettered"),
+)
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """By status. "Retried" is any job that took more than one attempt; "dead
+    lettered" is a failure after retries (the broker buries a job that used up its
+    retries), as the rows store no retry count of their own."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> tuple[tuple[str, str], ...]:
+        return STATUS_CHOICES
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value == "retried":
+            return queryset.filter(Q(attempts__gt=1) | Q(status="retried"))
+        if value == "dead_lettered":
+            return queryset.filter(
+                Q(status="dead_lettered") | Q(status__in=FAILED_FINALLY, attempts__gt=1)
+            )
+        return queryset.filter(status=value)
 
 
 class DistinctValueFilter(admin.SimpleListFilter):
@@ -77,45 +119,37 @@ class FinishedFilter(admin.SimpleListFilter):
         return queryset.filter(finished_at__gte=since)
 
 
+def job_link(job_id: str) -> SafeString:
+    url = reverse("admin:emq_results_jobresult_change", args=[quote(job_id)])
+    return format_html('<a href="{}">{}</a>', url, job_id)
+
+
+def status_badge(status: str) -> SafeString:
+    return format_html(
+        '<span class="emq-status emq-{}">{}</span>', status, status.replace("_", " ")
+    )
+
+
 @admin.register(JobResult)
 class JobResultAdmin(admin.ModelAdmin):
     list_display = (
         "id",
-        "task",
+        "task_name",
         "queue",
         "status_badge",
         "attempts",
-        "finished_at",
-        "runtime_ms",
+        "finished",
+        "run_time",
         "job_manager",
     )
-    list_filter = ("status", QueueFilter, TaskFilter, FinishedFilter)
+    list_display_links = ("id",)
+    list_filter = (StatusFilter, QueueFilter, TaskFilter, FinishedFilter)
     search_fields = ("id",)
     search_help_text = "job id, or its beginning"
     ordering = ("-finished_at",)
     list_per_page = 50
     show_full_result_count = False  # no second COUNT(*) over the whole table
-    date_hierarchy = None
     actions = ("retry_jobs", "cancel_jobs")
-    readonly_fields = (
-        "id",
-        "task",
-        "queue",
-        "status",
-        "shown_args",
-        "shown_kwargs",
-        "result",
-        "error_type",
-        "error",
-        "shown_traceback",
-        "attempts",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "runtime",
-        "job_manager",
-    )
-    fields = readonly_fields
     change_list_template = "emq/jobresult_change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobResult]:
@@ -140,94 +174,128 @@ class JobResultAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    # ---- the list's columns ----------------------------------------------------------
+
+    @admin.display(description="task", ordering="task")
+    def task_name(self, obj: JobResult) -> str:
+        short = obj.task.rsplit(".", 2)[-2:] if obj.task else ["-"]
+        return format_html('<span title="{}">{}</span>', obj.task, ".".join(short))
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobResult) -> str:
-        return format_html('<span class="emq-status emq-{}">{}</span>', obj.status, obj.status)
+        return status_badge(obj.status)
 
-    @admin.display(description="run (ms)", ordering="runtime")
-    def runtime_ms(self, obj: JobResult) -> str:
-        return f"{obj.runtime * 1000:.1f}"
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: JobResult) -> str:
+        return format_html(
+            '<span title="{}">{}</span>', obj.finished_at.isoformat(), short_time(obj.finished_at)
+        )
 
-    def _masked(self, value: str) -> str:
-        return value if results_settings().show_args else MASK
+    @admin.display(description="run", ordering="runtime")
+    def run_time(self, obj: JobResult) -> str:
+        return human_duration(obj.runtime)
 
-    @admin.display(description="args")
-    def shown_args(self, obj: JobResult) -> str:
-        return self._masked(obj.args)
+    # ---- the job page -----------------------------------------------------------------
 
-    @admin.display(description="kwargs")
-    def shown_kwargs(self, obj: JobResult) -> str:
-        return self._masked(obj.kwargs)
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/retry/", view(self.retry_view), name="emq_job_retry"),
+            path("<path:object_id>/cancel/", view(self.cancel_view), name="emq_job_cancel"),
+            *super().get_urls(),
+        ]
 
-    @admin.display(description="traceback")
-    def shown_traceback(self, obj: JobResult) -> str:
-        return format_html("<pre>{}</pre>", obj.traceback) if obj.traceback else "-"
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            **job_page.context(unquote(object_id)),
+        }
+        return job_page.render(request, context)
+
+    def _job_url(self, job_id: str) -> str:
+        return reverse("admin:emq_results_jobresult_change", args=[quote(job_id)])
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return require_POST(self._retry)(request, unquote(object_id))
+
+    def _retry(self, request: HttpRequest, job_id: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        row = JobResult.objects.filter(pk=job_id).first()
+        if row is None:
+            self.message_user(request, f"Job {job_id} is not in the history.", messages.ERROR)
+            return HttpResponseRedirect(self._job_url(job_id))
+        try:
+            new_id = actions.retry(row)
+        except (EmqError, ValueError, TypeError) as exc:
+            self.message_user(request, f"Not retried: {exc}", messages.ERROR)
+            return HttpResponseRedirect(self._job_url(job_id))
+        self.message_user(
+            request, format_html("Sent again as {}.", job_link(new_id)), messages.SUCCESS
+        )
+        return HttpResponseRedirect(self._job_url(new_id))
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return require_POST(self._cancel)(request, unquote(object_id))
+
+    def _cancel(self, request: HttpRequest, job_id: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        self._report_cancel(request, [job_id])
+        return HttpResponseRedirect(self._job_url(job_id))
+
+    # ---- the list's actions -------------------------------------------------------
 
     @admin.action(description="Retry the selected jobs (send them again)")
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[JobResult]) -> None:
-        sent, errors = [], []
+        sent: list[tuple[str, str]] = []
+        errors = []
         for row in queryset[:1000]:
             try:
-                sent.append(f"{row.id} -> {actions.retry(row)}")
+                sent.append((row.id, actions.retry(row)))
             except (EmqError, ValueError, TypeError) as exc:
                 errors.append(f"{row.id}: {exc}")
         if sent:
-            self.message_user(request, f"Sent again: {', '.join(sent)}", messages.SUCCESS)
+            links = format_html_join(
+                ", ", "{} &rarr; {}", ((job_link(old), job_link(new)) for old, new in sent)
+            )
+            self.message_user(request, format_html("Sent again: {}", links), messages.SUCCESS)
         for error in errors:
             self.message_user(request, f"Not retried: {error}", messages.ERROR)
 
     @admin.action(description="Cancel the selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[JobResult]) -> None:
-        ids = list(queryset.values_list("id", flat=True)[:1000])
+        self._report_cancel(request, list(queryset.values_list("id", flat=True)[:1000]))
+
+    def _report_cancel(self, request: HttpRequest, ids: list[str]) -> None:
         try:
-            done, reason = actions.cancel(ids)
-        except EmqError as exc:
+            states = actions.cancel(ids)
+        except (EmqError, ValueError) as exc:
             self.message_user(request, f"Not cancelled: {exc}", messages.ERROR)
             return
-        if done:
-            self.message_user(request, f"Cancelled: {', '.join(done)}", messages.SUCCESS)
-        if reason:
-            self.message_user(request, f"Not cancelled: {reason}", messages.WARNING)
-
-
-@admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
-    """The live dashboard, listed on the admin index; staff only."""
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_staff)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_urls(self) -> list[Any]:
-        view = self.admin_site.admin_view
-        return [
-            path("", view(self.changelist_view), name="emq_results_dashboard_changelist"),
-            path("data/", view(self.data_view), name="emq_dashboard_data"),
-        ]
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        if not self.has_view_permission(request):
-            return HttpResponse(status=403)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "emq dashboard",
-            "monitor_url": dashboard.monitor_url(),
-            "poll_ms": dashboard.POLL_MS,
-        }
-        return TemplateResponse(request, "emq/dashboard.html", context)
-
-    def data_view(self, request: HttpRequest) -> JsonResponse:
-        if not self.has_view_permission(request):
-            return JsonResponse({"error": "staff only"}, status=403)
-        return JsonResponse(dashboard.data())
+        if states["cancelled"]:
+            links = format_html_join(", ", "{}", ((job_link(i),) for i in states["cancelled"]))
+            self.message_user(request, format_html("Cancelled: {}", links), messages.SUCCESS)
+        if states["running"]:
+            self.message_user(
+                request,
+                "Running now, so not stopped; it will not be retried: "
+                + ", ".join(states["running"]),
+                messages.WARNING,
+            )
+        if states["unknown"]:
+            self.message_user(
+                request,
+                "Not waiting at the broker (finished already, or unknown): "
+                + ", ".join(states["unknown"]),
+                messages.WARNING,
+            )

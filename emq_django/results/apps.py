@@ -6,3 +6,10 @@ class EmqResultsConfig(AppConfig):
     label = "emq_results"
     verbose_name = "emq results"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.contrib import admin
+
+        from emq_django.admin_index import install
+
+        install(admin.site)  # one "emq" section on the admin index

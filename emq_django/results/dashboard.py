@@ -109,11 +109,34 @@ def queue_rates(now: float) -> dict[str, float]:
     return {r["queue"]: round(((r["ok"] or 0) + (r["failed"] or 0)) / RATE_WINDOW, 2) for r in rows}
 
 
+LAST_SEEN_KEY = "emq:dashboard:last-seen"
+
+
+def remember_last(doc: dict[str, Any], now: float) -> None:
+    """Keep the broker's last answer (Django's cache), and give it with a failure:
+    the cards of a page opened while the broker is down show the last figures seen."""
+    from django.core.cache import cache
+
+    keys = ("monitor", "dead_letters", "journal")
+    try:
+        if doc["ok"]:
+            cache.set(
+                LAST_SEEN_KEY,
+                {"time": now, "address": doc["address"], **{k: doc[k] for k in keys}},
+                None,
+            )
+        else:
+            doc["last"] = cache.get(LAST_SEEN_KEY)
+    except Exception:  # noqa: BLE001  (a cache that fails costs only the last figures)
+        doc.setdefault("last", None)
+
+
 def data(now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     url = monitor_url()
     doc: dict[str, Any] = {"address": url, "time": now, "poll_ms": POLL_MS}
     doc.update(broker_state(url, results_settings().dashboard_timeout))
+    remember_last(doc, now)
     try:
         doc["series"] = series(now)
         doc["queue_rates"] = queue_rates(now)

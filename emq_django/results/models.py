@@ -79,6 +79,20 @@ class JobResult(models.Model):
         return json.loads(self.args or "[]"), json.loads(self.kwargs or "{}")
 
 
+class RetryLink(models.Model):
+    """A job sent again from the admin (Retry): the new job and the one it repeats."""
+
+    job_id = models.CharField(max_length=100, primary_key=True, help_text="the new job")
+    original_id = models.CharField(max_length=100, db_index=True, help_text="the job retried")
+    created_at = models.DateTimeField(help_text="when it was sent again")
+
+    class Meta:
+        verbose_name = "retry link"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} retries {self.original_id}"
+
+
 class JobStat(models.Model):
     """Finished jobs per queue and 10-second bucket: the charts and the queue rates."""
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.scheduler.models import SOURCE_ADMIN, ScheduledJob
+from emq_django.scheduler.models import SOURCE_ADMIN, ScheduledJob, ScheduleRun
+
+RECENT_RUNS = 20
 
 # the fields an admin edit may write; the run bookkeeping belongs to the scheduler
 EDITABLE = (
@@ -39,16 +46,18 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         "timing_display",
         "queue",
         "enabled",
-        "next_run_at",
-        "last_run_at",
+        "next_run",
+        "last_run",
         "run_count",
     )
     list_editable = ("enabled",)
     list_filter = ("enabled", "queue", "source")
     search_fields = ("name", "task")
+    change_form_template = "emq/scheduledjob_change_form.html"
     readonly_fields = (
-        "next_run_at",
-        "last_run_at",
+        "next_run",
+        "last_run",
+        "recent_runs",
         "run_count",
         "source",
         "created_at",
@@ -63,8 +72,9 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             "Runs",
             {
                 "fields": (
-                    "next_run_at",
-                    "last_run_at",
+                    "next_run",
+                    "last_run",
+                    "recent_runs",
                     "run_count",
                     "source",
                     "created_at",
@@ -92,28 +102,72 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             obj.source = SOURCE_ADMIN
             obj.save()
 
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run(self, obj: ScheduledJob) -> str:
+        return _to_second(obj.next_run_at)
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run(self, obj: ScheduledJob) -> str:
+        return _to_second(obj.last_run_at)
+
+    @admin.display(description=f"last {RECENT_RUNS} runs")
+    def recent_runs(self, obj: ScheduledJob) -> str:
+        if obj.pk is None:
+            return "-"
+        runs = list(obj.runs.all()[:RECENT_RUNS])
+        if not runs:
+            return "none yet"
+        outcome = _outcomes([r.job_id for r in runs])
+        rows = format_html_join(
+            "",
+            '<tr><td>{}</td><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    _to_second(r.sent_at),
+                    reverse("admin:emq_results_jobresult_change", args=[r.job_id]),
+                    r.job_id,
+                    _badge(outcome.get(r.job_id, ("sent", ""))[0]),
+                    ("run now" if r.manual else "") + outcome.get(r.job_id, ("", ""))[1],
+                )
+                for r in runs
+            ),
+        )
+        return format_html(
+            '<table class="emq-table" id="emq-schedule-runs"><thead><tr><th>sent at</th>'
+            "<th>job</th><th>outcome</th><th></th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    # ---- run now ----------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(require_POST(self.run_now_view))
+        return [path("<int:pk>/run-now/", view, name="emq_schedule_run_now"), *super().get_urls()]
+
+    def run_now_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(ScheduledJob, pk=pk)
+        try:
+            job_id = send_now(job)
+        except EmqError as exc:
+            self.message_user(request, f"{job.name}: not sent: {exc}", messages.ERROR)
+        else:
+            url = reverse("admin:emq_results_jobresult_change", args=[job_id])
+            self.message_user(
+                request, format_html('Sent job <a href="{}">{}</a>.', url, job_id), messages.SUCCESS
+            )
+        return HttpResponseRedirect(reverse("admin:emq_scheduler_scheduledjob_change", args=[pk]))
+
     @admin.action(description="Run the selected schedules now (once, besides their schedule)")
     def run_now(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        from emq_django.client import get_client
-        from emq_django.protocol.body import encode_run_body
-        from emq_django.protocol.headers import format_headers
-        from emq_django.scheduler.keys import split_task_name
-
         sent = 0
         for job in queryset:
-            path, callable_name = split_task_name(job.task)
-            body = encode_run_body(path, callable_name, job.args or [], job.kwargs or {})
-            headers = format_headers(
-                guarantee=job.guarantee, retry_count=job.retries, timeout=job.timeout, task=job.task
-            )
             try:
-                get_client().send(job.queue, headers, body, confirm=True)
+                send_now(job)
             except EmqError as exc:
                 self.message_user(request, f"{job.name}: not sent: {exc}", messages.ERROR)
                 continue
-            ScheduledJob.objects.filter(pk=job.pk).update(
-                last_run_at=timezone.now(), run_count=F("run_count") + 1
-            )
             sent += 1
         if sent:
             self.message_user(request, f"Sent {sent} job(s) to the broker.", messages.SUCCESS)
@@ -127,3 +181,46 @@ class ScheduledJobAdmin(admin.ModelAdmin):
     @admin.action(description="Disable the selected schedules")
     def disable(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         queryset.update(enabled=False)
+
+
+def send_now(job: ScheduledJob) -> str:
+    """Send the schedule's job once, now; returns its id. Raises ``EmqError``."""
+    from emq_django.client import get_client
+    from emq_django.protocol.body import encode_run_body
+    from emq_django.protocol.headers import format_headers
+    from emq_django.scheduler.keys import split_task_name
+
+    path_, callable_name = split_task_name(job.task)
+    body = encode_run_body(path_, callable_name, job.args or [], job.kwargs or {})
+    headers = format_headers(
+        guarantee=job.guarantee, retry_count=job.retries, timeout=job.timeout, task=job.task
+    )
+    job_id: str = get_client().send(job.queue, headers, body, confirm=True)
+    ScheduledJob.objects.filter(pk=job.pk).update(
+        last_run_at=timezone.now(), run_count=F("run_count") + 1
+    )
+    ScheduleRun.note(job.pk, job_id, manual=True)
+    return job_id
+
+
+def _to_second(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
+
+
+def _badge(status: str) -> str:
+    return format_html('<span class="emq-status emq-{}">{}</span>', status, status)
+
+
+def _outcomes(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """job id -> (status, "run 1.2 ms") from the job history, when it is installed."""
+    from django.apps import apps
+
+    if not apps.is_installed("emq_django.results"):
+        return {}
+    from emq_django.results.display import human_duration
+    from emq_django.results.models import JobResult
+
+    rows = JobResult.objects.filter(pk__in=job_ids).only("status", "runtime")
+    return {r.pk: (r.status, f"run {human_duration(r.runtime)}") for r in rows}

@@ -139,3 +139,36 @@ class ScheduledJob(models.Model):
             if fields is not None:
                 kwargs["update_fields"] = {*fields, "next_run_at", "timing_key"}
         super().save(*args, **kwargs)
+
+
+class ScheduleRun(models.Model):
+    """One job a schedule sent (by the scheduler, or by the admin's run now).
+
+    The job's outcome is its ``emq_results.JobResult`` row, found by ``job_id``; only
+    the newest ``KEEP`` runs of each schedule are kept.
+    """
+
+    KEEP = 50
+
+    schedule = models.ForeignKey(ScheduledJob, on_delete=models.CASCADE, related_name="runs")
+    job_id = models.CharField(max_length=100, db_index=True)
+    sent_at = models.DateTimeField()
+    manual = models.BooleanField(default=False, help_text="sent by the admin's run now")
+
+    class Meta:
+        ordering = ["-sent_at"]
+        verbose_name = "schedule run"
+        indexes = [models.Index(fields=["schedule", "-sent_at"], name="emq_schedrun_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} at {self.sent_at:%Y-%m-%d %H:%M:%S}"
+
+    @classmethod
+    def note(cls, schedule_id: int, job_id: str, manual: bool = False) -> None:
+        """Remember a run; every ``KEEP``-th run also drops the schedule's older ones."""
+        run = cls.objects.create(
+            schedule_id=schedule_id, job_id=job_id, sent_at=timezone.now(), manual=manual
+        )
+        if run.pk % cls.KEEP == 0:
+            old = cls.objects.filter(schedule_id=schedule_id).order_by("-sent_at")[cls.KEEP :]
+            cls.objects.filter(pk__in=list(old.values_list("pk", flat=True))).delete()

@@ -31,7 +31,7 @@ from emq_django.scheduler import store
 from emq_django.scheduler.config import SchedulerConfig
 from emq_django.scheduler.inbound import schedule_spec, unschedule_name
 from emq_django.scheduler.keys import split_task_name
-from emq_django.scheduler.models import SOURCE_WIRE, ScheduledJob
+from emq_django.scheduler.models import SOURCE_WIRE, ScheduledJob, ScheduleRun
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,8 @@ class SchedulerPeer:
                 f"cannot send to the broker at {self.config.broker_url}"
             ) from None
         self.fired += 1
+        # in _fire_one's transaction: rolled back with the tick if a later send fails
+        ScheduleRun.note(job.pk, msgid.decode())
         log.info("sent %s for schedule %s (due %s)", job.task, job.name, due.isoformat())
 
     def _wait_ack(self, msgid: bytes) -> None:

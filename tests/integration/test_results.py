@@ -242,7 +242,15 @@ def test_retry_action_sends_through_the_client(
     assert JobResult.objects.count() == 2, "retry sends jobs; it does not write rows"
 
 
-def test_cancel_action_says_why_it_cannot(recorder: DatabaseRecorder, staff: Client) -> None:
+def test_cancel_action_says_why_it_cannot(
+    recorder: DatabaseRecorder, staff: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from emq_django.exceptions import BrokerUnavailable
+
+    def unreachable(*args: Any) -> bytes:
+        raise BrokerUnavailable("broker unreachable at tcp://127.0.0.1:1")
+
+    monkeypatch.setattr(actions, "query", unreachable)
     recorder.record(record("c1"))
     recorder.flush()
     response = staff.post(
@@ -250,5 +258,5 @@ def test_cancel_action_says_why_it_cannot(recorder: DatabaseRecorder, staff: Cli
         {"action": "cancel_jobs", "_selected_action": ["c1"]},
         follow=True,
     )
-    assert "Not cancelled" in response.content.decode()
+    assert "Not cancelled: broker unreachable" in response.content.decode()
     assert JobResult.objects.get(pk="c1").status == "succeeded"

@@ -7,6 +7,7 @@
   var url = root.dataset.url;
   var pollMs = parseInt(root.dataset.pollMs, 10) || 2000;
   var last = null; // {t, done} of the previous answer, for the live rate
+  var shown = false; // the cards show a broker's figures (kept while it is unreachable)
   var SVG = "http://www.w3.org/2000/svg";
 
   function $(id) { return document.getElementById(id); }
@@ -41,27 +42,49 @@
     body.replaceChildren(frag);
   }
 
+  // 0 up to at least max in round steps (1, 2, 2.5 or 5 x 10^k): 0, 1, 2, 3, 4, never 3.63
+  function niceTicks(max, most) {
+    if (!(max > 0)) return { ticks: [0, 0.5, 1], step: 0.5 };
+    var raw = max / most, power = Math.pow(10, Math.floor(Math.log10(raw))), step = power * 10;
+    [1, 2, 2.5, 5, 10].some(function (m) { if (m * power >= raw) { step = m * power; return true; } return false; });
+    var ticks = [];
+    for (var i = 0; i <= Math.ceil(max / step - 1e-9); i++) ticks.push(i * step);
+    return { ticks: ticks, step: step };
+  }
+  function tickLabel(v, step) {
+    var decimals = 0;
+    while (decimals < 6 && Math.abs(Math.round(step * Math.pow(10, decimals)) - step * Math.pow(10, decimals)) > 1e-9) decimals++;
+    if (v >= 10000 && decimals === 0) return (v / 1000).toLocaleString(undefined, { maximumFractionDigits: 1 }) + "k";
+    return v.toLocaleString(undefined, { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+  }
+
   function drawChart(svg, from, to, lines) {
-    var W = 600, H = 180, top = 8, bottom = 16, left = 34;
+    // the viewBox is the drawn size, so that text is not stretched with the chart
+    var W = Math.max(300, Math.round(svg.getBoundingClientRect().width)) || 600, H = 180, top = 8, bottom = 16, left = 40;
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     var max = 0;
     lines.forEach(function (l) { l.points.forEach(function (p) { if (p[1] > max) max = p[1]; }); });
-    max = max > 0 ? max * 1.1 : 1;
+    var axis = niceTicks(max, 4);
+    max = axis.ticks[axis.ticks.length - 1];
     function x(t) { return left + (W - left - 4) * (t - from) / Math.max(1, to - from); }
     function y(v) { return top + (H - top - bottom) * (1 - v / max); }
     var nodes = [];
-    [0, 0.5, 1].forEach(function (f) {
+    axis.ticks.forEach(function (v) {
       var g = document.createElementNS(SVG, "line");
-      g.setAttribute("x1", left); g.setAttribute("x2", W); g.setAttribute("y1", y(max * f)); g.setAttribute("y2", y(max * f));
+      g.setAttribute("x1", left); g.setAttribute("x2", W); g.setAttribute("y1", y(v)); g.setAttribute("y2", y(v));
       g.setAttribute("stroke", "#ccc"); g.setAttribute("stroke-width", "0.5");
       nodes.push(g);
       var label = document.createElementNS(SVG, "text");
-      label.setAttribute("x", 2); label.setAttribute("y", y(max * f) + 3);
-      label.textContent = (max * f).toPrecision(3);
+      label.setAttribute("x", left - 4); label.setAttribute("y", y(v) + 3);
+      label.setAttribute("text-anchor", "end");
+      label.setAttribute("class", "emq-ytick");
+      label.textContent = tickLabel(v, axis.step);
       nodes.push(label);
     });
     ["-60 min", "-30 min", "now"].forEach(function (name, i) {
       var label = document.createElementNS(SVG, "text");
-      label.setAttribute("x", i === 2 ? W - 22 : left + (W - left) * i / 2);
+      label.setAttribute("x", left + (W - left - 4) * i / 2);
+      label.setAttribute("text-anchor", ["start", "middle", "end"][i]);
       label.setAttribute("y", H - 3);
       label.textContent = name;
       nodes.push(label);
@@ -107,17 +130,28 @@
       if (detail.indexOf(prefix) === 0) detail = detail.slice(prefix.length);
       text("emq-unreachable-detail", detail);
       down.hidden = false;
+      document.querySelectorAll(".emq-table, .emq-cards").forEach(function (el) { el.classList.add("emq-stale"); });
+      // the last figures seen: this page's, else the web server's (after a reload)
+      if (!shown && d.last) {
+        renderBroker(d.last.monitor, d.last, d.queue_rates);
+        text("emq-seen", "at " + new Date(d.last.time * 1000).toLocaleTimeString());
+      }
       $("emq-state").textContent = "unreachable";
       $("emq-state").className = "emq-value emq-down";
-      document.querySelectorAll(".emq-table, .emq-cards").forEach(function (el) { el.classList.add("emq-stale"); });
       last = null;
       return;
     }
     down.hidden = true;
+    text("emq-seen", "");
     document.querySelectorAll(".emq-stale").forEach(function (el) { el.classList.remove("emq-stale"); });
-    var m = d.monitor, c = m.counters || {}, now = m.broker.time || d.time;
-    $("emq-state").textContent = m.broker.stopping ? "stopping" : "up";
+    renderBroker(d.monitor, d, d.queue_rates);
+    shown = true;
+    $("emq-state").textContent = d.monitor.broker.stopping ? "stopping" : "up";
     $("emq-state").className = "emq-value emq-up";
+  }
+
+  function renderBroker(m, d, queueRates) {
+    var c = m.counters || {}, now = m.broker.time || d.time;
     var done = (c.succeeded || 0) + (c.failed || 0);
     if (last && now > last.t) text("emq-rate", ((done - last.done) / (now - last.t)).toFixed(1));
     last = { t: now, done: done };
@@ -128,7 +162,7 @@
     text("emq-journal", d.journal ? (d.journal.size_bytes === null ? "?" : (d.journal.size_bytes / 1024).toFixed(0) + " KiB")
       + (d.journal.jobs === null ? "" : ", " + fmt(d.journal.jobs) + " jobs") : "n/a");
     text("emq-broker", "pid " + m.broker.pid + " · up " + Math.round(m.broker.uptime) + " s · " + d.address);
-    var rates = d.queue_rates || {};
+    var rates = queueRates || {};
     fillTable("emq-queues", m.queues.map(function (q) {
       return [q.name, q.depth, q.in_flight, rates[q.name] === undefined ? 0 : rates[q.name],
         q.job_managers.map(function (j) { return j.identity + " (w" + j.weight + ", " + j.free_slots + " free)"; }).join(", ")];

@@ -1,0 +1,103 @@
+"""Admin pages without a table: the live dashboard and the broker's dead letters,
+and the one "emq" section of the admin index that lists them with the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST
+
+from emq_django.exceptions import EmqError
+from emq_django.results import actions, dashboard
+from emq_django.results.models import Dashboard
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    """The live dashboard and the dead letters; staff only."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("", view(self.changelist_view), name="emq_results_dashboard_changelist"),
+            path("data/", view(self.data_view), name="emq_dashboard_data"),
+            path("deadletters/", view(self.dead_letters_view), name="emq_dead_letters"),
+            path(
+                "deadletters/do/",
+                view(require_POST(self.dead_letters_action)),
+                name="emq_dead_letters_action",
+            ),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "emq dashboard",
+            "monitor_url": dashboard.monitor_url(),
+            "poll_ms": dashboard.POLL_MS,
+        }
+        return TemplateResponse(request, "emq/dashboard.html", context)
+
+    def data_view(self, request: HttpRequest) -> JsonResponse:
+        if not self.has_view_permission(request):
+            return JsonResponse({"error": "staff only"}, status=403)
+        return JsonResponse(dashboard.data())
+
+    def dead_letters_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        letters: list[dict[str, Any]] = []
+        error = ""
+        try:
+            letters = actions.dead_letters()
+        except EmqError as exc:
+            error = str(exc)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Dead letters",
+            "letters": letters,
+            "error": error,
+            "all_actions": (("requeue", "Requeue ALL"), ("purge", "Purge ALL")),
+            "monitor_url": dashboard.monitor_url(),
+        }
+        return TemplateResponse(request, "emq/dead_letters.html", context)
+
+    def dead_letters_action(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        action = request.POST.get("action", "")
+        ids = request.POST.getlist("job_id")
+        back = HttpResponseRedirect(reverse("admin:emq_dead_letters"))
+        if request.POST.get("all") != "1" and not ids:
+            self.message_user(request, "Select dead letters first, or use the ALL button.")
+            return back
+        try:
+            count = actions.dead_letter_command(action, None if request.POST.get("all") else ids)
+        except (EmqError, ValueError) as exc:
+            self.message_user(request, f"Not done: {exc}", messages.ERROR)
+            return back
+        self.message_user(
+            request, f"{action.capitalize()}d {count} dead letters.", messages.SUCCESS
+        )
+        return back
