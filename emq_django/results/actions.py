@@ -18,7 +18,7 @@ from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.results.models import JobResult, RetryLink
 
-CANCEL_STATES = ("cancelled", "running", "unknown")
+CANCEL_STATES = ("cancelled", "stopping", "running", "unknown")
 
 
 def _autodiscover_once() -> None:
@@ -68,8 +68,10 @@ def _monitor(words: list[str]) -> dict[str, Any]:
 
 def cancel(job_ids: Iterable[str]) -> dict[str, list[str]]:
     """Ask the broker to cancel these jobs (one ``CANCEL`` command): the ids by what
-    happened: ``cancelled`` (it had not started), ``running`` (it runs now and will not
-    be retried), ``unknown`` (finished, or never seen). Raises ``BrokerUnavailable``."""
+    happened: ``cancelled`` (it had not started), ``stopping`` (it was running: its
+    worker process is being killed and the job ends as cancelled), ``running`` (it runs
+    on an EventMQ job manager, which cannot be told to stop it; it will not be
+    retried), ``unknown`` (finished, or never seen). Raises ``BrokerUnavailable``."""
     ids = list(job_ids)
     if not ids:
         return {state: [] for state in CANCEL_STATES}

@@ -285,10 +285,17 @@ class JobResultAdmin(admin.ModelAdmin):
         if states["cancelled"]:
             links = format_html_join(", ", "{}", ((job_link(i),) for i in states["cancelled"]))
             self.message_user(request, format_html("Cancelled: {}", links), messages.SUCCESS)
+        if states["stopping"]:
+            links = format_html_join(", ", "{}", ((job_link(i),) for i in states["stopping"]))
+            self.message_user(
+                request,
+                format_html("Running, so its worker process is being stopped: {}", links),
+                messages.SUCCESS,
+            )
         if states["running"]:
             self.message_user(
                 request,
-                "Running now, so not stopped; it will not be retried: "
+                "Running on a job manager that cannot stop it; it will not be retried: "
                 + ", ".join(states["running"]),
                 messages.WARNING,
             )

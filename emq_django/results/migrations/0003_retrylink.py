@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("emq_results", "0001_initial"),
+        ("emq_results", "0002_job_status_retrying_cancelled"),
     ]
 
     operations = [
