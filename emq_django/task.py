@@ -74,7 +74,13 @@ class Task(Generic[P, R]):
     ) -> list[Result]:
         """Send many calls at once, pipelined: ``add.map([(1, 2), (3, 4)])``, or
         ``(args, kwargs)`` pairs. A guaranteed task returns once the broker has
-        ACKed them all, which is far faster than a ``delay()`` each."""
+        ACKed them all, which is far faster than a ``delay()`` each.
+
+        Every job gets its id before anything is sent. If the broker stops
+        acknowledging, the unacknowledged jobs are sent again under the same ids;
+        after ``EMQ_ACK_TIMEOUT`` without an ACK it raises ``BatchUnacknowledged``,
+        whose ``resend()`` sends exactly those again. Raises ``TypeError`` /
+        ``ValueError`` for arguments the broker would refuse (README: Refusals)."""
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 
@@ -116,7 +122,10 @@ class Task(Generic[P, R]):
         job_id: str | None = None,
         on_commit: bool | None = None,
     ) -> Result:
-        """Send the task. Raises ``TypeError`` for arguments JSON cannot carry,
+        """Send the task. Raises ``TypeError``/``ValueError`` for an option or
+        arguments the broker would refuse (a negative or non-numeric ``timeout`` or
+        ``retries``, a bad queue name, a non-finite or over-a-year ``countdown``/
+        ``eta``, arguments JSON cannot carry or nested over 100 deep),
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent

@@ -63,7 +63,9 @@ def parse_headers(raw: bytes) -> Headers:
         return Headers()
     if len(raw) > MAX_HEADERS_LENGTH:
         raise ProtocolError(
-            f"headers frame too long (over {MAX_HEADERS_LENGTH} bytes)", [raw[:64]], REFUSED_BAD_HEADER
+            f"headers frame too long (over {MAX_HEADERS_LENGTH} bytes)",
+            [raw[:64]],
+            REFUSED_BAD_HEADER,
         )
     try:
         text = raw.decode("utf-8")

@@ -288,3 +288,26 @@ def test_worker_fails_a_too_deep_body_and_keeps_running(
     assert "RecursionError" not in jm.stderr()
     with pytest.raises(TaskFailed):
         tasks.boom.delay("still a normal failure").get(timeout=10)
+
+
+# ---- map() without a broker names every job, and resend() reuses the ids ------------
+
+
+def test_map_without_a_broker_names_every_job_it_could_not_send(
+    emq_client_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+    from emq_django.exceptions import BatchUnacknowledged, BrokerUnavailable
+
+    monkeypatch.setenv("EMQ_ACK_TIMEOUT", "0.5")
+    reset_cached_settings()
+    reset_client()
+    with pytest.raises(BatchUnacknowledged) as info:
+        tasks.add.map([(n, n) for n in range(5)])
+    error = info.value
+    assert isinstance(error, BrokerUnavailable)
+    assert error.job_ids == [r.id for r in error.results] and len(error.job_ids) == 5
+    with pytest.raises(BatchUnacknowledged) as again:
+        error.resend()
+    assert again.value.job_ids == error.job_ids  # the same ids, not new ones
