@@ -5,6 +5,7 @@
 """
 
 from emq_django.exceptions import (
+    BatchUnacknowledged,
     BrokerUnavailable,
     Cancelled,
     EmqError,
@@ -22,6 +23,7 @@ from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.task import Task, task
 
 __all__ = [
+    "BatchUnacknowledged",
     "BrokerUnavailable",
     "Cancelled",
     "EmqError",

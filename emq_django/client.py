@@ -15,12 +15,19 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
 from emq_django import transport, wire
-from emq_django.exceptions import BrokerUnavailable, JobRefused, ProtocolError, QueueFull
+from emq_django.exceptions import (
+    BatchUnacknowledged,
+    BrokerUnavailable,
+    JobRefused,
+    ProtocolError,
+    QueueFull,
+)
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
@@ -48,14 +55,16 @@ class Client:
         self._lock = threading.RLock()
         self._pending: OrderedDict[bytes, float] = OrderedDict()  # msgid -> sent at
         self._replies: OrderedDict[bytes, F.Reply] = OrderedDict()
-        self._errors: dict[bytes, F.Error] = {}
+        self._errors: OrderedDict[bytes, F.Error] = OrderedDict()
+        self._answered: list[bytes] | None = None  # ACKed/refused msgids, while a batch waits
         self._confirmed = False
         self._ids = IdGenerator()
 
     # ---- sending ------------------------------------------------------------
 
     def new_id(self) -> str:
-        return self._ids.text()
+        with self._lock:
+            return self._ids.text()
 
     def send(
         self,
@@ -89,35 +98,133 @@ class Client:
     def send_many(
         self, queue: str, headers: bytes, bodies: list[bytes], *, confirm: bool = False
     ) -> list[str]:
-        """Send several REQUESTs pipelined; with ``confirm``, return once the broker
-        has ACKed them all (it journals them in a few transactions, not one each).
-        Raises like ``send``; on ``BrokerUnavailable`` none of them may be assumed sent."""
+        """``send_batch`` under new ids; returns them."""
+        ids = [self.new_id() for _ in bodies]
+        self.send_batch(queue, headers, bodies, ids, confirm=confirm)
+        return ids
+
+    def send_batch(
+        self,
+        queue: str,
+        headers: bytes,
+        bodies: Sequence[bytes],
+        job_ids: Sequence[str],
+        *,
+        confirm: bool = False,
+        results: Sequence[Any] = (),
+    ) -> None:
+        """Send one REQUEST per body, pipelined, under ``job_ids`` (one each, chosen
+        before sending). With ``confirm``, return once the broker has ACKed them
+        all (it journals them in a few transactions, not one each).
+
+        When ACKs stop coming (the broker crashed and restarts), the jobs not yet
+        acknowledged are sent again under the same ids every quarter of
+        ``ack_timeout``: the broker drops those it already has. After
+        ``ack_timeout`` without a single ACK it raises ``BatchUnacknowledged``,
+        whose ``job_ids`` are exactly the jobs that may not have arrived and whose
+        ``resend()`` sends them again under the same ids. Raises ``JobRefused`` /
+        ``QueueFull`` for a job the broker refused (with ``confirm``)."""
+        if len(job_ids) != len(bodies):
+            raise ValueError("one job id per body")
+        batch = _Batch(queue.encode(), headers, bodies, job_ids)
         with self._lock:
-            sock = self._socket()
-            if not self._confirmed and bodies:
-                return [
-                    self.send(queue, headers, bodies[0], confirm=confirm),
-                    *self.send_many(queue, headers, bodies[1:], confirm=confirm),
-                ]
-            ids = []
-            for body in bodies:
-                job_id = self.new_id()
-                msgid = job_id.encode()
-                wire.send(
-                    sock,
-                    [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body],
-                    nonblocking=False,
-                )
-                self._pending[msgid] = time.monotonic()
-                ids.append(job_id)
-                if len(self._pending) >= self.window:
-                    self._wait_below(self.window // 2)
+            try:
+                self._send_batch(batch, confirm)
+            except BrokerUnavailable as exc:
+                raise self._batch_failed(batch, exc, queue, confirm, results) from None
+            finally:
+                self._answered = None
             if confirm:
-                self._wait_below(1)
-                refused = [i for i in ids if i.encode() in self._errors]
+                refused = [m for m in batch.msgids if m in self._errors]
                 if refused:
-                    raise _refusal(self._errors.pop(refused[0].encode()))
-            return ids
+                    raise _refusal(self._errors.pop(refused[0]))
+
+    def _send_batch(self, batch: _Batch, confirm: bool) -> None:
+        sock = self._socket()
+        self._drain(sock)
+        if self._pending:
+            self._check_overdue()
+        if not self._confirmed and batch.msgids:
+            # the socket's first message waits: a missing broker is reported at once
+            self.send(batch.queue.decode(), batch.headers, batch.bodies[0], confirm=confirm,
+                      job_id=batch.msgids[0].decode())  # fmt: skip
+            batch.sent = 1
+        self._answered = []
+        for k in range(batch.sent, len(batch.msgids)):
+            wire.send(sock, batch.frames(k), nonblocking=False)
+            self._pending[batch.msgids[k]] = time.monotonic()
+            batch.unanswered.add(batch.msgids[k])
+            batch.sent = k + 1
+            if len(self._pending) >= self.window:
+                self._wait_batch(batch, lambda: len(self._pending) < self.window // 2)
+        if confirm:
+            self._wait_batch(batch, lambda: not batch.unanswered)
+
+    def _wait_batch(self, batch: _Batch, done: Callable[[], bool]) -> None:
+        """Wait until ``done()``; resend the batch's unanswered jobs while no ACK
+        comes, and raise ``BrokerUnavailable`` after ``ack_timeout`` without one."""
+        sock = self._socket()
+        step = self.ack_timeout / 4
+        last_progress = time.monotonic()
+        next_resend = last_progress + step
+        while True:
+            self._note_answers(batch)
+            if done():
+                return
+            now = time.monotonic()
+            if now - last_progress >= self.ack_timeout:
+                raise BrokerUnavailable(
+                    f"the broker at {self.url} acknowledged nothing for {self.ack_timeout:g} s"
+                )
+            if now >= next_resend:
+                for msgid in list(batch.unanswered):
+                    wire.send(sock, batch.frames(batch.index[msgid]), nonblocking=False)
+                next_resend = now + step
+            wait = min(next_resend, last_progress + self.ack_timeout) - now
+            if sock.poll(int(wait * 1000) + 1):
+                self._drain(sock)
+                if self._answered:
+                    last_progress = time.monotonic()
+                    next_resend = last_progress + step
+
+    def _note_answers(self, batch: _Batch) -> None:
+        if self._answered:
+            for msgid in self._answered:
+                batch.unanswered.discard(msgid)
+            self._answered.clear()
+
+    def _batch_failed(
+        self,
+        batch: _Batch,
+        exc: BrokerUnavailable,
+        queue: str,
+        confirm: bool,
+        results: Sequence[Any],
+    ) -> BatchUnacknowledged:
+        if self._answered is not None:
+            self._note_answers(batch)
+        if batch.sent <= 1 and not batch.unanswered:
+            # it failed before or on the first message: none of them is acknowledged
+            missing = list(range(len(batch.msgids)))
+        else:
+            missing = [k for k, m in enumerate(batch.msgids) if m in batch.unanswered]
+            missing += range(batch.sent, len(batch.msgids))
+        if self._sock is not None:
+            self._reset()
+        ids = [batch.msgids[k].decode() for k in missing]
+        bodies = [batch.bodies[k] for k in missing]
+
+        def resend() -> Sequence[Any]:
+            self.send_batch(queue, batch.headers, bodies, ids, confirm=confirm, results=results)
+            return results
+
+        return BatchUnacknowledged(
+            f"{exc}; {len(ids)} of {len(batch.msgids)} jobs may not have arrived: "
+            "BatchUnacknowledged.resend() sends them again under the same ids",
+            ids,
+            results,
+            resend,
+        )
 
     def send_frames(self, frames: list[bytes], msgid: bytes, *, confirm: bool = True) -> None:
         """Send any client command (SCHEDULE, PUBLISH, ...) that carries ``msgid``."""
@@ -224,13 +331,19 @@ class Client:
         self._confirmed = True
         if type(cmd) is F.Ack:
             self._pending.pop(cmd.ack_msgid, None)
+            if self._answered is not None:
+                self._answered.append(cmd.ack_msgid)
         elif type(cmd) is F.Reply:
             self._replies[cmd.request_msgid] = cmd
             if len(self._replies) > MAX_KEPT_REPLIES:
                 self._replies.popitem(last=False)
         elif type(cmd) is F.Error:
             self._pending.pop(cmd.ref_msgid, None)
+            if self._answered is not None:
+                self._answered.append(cmd.ref_msgid)
             self._errors[cmd.ref_msgid] = cmd
+            if len(self._errors) > MAX_KEPT_REPLIES:
+                self._errors.popitem(last=False)
             log.warning(
                 "the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"), cmd.reason
             )
@@ -284,6 +397,24 @@ class Client:
             f"the broker at {self.url} did not acknowledge within {self.ack_timeout:g} s "
             f"({count} message(s) unacknowledged); is `manage.py emq_broker` running there?"
         )
+
+
+class _Batch:
+    """The jobs of one ``send_batch``: their frames, and which are unanswered."""
+
+    def __init__(
+        self, queue: bytes, headers: bytes, bodies: Sequence[bytes], job_ids: Sequence[str]
+    ) -> None:
+        self.queue = queue
+        self.headers = headers
+        self.bodies = bodies
+        self.msgids = [i.encode() for i in job_ids]
+        self.index = {m: k for k, m in enumerate(self.msgids)}
+        self.unanswered: set[bytes] = set()  # sent, neither ACKed nor refused yet
+        self.sent = 0  # bodies[:sent] went out at least once
+
+    def frames(self, k: int) -> list[bytes]:
+        return [b"", PROTOCOL, F.REQUEST, self.msgids[k], self.queue, self.headers, self.bodies[k]]
 
 
 def _refusal(error: F.Error) -> JobRefused | QueueFull:

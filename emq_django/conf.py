@@ -48,6 +48,7 @@ class EmqSettings:
     JOURNAL_PATH: str = "emq-journal.sqlite3"  # guaranteed jobs; '' turns the journal off
     JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
     MAX_QUEUE_BYTES: int = 256 * 1024 * 1024  # bodies waiting in memory, per queue
+    MAX_BODY_BYTES: int = 64 * 1024 * 1024  # one job's body; the broker refuses bigger ones
     RETRY_BASE: float = 1.0  # first retry after about this many seconds, then doubling
     RETRY_CAP: float = 300.0
     DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
@@ -110,6 +111,8 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_JOURNAL_SYNC must be 'normal' or 'full'")
     if s.RETRY_BASE < 0 or s.RETRY_CAP < s.RETRY_BASE:
         raise ImproperlyConfigured("EMQ_RETRY_BASE must be >= 0 and <= EMQ_RETRY_CAP")
+    if s.MAX_BODY_BYTES < 1:
+        raise ImproperlyConfigured("EMQ_MAX_BODY_BYTES must be >= 1")
     if s.PREFETCH < 1:
         raise ImproperlyConfigured("EMQ_PREFETCH must be >= 1")
     if s.RECORD_INTERVAL < 0 or s.RECORD_BATCH < 1 or s.RECORD_BUFFER < 1:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def type_name(exc: BaseException) -> str:
@@ -20,14 +21,17 @@ class EmqError(Exception):
 class ProtocolError(EmqError):
     """A message that does not follow the protocol.
 
-    Carries the reason and the raw frames, so that the caller can log and count
-    the drop.
+    Carries the reason, the raw frames and a short ``code`` naming the kind of
+    fault (``bad-header``, ``queue-name-too-long``, ...; see
+    ``emq_django.protocol.limits``), so that the broker can answer the sender with
+    an ERROR and count refusals by reason.
     """
 
-    def __init__(self, reason: str, frames: Sequence[bytes] = ()) -> None:
+    def __init__(self, reason: str, frames: Sequence[bytes] = (), code: str = "malformed") -> None:
         super().__init__(reason)
         self.reason = reason
         self.frames = list(frames)
+        self.code = code
 
     def __str__(self) -> str:
         shown = [bytes(f[:40]) for f in self.frames[:8]]
@@ -36,6 +40,36 @@ class ProtocolError(EmqError):
 
 class BrokerUnavailable(EmqError):
     """The broker did not acknowledge in time."""
+
+
+class BatchUnacknowledged(BrokerUnavailable):
+    """``map()`` gave up waiting for the broker's ACKs (it crashed, or is away).
+
+    ``job_ids`` are exactly the jobs that may not have arrived (sent but not
+    acknowledged, or not sent yet); every other job of the batch was acknowledged.
+    ``results`` are the handles of the whole batch, in order, under the ids the
+    jobs were sent with. ``resend()`` sends the unacknowledged jobs again under
+    the same ids (the broker drops the ones it already has, so nothing runs twice
+    for it) and returns ``results``; it raises ``BatchUnacknowledged`` again, with
+    the jobs still unacknowledged, if the broker is still away.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        job_ids: Sequence[str],
+        results: Sequence[Any] = (),
+        resend: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.job_ids = list(job_ids)
+        self.results = list(results)
+        self._resend = resend
+
+    def resend(self) -> Any:
+        if self._resend is None:
+            raise RuntimeError("this batch cannot be resent from here")
+        return self._resend()
 
 
 class QueueFull(EmqError):

@@ -13,6 +13,7 @@ from emq_django import registry
 from emq_django.handles import EagerResult, Result
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
+from emq_django.protocol.limits import MAX_DELAY, check_count, check_queue_name, check_seconds
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,10 +38,9 @@ class Task(Generic[P, R]):
                 f"@emq.task on {fn.__qualname__} in __main__: define tasks in an "
                 "importable module so that job managers can find them"
             )
-        if retries < 0 or timeout < 0:
-            raise ValueError("retries and timeout must be >= 0")
-        if not queue:
-            raise ValueError("queue must be a non-empty name")
+        check_count("retries", retries)
+        check_seconds("timeout", timeout)
+        check_queue_name(queue)
         self.fn = fn
         self.path = fn.__module__
         self.callable = fn.__qualname__
@@ -74,10 +74,17 @@ class Task(Generic[P, R]):
     ) -> list[Result]:
         """Send many calls at once, pipelined: ``add.map([(1, 2), (3, 4)])``, or
         ``(args, kwargs)`` pairs. A guaranteed task returns once the broker has
-        ACKed them all, which is far faster than a ``delay()`` each."""
+        ACKed them all, which is far faster than a ``delay()`` each.
+
+        Every job gets its id before anything is sent. If the broker stops
+        acknowledging, the unacknowledged jobs are sent again under the same ids;
+        after ``EMQ_ACK_TIMEOUT`` without an ACK it raises ``BatchUnacknowledged``,
+        whose ``resend()`` sends exactly those again. Raises ``TypeError`` /
+        ``ValueError`` for arguments the broker would refuse (README: Refusals)."""
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 
+        settings = cached_settings()
         bodies = []
         for call in calls:
             if (
@@ -86,14 +93,19 @@ class Task(Generic[P, R]):
                 and isinstance(call[1], Mapping)
                 and isinstance(call[0], list | tuple)
             ):
-                bodies.append(encode_run_body(self.path, self.callable, call[0], call[1]))
+                body = encode_run_body(self.path, self.callable, call[0], call[1])
             else:
-                bodies.append(encode_run_body(self.path, self.callable, call, None))
-        if cached_settings().EAGER:
+                body = encode_run_body(self.path, self.callable, call, None)
+            bodies.append(_check_size(body, settings.MAX_BODY_BYTES, self.name))
+        if settings.EAGER:
             return [self._run_eagerly(body, self.reply) for body in bodies]
         client = get_client()
-        ids = client.send_many(self.queue, self._headers, bodies, confirm=self.guarantee)
-        return [Result(i, self.name, reply=self.reply, client=client) for i in ids]
+        ids = [client.new_id() for _ in bodies]  # before sending: a resend reuses them
+        results = [Result(i, self.name, reply=self.reply, client=client) for i in ids]
+        client.send_batch(
+            self.queue, self._headers, bodies, ids, confirm=self.guarantee, results=results
+        )
+        return results
 
     def apply_async(
         self,
@@ -110,7 +122,10 @@ class Task(Generic[P, R]):
         job_id: str | None = None,
         on_commit: bool | None = None,
     ) -> Result:
-        """Send the task. Raises ``TypeError`` for arguments JSON cannot carry,
+        """Send the task. Raises ``TypeError``/``ValueError`` for an option or
+        arguments the broker would refuse (a negative or non-numeric ``timeout`` or
+        ``retries``, a bad queue name, a non-finite or over-a-year ``countdown``/
+        ``eta``, arguments JSON cannot carry or nested over 100 deep),
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
@@ -118,7 +133,10 @@ class Task(Generic[P, R]):
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 
+        _check_options(queue, retries, timeout, guarantee, reply, job_id)
+        run_after = _run_after(countdown, eta)  # bad timing fails now, not at commit
         body = encode_run_body(self.path, self.callable, args, kwargs)
+        _check_size(body, cached_settings().MAX_BODY_BYTES, self.name)
         want_reply = self.reply if reply is None else reply
         if (self.on_commit if on_commit is None else on_commit) and _in_transaction():
             options = {
@@ -133,7 +151,6 @@ class Task(Generic[P, R]):
             return self._send_on_commit(args, kwargs, job_id, options)
         if cached_settings().EAGER:
             return self._run_eagerly(body, want_reply)
-        run_after = _run_after(countdown, eta)
         if (retries, timeout, guarantee, reply, run_after) == (None, None, None, None, 0.0):
             headers = self._headers
         else:
@@ -146,8 +163,6 @@ class Task(Generic[P, R]):
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = get_client()
-        if job_id is not None and (not job_id.isprintable() or len(job_id) > 200 or "#" in job_id):
-            raise ValueError("job_id must be printable, without '#', at most 200 characters")
         job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
         return Result(job_id, self.name, reply=want_reply, client=client)
 
@@ -162,7 +177,6 @@ class Task(Generic[P, R]):
 
         from emq_django.transaction import DeferredResult, on_commit
 
-        _run_after(options["countdown"], options["eta"])  # bad timing fails now, not at commit
         deferred = DeferredResult(job_id or uuid.uuid4().hex, self.name, reply=options["reply"])
 
         def send() -> None:
@@ -202,15 +216,55 @@ def _in_transaction() -> bool:
     return in_transaction()
 
 
+def _check_options(
+    queue: Any, retries: Any, timeout: Any, guarantee: Any, reply: Any, job_id: Any
+) -> None:
+    """Refuse at the call site what the broker would refuse; ``TypeError``/``ValueError``."""
+    if queue is not None:
+        check_queue_name(queue)
+    if retries is not None:
+        check_count("retries", retries)
+    if timeout is not None:
+        check_seconds("timeout", timeout)
+    for name, flag in (("guarantee", guarantee), ("reply", reply)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if job_id is not None:
+        if not isinstance(job_id, str):
+            raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+        if not job_id or not job_id.isprintable() or len(job_id) > 200 or "#" in job_id:
+            raise ValueError("job_id must be printable, without '#', 1 to 200 characters")
+
+
+def _check_size(body: bytes, limit: int, name: str) -> bytes:
+    if len(body) > limit:
+        raise ValueError(
+            f"the arguments of {name} encode to {len(body)} bytes; the broker takes at most "
+            f"{limit} (EMQ_MAX_BODY_BYTES): pass large data by reference (a path, a key)"
+        )
+    return body
+
+
 def _run_after(countdown: float | None, eta: dt.datetime | None) -> float:
+    """The run-after time (Unix seconds), 0 for now. Raises ``ValueError`` for a
+    negative, non-finite or more than ``MAX_DELAY`` (a year) away time."""
     if countdown is not None and eta is not None:
         raise ValueError("give countdown or eta, not both")
-    if countdown:
-        return time.time() + countdown
+    if countdown is not None:
+        check_seconds("countdown", countdown, MAX_DELAY)
+        return time.time() + countdown if countdown else 0.0
     if eta is not None:
+        if not isinstance(eta, dt.datetime):
+            raise TypeError(f"eta must be a datetime, got {type(eta).__name__}")
         if eta.tzinfo is None:
             raise ValueError("eta must be timezone-aware (use django.utils.timezone.now())")
-        return eta.timestamp()
+        when = eta.timestamp()
+        if when - time.time() > MAX_DELAY:
+            raise ValueError(
+                f"eta {eta.isoformat()} is more than {MAX_DELAY / 86400:.0f} days ahead; "
+                "use emq.schedule() for jobs that far out"
+            )
+        return max(when, 0.0)
     return 0.0
 
 

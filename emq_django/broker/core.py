@@ -34,7 +34,15 @@ from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.frames import PROTOCOL, decode, reply_flags
+from emq_django.protocol.frames import PROTOCOL, answerable_msgid, decode, reply_flags
+from emq_django.protocol.limits import (
+    MAX_DELAY,
+    REFUSAL_CODES,
+    REFUSED_BAD_RUN_AFTER,
+    REFUSED_BODY_TOO_BIG,
+    REFUSED_WRONG_PORT,
+    refusal_counter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,8 @@ COUNTERS = (
     "spilled",
     "cancelled",
     "worker_lost",
+    "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
+    *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
 
@@ -79,6 +89,7 @@ class BrokerConfig:
     retry_cap: float = 300.0
     dedupe_window: float = 600.0
     max_dead_letters: int = 100_000
+    max_body_bytes: int = 64 * 1024 * 1024
 
 
 class BrokerCore(JobLifecycle):
@@ -122,21 +133,25 @@ class BrokerCore(JobLifecycle):
             cmd = decode(frames)
             handler = _FRONTEND_HANDLERS.get(type(cmd))
             if handler is None:
-                raise ProtocolError(f"{type(cmd).__name__} is not valid from a client", frames)
+                raise ProtocolError(
+                    f"{type(cmd).__name__} is not valid from a client", frames, REFUSED_WRONG_PORT
+                )
             if self.schedulers:
                 scheduler = self.schedulers.get(identity)
                 if scheduler is not None:  # any command from a scheduler shows it is alive
                     scheduler.last_seen = now
             handler(self, identity, cmd, now)
         except ProtocolError as exc:
-            self._protocol_error("frontend", identity, exc)
+            self._protocol_error("frontend", identity, exc, frames)
 
     def on_backend(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
         try:
             cmd = decode(frames)
             handler = _BACKEND_HANDLERS.get(type(cmd))
             if handler is None:
-                raise ProtocolError(f"{type(cmd).__name__} is not valid from a worker", frames)
+                raise ProtocolError(
+                    f"{type(cmd).__name__} is not valid from a worker", frames, REFUSED_WRONG_PORT
+                )
             peer = self.peers.get(identity)
             if peer is not None:
                 peer.last_seen = now
@@ -145,7 +160,7 @@ class BrokerCore(JobLifecycle):
                 return
             handler(self, identity, cmd, now)
         except ProtocolError as exc:
-            self._protocol_error("backend", identity, exc)
+            self._protocol_error("backend", identity, exc, frames)
 
     def on_timer(self, now: float) -> None:
         if now >= self.next_heartbeat:
@@ -206,8 +221,29 @@ class BrokerCore(JobLifecycle):
         if self.stopping:
             self._refuse(identity, cmd.msgid, "shutting-down", "the broker is shutting down")
             return
+        refusal = self._check_request(cmd, now)
+        if refusal is not None:
+            self._refuse(identity, cmd.msgid, *refusal)
+            return
         # the ACK goes out after the job: the worker can start a little sooner
         self._accept(identity, cmd, queue, now)
+
+    def _check_request(self, cmd: F.Request, now: float) -> tuple[str, str] | None:
+        """(code, reason) if the broker refuses this REQUEST outright, else None."""
+        if len(cmd.body) > self.config.max_body_bytes:
+            return (
+                REFUSED_BODY_TOO_BIG,
+                f"the body is {len(cmd.body)} bytes; the most is {self.config.max_body_bytes} "
+                "(EMQ_MAX_BODY_BYTES): pass large data by reference (a path, a key)",
+            )
+        run_after = cmd.headers.run_after
+        if run_after and run_after - (now + self.wall_offset) > MAX_DELAY:
+            return (
+                REFUSED_BAD_RUN_AFTER,
+                f"run-after {run_after:.0f} is more than {MAX_DELAY:.0f} s ahead; "
+                "use the scheduler for jobs that far out",
+            )
+        return None
 
     def _new_queue(self, identity: bytes, cmd: F.Request) -> Queue | None:
         if len(self.queues) >= MAX_QUEUES:
@@ -245,7 +281,9 @@ class BrokerCore(JobLifecycle):
     def _frontend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
         if cmd.peer_type != F.PEER_SCHEDULER:
             raise ProtocolError(
-                "only schedulers INFORM on the client port; job managers use the worker port", []
+                "only schedulers INFORM on the client port; job managers use the worker port",
+                [],
+                REFUSED_WRONG_PORT,
             )
         self.schedulers[identity] = Peer(
             identity, cmd.peer_type, (), now, cmd.meta, connected_at=now
@@ -275,7 +313,9 @@ class BrokerCore(JobLifecycle):
 
     def _backend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
         if cmd.peer_type != F.PEER_WORKER:
-            raise ProtocolError("schedulers INFORM on the client port, not the worker port", [])
+            raise ProtocolError(
+                "schedulers INFORM on the client port, not the worker port", [], REFUSED_WRONG_PORT
+            )
         old = self.peers.get(identity)
         if old is not None:
             self._drop_peer(old, now, "sent INFORM again")
@@ -688,10 +728,18 @@ class BrokerCore(JobLifecycle):
         self.counters["acked"] += 1
         self.out.append((socket, identity, [b"", PROTOCOL, F.ACK, self.new_id(), msgid]))
 
-    def _refuse(self, identity: bytes, msgid: bytes, code: str, reason: str) -> None:
-        self.counters["refused"] += 1
+    def _refuse(
+        self, identity: bytes, msgid: bytes, code: str, reason: str, socket: int = FRONTEND
+    ) -> None:
+        self.count_refusal(code)
         log.warning("refused %s: %s", _show(msgid), reason)
-        self.out.append((FRONTEND, identity, F.Error(self.new_id(), msgid, reason, code).encode()))
+        self.out.append((socket, identity, F.Error(self.new_id(), msgid, reason, code).encode()))
+
+    def count_refusal(self, code: str, n: int = 1) -> None:
+        """Count ``n`` refusals with ERROR code ``code`` (also those the server makes)."""
+        self.counters["refused"] += n
+        name = refusal_counter(code)
+        self.counters[name] = self.counters.get(name, 0) + n
 
     def _unknown_peer(self, identity: bytes, cmd: F.Command) -> None:
         # A job manager from before a broker restart, or one dropped as silent. No
@@ -702,13 +750,29 @@ class BrokerCore(JobLifecycle):
         if isinstance(cmd, F.Reply):
             self.counters["stale_replies"] += 1
 
-    def _protocol_error(self, where: str, identity: bytes, exc: ProtocolError) -> None:
+    def _protocol_error(
+        self, where: str, identity: bytes, exc: ProtocolError, frames: Sequence[bytes] = ()
+    ) -> None:
+        """A message ``decode()`` or a handler refused: answer it with an ERROR when
+        it names a msgid its sender waits on, else drop it. Counted either way, and
+        logged (the first 100, then every 10,000th: a flood must not flood the log)."""
         self.counters["protocol_errors"] += 1
         n = self.counters["protocol_errors"]
+        msgid = answerable_msgid(frames, where)
+        if msgid is not None:
+            reason = exc.reason[:1024]
+            self.count_refusal(exc.code)
+            socket = FRONTEND if where == "frontend" else BACKEND
+            self.out.append(
+                (socket, identity, F.Error(self.new_id(), msgid, reason, exc.code).encode())
+            )
+        else:
+            self.counters["dropped_malformed"] += 1
         if self._error_log_budget > 0 or n % 10_000 == 0:
             self._error_log_budget -= 1
             log.warning(
-                "dropped a malformed message on the %s port from %s: %s (%d so far)",
+                "%s a malformed message on the %s port from %s: %s (%d so far)",
+                "refused" if msgid is not None else "dropped",
                 where,
                 _show(identity),
                 exc,

@@ -26,6 +26,7 @@ from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
 from emq_django.protocol import frames as F
+from emq_django.protocol.limits import REFUSED_JOURNAL
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class BrokerServer:
                 retry_cap=settings.RETRY_CAP,
                 dedupe_window=settings.DEDUPE_WINDOW,
                 max_dead_letters=settings.MAX_DEAD_LETTERS,
+                max_body_bytes=settings.MAX_BODY_BYTES,
             ),
             clock(),
         )
@@ -261,11 +263,12 @@ class BrokerServer:
         except JournalError as exc:
             unsaved = {op[1] for op in ops if op[0] == "put"}
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
-            core.counters["refused"] += len(unsaved)
             core.unsave(unsaved, self.clock())
-            core.out = [
-                _refusal(m, unsaved, str(exc)) for m in core.out if not _dispatch_of(m, unsaved)
-            ]
+            kept = [m for m in core.out if not _dispatch_of(m, unsaved)]
+            core.out = [_refusal(m, unsaved, str(exc)) for m in kept]
+            refused = sum(1 for new, old in zip(core.out, kept, strict=True) if new is not old)
+            if refused:
+                core.count_refusal(REFUSED_JOURNAL, refused)
             if core.journal_ops:  # what unsave() queued (credit given back) needs no journal
                 core.journal_ops = [op for op in core.journal_ops if op[1] not in unsaved]
 
@@ -405,7 +408,7 @@ def _refusal(
     must not believe it is guaranteed."""
     socket_id, identity, frames = message
     if socket_id == FRONTEND and len(frames) == 5 and frames[2] == F.ACK and frames[4] in unsaved:
-        error = F.Error(frames[3], frames[4], f"not saved: {reason}", "journal-error")
+        error = F.Error(frames[3], frames[4], f"not saved: {reason}", REFUSED_JOURNAL)
         return socket_id, identity, error.encode()
     return message
 

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emq_django.exceptions import ProtocolError
+from emq_django.protocol.limits import (
+    BODY_DEPTH,
+    MAX_DEPTH,
+    REFUSED_TOO_DEEP,
+    may_nest_deeper_than,
+    nested_deeper_than,
+)
 
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -31,18 +38,36 @@ class RunBody:
 
 
 def encode_run_body(path: str, name: str, args: Any = (), kwargs: Any = None) -> bytes:
-    """Encode a run body; raises ``TypeError`` for arguments JSON cannot carry."""
+    """Encode a run body; raises ``TypeError`` for arguments JSON cannot carry,
+    and for arguments nested deeper than ``MAX_DEPTH`` (100) lists or dicts."""
     payload = {"callable": name, "path": path, "args": list(args), "kwargs": kwargs or {}}
     try:
-        return _encoder.encode(["run", payload]).encode()
+        text = _encoder.encode(["run", payload])
+    except RecursionError:
+        raise TypeError(_too_deep(f"arguments of {path}.{name}")) from None
     except (TypeError, ValueError) as exc:
         raise TypeError(f"arguments of {path}.{name} must be JSON serializable: {exc}") from exc
+    # the count is a C loop over the text; the walk only runs when it says maybe
+    if may_nest_deeper_than(text, BODY_DEPTH) and nested_deeper_than(payload, MAX_DEPTH + 2):
+        raise TypeError(_too_deep(f"arguments of {path}.{name}"))
+    return text.encode()
+
+
+def _too_deep(what: str) -> str:
+    return (
+        f"{what} nest lists or dicts more than {MAX_DEPTH} deep; the most is {MAX_DEPTH} "
+        "(JSON decoders recurse, and a deeper body would kill the worker)"
+    )
 
 
 def decode_run_body(body: bytes) -> RunBody:
     """Decode a run body; raises ``ProtocolError`` with the reason."""
     try:
         data = json.loads(body)
+    except RecursionError:
+        raise ProtocolError(
+            _too_deep("the body's arguments"), [body[:200]], REFUSED_TOO_DEEP
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"body is not JSON: {exc}", [body[:200]]) from None
     if not (isinstance(data, list) and len(data) == 2 and data[0] == "run"):
@@ -61,6 +86,8 @@ def decode_run_body(body: bytes) -> RunBody:
         raise ProtocolError("run body 'args' must be a list", [body[:200]])
     if not isinstance(kwargs, dict) or not isinstance(class_kwargs, dict):
         raise ProtocolError("run body 'kwargs' must be an object", [body[:200]])
+    if may_nest_deeper_than(body, BODY_DEPTH) and nested_deeper_than(spec, MAX_DEPTH + 2):
+        raise ProtocolError(_too_deep("the body's arguments"), [body[:200]], REFUSED_TOO_DEEP)
     return RunBody(path, name, args, kwargs, class_args, class_kwargs)
 
 

@@ -18,10 +18,15 @@ from typing import Any, TypeAlias
 
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol.headers import Headers, parse_headers
+from emq_django.protocol.limits import (
+    MAX_NAME_LENGTH,
+    REFUSED_BAD_QUEUE_NAME,
+    REFUSED_QUEUE_NAME_TOO_LONG,
+    REFUSED_UNKNOWN_COMMAND,
+)
 
 PROTOCOL = b"eMQP/1.0"
 MAX_ID_LENGTH = 255
-MAX_NAME_LENGTH = 255
 
 ACK = b"ACK"
 REPLY = b"REPLY"
@@ -252,13 +257,23 @@ Command: TypeAlias = (
 )
 
 
-def _text(frame: bytes, what: str, frames: Sequence[bytes], limit: int = MAX_NAME_LENGTH) -> str:
+def _text(
+    frame: bytes,
+    what: str,
+    frames: Sequence[bytes],
+    limit: int = MAX_NAME_LENGTH,
+    codes: tuple[str, str] = ("malformed", "malformed"),
+) -> str:
+    """``frame`` as text; ``codes``: the refusal codes for (too long, not UTF-8)."""
     if len(frame) > limit:
-        raise ProtocolError(f"{what} longer than {limit} bytes", frames)
+        raise ProtocolError(f"{what} longer than {limit} bytes ({len(frame)})", frames, codes[0])
     try:
         return frame.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError(f"{what} is not UTF-8", frames) from None
+        raise ProtocolError(f"{what} is not UTF-8", frames, codes[1]) from None
+
+
+_QUEUE_CODES = (REFUSED_QUEUE_NAME_TOO_LONG, REFUSED_BAD_QUEUE_NAME)
 
 
 def _count(frames: Sequence[bytes], name: str, *allowed: int) -> None:
@@ -268,9 +283,9 @@ def _count(frames: Sequence[bytes], name: str, *allowed: int) -> None:
 
 
 def _queue_name(frame: bytes, frames: Sequence[bytes]) -> str:
-    name = _text(frame, "queue name", frames)
+    name = _text(frame, "queue name", frames, codes=_QUEUE_CODES)
     if not name:
-        raise ProtocolError("empty queue name", frames)
+        raise ProtocolError("empty queue name", frames, REFUSED_BAD_QUEUE_NAME)
     return name
 
 
@@ -394,7 +409,7 @@ def _decode_publish(f: Sequence[bytes]) -> Publish:
 def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Schedule]:
     def decode(f: Sequence[bytes]) -> Schedule:
         _count(f, cls.command.decode(), 7, 9)
-        queue = _text(f[4], "queue name", f)
+        queue = _text(f[4], "queue name", f, codes=_QUEUE_CODES)
         headers = parse_headers(f[5])
         if len(f) == 7:
             return cls(f[3], queue, headers, f[6])
@@ -512,6 +527,29 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
 }
 
 
+# Commands whose sender waits for an answer (an ACK), so a refusal gets an ERROR.
+_AWAITED = {
+    "frontend": frozenset((REQUEST, PUBLISH, SCHEDULE, UNSCHEDULE, INFORM)),
+    "backend": frozenset((INFORM,)),
+}
+
+
+def answerable_msgid(frames: Sequence[bytes], port: str = "frontend") -> bytes | None:
+    """The msgid to name in an ERROR for a message ``decode()`` refused, or None
+    when the frames are too broken to find one (or the command expects no
+    answer: HEARTBEAT, READY, REPLY, ...). ``port``: ``frontend`` (clients and
+    schedulers: an unknown command is answered too) or ``backend``."""
+    if len(frames) < 4 or frames[0] or frames[1] != PROTOCOL:
+        return None
+    msgid = frames[3]
+    if not msgid or len(msgid) > MAX_ID_LENGTH:
+        return None
+    command = frames[2]
+    if command in _AWAITED[port] or (port == "frontend" and command not in _DECODERS):
+        return bytes(msgid)
+    return None
+
+
 def decode(frames: Sequence[bytes]) -> Command:
     """Decode one message (without ROUTER identity); raises ``ProtocolError``."""
     if len(frames) < 4:
@@ -522,7 +560,9 @@ def decode(frames: Sequence[bytes]) -> Command:
         raise ProtocolError(f"unknown protocol {bytes(frames[1][:32])!r}", frames)
     decoder = _DECODERS.get(frames[2])
     if decoder is None:
-        raise ProtocolError(f"unknown command {bytes(frames[2][:32])!r}", frames)
+        raise ProtocolError(
+            f"unknown command {bytes(frames[2][:32])!r}", frames, REFUSED_UNKNOWN_COMMAND
+        )
     if not frames[3] or len(frames[3]) > MAX_ID_LENGTH:
         raise ProtocolError("msgid must be 1 to 255 bytes", frames)
     return decoder(frames)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from emq_django.exceptions import ProtocolError
+from emq_django.protocol.limits import (
+    REFUSED_BAD_HEADER,
+    REFUSED_BAD_RUN_AFTER,
+    check_count,
+    check_seconds,
+)
 
 MAX_HEADERS_LENGTH = 4096
 
@@ -32,12 +39,17 @@ class Headers:
 
 
 def _number(key: str, value: str, raw: bytes, cast: type[int] | type[float]) -> float:
+    code = REFUSED_BAD_RUN_AFTER if key == "run-after" else REFUSED_BAD_HEADER
     try:
         number = cast(value)
     except ValueError:
-        raise ProtocolError(f"header {key!r} needs a number, got {value!r}", [raw]) from None
-    if number < 0 or number != number:  # negative or NaN
-        raise ProtocolError(f"header {key!r} must be >= 0, got {value!r}", [raw])
+        raise ProtocolError(
+            f"header {key!r} needs a number, got {value[:40]!r}", [raw], code
+        ) from None
+    if not math.isfinite(number) or number < 0:  # negative, NaN or infinite
+        raise ProtocolError(
+            f"header {key!r} must be a finite number >= 0, got {value[:40]!r}", [raw], code
+        )
     return number
 
 
@@ -50,11 +62,15 @@ def parse_headers(raw: bytes) -> Headers:
     if not raw:
         return Headers()
     if len(raw) > MAX_HEADERS_LENGTH:
-        raise ProtocolError("headers frame too long", [raw[:64]])
+        raise ProtocolError(
+            f"headers frame too long (over {MAX_HEADERS_LENGTH} bytes)",
+            [raw[:64]],
+            REFUSED_BAD_HEADER,
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("headers frame is not UTF-8", [raw]) from None
+        raise ProtocolError("headers frame is not UTF-8", [raw], REFUSED_BAD_HEADER) from None
     fields: dict[str, object] = {}
     extra: list[tuple[str, str]] = []
     for item in text.split(","):
@@ -92,7 +108,12 @@ def format_headers(
     task: str = "",
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
-    """Build a headers frame, in the order EventMQ writes them."""
+    """Build a headers frame, in the order EventMQ writes them. Raises ``TypeError``
+    or ``ValueError`` for a value the broker would refuse (a negative, non-integer
+    ``retry_count``; a negative or non-finite ``timeout`` or ``run_after``)."""
+    check_count("retries", retry_count)
+    check_seconds("timeout", timeout)
+    check_seconds("run_after", run_after)
     items: list[str] = []
     if reply_requested:
         items.append("reply-requested")

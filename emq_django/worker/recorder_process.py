@@ -212,10 +212,12 @@ def _arguments(request: bytes) -> tuple[list[Any], dict[str, Any]]:
         return [], {}
     try:
         data = json.loads(request.decode())  # str: json need not guess the encoding
+    except RecursionError:  # nested too deep: the worker refused it (protocol/limits.py)
+        return [], {}
     except ValueError:  # UnicodeDecodeError too: not UTF-8 (it may be UTF-16 JSON)
         try:
             data = json.loads(request)
-        except ValueError:
+        except (ValueError, RecursionError):
             return [], {}
     spec = data[1] if isinstance(data, list) and len(data) == 2 else None
     if not isinstance(spec, dict):

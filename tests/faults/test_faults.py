@@ -443,4 +443,127 @@ def test_i_return_inside_the_grace_is_a_timeout(
     history.accepted.add("i-late")  # it ran to its end, late: accepted, not unexpected
     verdict = history.verdict()
     report("i", verdict)
+
+
+# ---- j. SIGKILL the broker during a guaranteed map() of 2,000, then resend ------------
+
+
+def test_j_broker_killed_during_a_guaranteed_map_then_resent(
+    emq_processes: EmqProcesses,
+    client: dict[str, str],
+    history: History,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's recipe: map() raises BatchUnacknowledged naming exactly the jobs
+    that may not have arrived; resend() sends those under the same ids once the
+    broker is back. Nothing is lost, and only jobs in flight at the kill run twice."""
+    from emq_django.client import get_client, reset_client
+    from emq_django.conf import reset_cached_settings
+    from emq_django.exceptions import BatchUnacknowledged
+    from tests.faults.fault_tasks import work
+
+    # a small ACK window and fsync per loop turn: the batch takes long enough to be
+    # killed in the middle of it
+    monkeypatch.setenv("EMQ_ACK_WINDOW", "20")
+    monkeypatch.setenv("EMQ_JOURNAL_SYNC", "full")
+    reset_cached_settings()
+    reset_client()
+    broker = start_broker(emq_processes, client)
+    start_jm(emq_processes, "A")
+    wait_slots(client, 2)
+    keys = [f"g-{n}" for n in range(JOBS)]
+    outcome: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            outcome["results"] = work.map([(key, 0.002) for key in keys])
+        except BatchUnacknowledged as exc:
+            outcome["error"] = exc
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    wait_for(lambda: monitor(client)["counters"]["received"] >= JOBS // 4, "progress", 60)
+    start = time.time()
+    os.kill(broker.pid, signal.SIGKILL)
+    broker.popen.wait(timeout=10)
+    sender.join(timeout=30)  # ack_timeout (4 s) without an ACK: it gives up
+    assert not sender.is_alive()
+    assert "error" in outcome, "the kill came too late: map() had already finished"
+    error: BatchUnacknowledged = outcome["error"]
+    results = error.results
+    missing = len(error.job_ids)
+    print(f"\n[j] map() raised with {missing} of {JOBS} jobs unacknowledged")
+    assert 0 < missing < JOBS
+    assert set(error.job_ids) <= {r.id for r in results}
+    broker = start_broker(emq_processes, client, name="broker-2")  # same ports and journal
+    history.fault(start, time.time())
+    resends = 0
+    while True:
+        try:
+            error.resend()
+            break
+        except BatchUnacknowledged as again:  # still away: the ones still missing
+            error = again
+            resends += 1
+            assert resends < 5, "the restarted broker never acknowledged the resend"
+    assert get_client().url == client["EMQ_BROKER_URL"]
+    for key in keys:
+        history.accept(key)
+    wait_done(history)
+    verdict = history.verdict()
+    report("j", verdict)
+    counters = monitor(client)["counters"]
+    print(f"[j] restarted broker: duplicates dropped by id {counters['duplicates']}")
+    assert verdict.accepted == JOBS
+    assert_clean(verdict)
+
+
+def test_k_broker_restarted_within_the_ack_timeout_during_a_guaranteed_map(
+    emq_processes: EmqProcesses,
+    client: dict[str, str],
+    history: History,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker back within ``EMQ_ACK_TIMEOUT``: map() itself resends what was not
+    acknowledged, under the same ids, and returns as if nothing happened."""
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+    from tests.faults.fault_tasks import work
+
+    monkeypatch.setenv("EMQ_ACK_WINDOW", "20")
+    monkeypatch.setenv("EMQ_JOURNAL_SYNC", "full")
+    monkeypatch.setenv("EMQ_ACK_TIMEOUT", "10")  # longer than a restart on a busy machine
+    reset_cached_settings()
+    reset_client()
+    broker = start_broker(emq_processes, client)
+    start_jm(emq_processes, "A")
+    wait_slots(client, 2)
+    keys = [f"h-{n}" for n in range(JOBS)]
+    outcome: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            outcome["results"] = work.map([(key, 0.002) for key in keys])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    wait_for(lambda: monitor(client)["counters"]["received"] >= JOBS // 4, "progress", 60)
+    start = time.time()
+    os.kill(broker.pid, signal.SIGKILL)
+    broker.popen.wait(timeout=10)
+    assert sender.is_alive(), "the kill came too late: map() had already finished"
+    broker = start_broker(emq_processes, client, name="broker-2")
+    history.fault(start, time.time())
+    sender.join(timeout=60)
+    assert not sender.is_alive()
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert len(outcome["results"]) == JOBS
+    for key in keys:
+        history.accept(key)
+    wait_done(history)
+    verdict = history.verdict()
+    report("k", verdict)
+    assert verdict.accepted == JOBS
     assert_clean(verdict)

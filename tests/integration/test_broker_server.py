@@ -233,6 +233,9 @@ def test_malformed_messages_are_counted_and_the_broker_keeps_serving(broker: Bro
     ]
     for frames in bad:
         client.send_multipart(frames)
+    # the two that name a msgid are answered (issue 12: they used to get nothing)
+    codes = {recv_command(client, Error).code for _ in range(2)}
+    assert codes == {"unknown-command", "bad-queue-name"}
     worker_port = broker.socket(zmq.DEALER, broker.backend, b"w-bad")
     worker_port.send_multipart([b"", P, b"INFORM", b"m", b"{}", b"worker"])
     send_request(client, b"after")

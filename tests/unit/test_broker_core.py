@@ -624,7 +624,22 @@ def test_malformed_frames_are_counted_and_never_raise() -> None:
         core.on_backend(b"w", frames, 0.0)
         core.on_backend(b"stranger", frames, 0.0)
     assert core.counters["protocol_errors"] == 3 * len(MALFORMED)
-    assert take(core) == []  # dropped silently
+    # a command its sender waits on, with a msgid, is answered with an ERROR (issue 12:
+    # it used to be dropped silently); the rest is dropped and counted
+    errors = [(sock, ident, decode(frames)) for sock, ident, frames in take(core)]
+    assert all(isinstance(cmd, Error) and cmd.ref_msgid == b"m" for _, _, cmd in errors)
+    answered = {(sock, ident, cmd.code) for sock, ident, cmd in errors}
+    assert answered == {
+        (FRONTEND, b"client", "malformed"),  # REQUEST with 5 frames
+        (FRONTEND, b"client", "bad-queue-name"),
+        (FRONTEND, b"client", "bad-header"),
+        (FRONTEND, b"client", "unknown-command"),
+        (FRONTEND, b"client", "malformed"),  # INFORM, SCHEDULE
+        (BACKEND, b"w", "malformed"),  # INFORM
+        (BACKEND, b"stranger", "malformed"),
+    }
+    assert core.counters["refused"] == len(errors)
+    assert core.counters["dropped_malformed"] == 3 * len(MALFORMED) - len(errors)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,128 @@
+"""The limits every peer checks, and the codes of the refusals that enforce them.
+
+The client checks them before it sends (``ValueError``/``TypeError`` at the call
+site); the broker answers a command that breaks them with an ERROR whose code is
+one of the ``REFUSED_*`` below and counts it as ``refused_<code>``; the worker
+fails an attempt whose body nests too deep instead of dying in the JSON decoder.
+Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_NAME_LENGTH = 255  # bytes of a queue or topic name (UTF-8)
+# Arguments nest at most this deep (a scalar is 0, ``[1]`` is 1). The JSON codecs
+# recurse; Python's stops at about 1,000 frames, minus whatever is on the stack.
+MAX_DEPTH = 100
+# The body wraps the arguments in ``["run", {"args": [...]}]``: three more levels.
+BODY_DEPTH = MAX_DEPTH + 3
+# run-after / countdown / eta: at most this far in the future (a year and a day).
+MAX_DELAY = 366 * 24 * 3600.0
+
+# ERROR codes (the frame after the refused msgid), one counter each
+REFUSED_MALFORMED = "malformed"  # wrong frame count, bad msgid, ...
+REFUSED_UNKNOWN_COMMAND = "unknown-command"
+REFUSED_WRONG_PORT = "wrong-port"  # e.g. a job manager's INFORM on the client port
+REFUSED_BAD_HEADER = "bad-header"  # a header that does not parse, or out of range
+REFUSED_BAD_QUEUE_NAME = "bad-queue-name"  # empty or not UTF-8
+REFUSED_QUEUE_NAME_TOO_LONG = "queue-name-too-long"
+REFUSED_BAD_RUN_AFTER = "bad-run-after"  # not finite, or more than MAX_DELAY ahead
+REFUSED_BODY_TOO_BIG = "body-too-big"  # over EMQ_MAX_BODY_BYTES
+REFUSED_TOO_DEEP = "too-deep"  # arguments nested deeper than MAX_DEPTH (worker, client)
+REFUSED_JOURNAL = "journal-error"  # the journal could not save a guaranteed job
+REFUSED_QUEUE_FULL = "queue-full"
+REFUSED_SHUTTING_DOWN = "shutting-down"
+REFUSED_TOO_MANY_QUEUES = "too-many-queues"
+
+REFUSAL_CODES = (
+    REFUSED_MALFORMED,
+    REFUSED_UNKNOWN_COMMAND,
+    REFUSED_WRONG_PORT,
+    REFUSED_BAD_HEADER,
+    REFUSED_BAD_QUEUE_NAME,
+    REFUSED_QUEUE_NAME_TOO_LONG,
+    REFUSED_BAD_RUN_AFTER,
+    REFUSED_BODY_TOO_BIG,
+    REFUSED_TOO_DEEP,
+    REFUSED_JOURNAL,
+    REFUSED_QUEUE_FULL,
+    REFUSED_SHUTTING_DOWN,
+    REFUSED_TOO_MANY_QUEUES,
+)
+
+_QUEUE_NAME_FORBIDDEN = frozenset(",:")  # separators of --queues and INFORM's name:weight
+
+
+def refusal_counter(code: str) -> str:
+    """The counter a refusal with ``code`` is counted in: ``refused_bad_header``."""
+    return "refused_" + code.replace("-", "_")
+
+
+def check_queue_name(name: Any) -> str:
+    """``name`` if it is a queue name a job manager can serve; raises ``TypeError``
+    (not a str) or ``ValueError`` (empty, over 255 bytes, whitespace, control
+    characters, ``,`` or ``:``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a queue name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ValueError("a queue name cannot be empty")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_LENGTH:
+        raise ValueError(f"queue name is {size} bytes; the most is {MAX_NAME_LENGTH} (UTF-8)")
+    if not name.isprintable() or any(c.isspace() for c in name):
+        raise ValueError(f"queue name {name[:40]!r} has whitespace or control characters")
+    if _QUEUE_NAME_FORBIDDEN.intersection(name):
+        raise ValueError(f"queue name {name[:40]!r} cannot contain ',' or ':'")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"queue name {name[:40]!r} is not valid Unicode") from None
+    return name
+
+
+def check_count(what: str, value: Any) -> int:
+    """A non-negative integer option (``retries``); raises ``TypeError``/``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value!r}")
+    return value
+
+
+def check_seconds(what: str, value: Any, limit: float = math.inf) -> float:
+    """A finite, non-negative number of seconds (``timeout``, ``countdown``) up to
+    ``limit``; raises ``TypeError``/``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+    if value > limit:
+        raise ValueError(f"{what} is {value:g} s; the most is {limit:g} s")
+    return float(value)
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists, tuples and dicts in ``value`` nest more than ``limit`` deep.
+    Iterative: it never meets the recursion limit, and stops on a cycle."""
+    containers = (list, tuple, dict)
+    if not isinstance(value, containers):
+        return False
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, containers):
+                stack.append((child, depth + 1))
+    return False
+
+
+def may_nest_deeper_than(text: str | bytes, limit: int) -> bool:
+    """A cheap first test on encoded JSON: fewer opening brackets than ``limit``
+    cannot nest deeper (brackets inside strings only make it say maybe)."""
+    if isinstance(text, bytes):
+        return text.count(b"[") + text.count(b"{") > limit
+    return text.count("[") + text.count("{") > limit
