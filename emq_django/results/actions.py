@@ -42,17 +42,27 @@ def retry(row: JobResult) -> str:
 
 
 def cancel(job_ids: Iterable[str]) -> tuple[list[str], str]:
-    """Ask the broker to cancel these jobs: (cancelled ids, a reason if none could be).
+    """Ask the broker to cancel these jobs: (cancelled ids, what happened to the others).
 
-    The client API has no cancel yet (it needs a broker command: see README); until
-    it has, this cancels nothing and says why, rather than editing rows.
+    The second part names every job that was not cancelled and why: a finished
+    job's outcome from the job history, else that the broker holds no waiting job
+    with that id. Raises ``BrokerUnavailable`` (``EmqError``) when the
+    broker does not answer.
     """
     client: Any = get_client()
-    cancel_job = getattr(client, "cancel", None)
-    if cancel_job is None:
-        return [], (
-            "cancelling needs the broker's cancel command, which this version does not "
-            "have yet (see README, 'Admin dashboard and history'); nothing was changed"
-        )
-    done = [job_id for job_id in job_ids if cancel_job(job_id)]
-    return done, ""
+    done: list[str] = []
+    not_done: list[str] = []
+    for job_id in job_ids:
+        outcome = client.cancel(job_id)
+        if outcome is True or outcome == "cancelled":
+            done.append(job_id)
+        else:
+            not_done.append(job_id)
+    return done, "; ".join(_why_not(job_id) for job_id in not_done)
+
+
+def _why_not(job_id: str) -> str:
+    row = JobResult.objects.filter(pk=job_id).only("status").first()
+    if row is not None and row.status not in ("running", "retrying"):
+        return f"{job_id} has already finished ({row.status}): nothing to cancel"
+    return f"{job_id}: the broker holds no waiting job with this id (running, or gone)"
