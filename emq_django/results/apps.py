@@ -6,3 +6,6 @@ class EmqResultsConfig(AppConfig):
     label = "emq_results"
     verbose_name = "emq results"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from emq_django import checks  # noqa: F401  (also names a missing emq_django app)
