@@ -112,15 +112,12 @@ def check_urls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     except Exception:  # a urls.py that does not import is Django's own check to report
         return []
     token = getattr(settings, "EMQ_METRICS_TOKEN", "") or _env("EMQ_METRICS_TOKEN")
-    level: type[CheckMessage] = Warning if token else Info
     reason = "EMQ_METRICS_TOKEN is set, but" if token else "emq_django.results is installed;"
-    return [
-        level(
-            f"{reason} the Prometheus endpoint /emq/metrics is not routed.",
-            hint=f"Add {METRICS_INCLUDE} to your urls.py (from django.urls import include).",
-            id="emq.W001" if token else "emq.I001",
-        )
-    ]
+    message = f"{reason} the Prometheus endpoint /emq/metrics is not routed."
+    hint = f"Add {METRICS_INCLUDE} to your urls.py (from django.urls import include)."
+    if token:
+        return [Warning(message, hint=hint, id="emq.W001")]
+    return [Info(message, hint=hint, id="emq.I001")]
 
 
 def _env(name: str) -> str:
