@@ -36,10 +36,10 @@ help:
 
 venv: $(STAMP)
 
-# Quiet: a few lines of progress; pip's own warnings and errors only.
+# Quiet: a few lines of progress; pip shows its errors only (-qq).
 # --no-warn-conflicts: once the interop peer (below) is in this venv, pip would
 # otherwise print a resolver ERROR about its pyzmq pin on every later install.
-PIP_QUIET := PIP_DISABLE_PIP_VERSION_CHECK=1 $(PIP) install -q --no-warn-conflicts
+PIP_QUIET := PIP_DISABLE_PIP_VERSION_CHECK=1 $(PIP) install -qq --no-warn-conflicts
 
 $(STAMP): pyproject.toml
 	@echo "make: setting up $(VENV) (first run: a few minutes)..."
