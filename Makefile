@@ -23,7 +23,8 @@ DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1
 .PHONY: help venv browser test test-dj6 faults lint format typecheck demo bench clean distclean
 
 help:
-	@echo "make demo       broker + job manager + admin + sample producer (http://127.0.0.1:8000/admin/)"
+	@echo "make demo       broker + job manager + scheduler + admin + sample producer"
+	@echo "                (http://127.0.0.1:8000/admin/); logs in var/log/demo/"
 	@echo "make test       unit, integration and end-to-end tests (fault injection included),"
 	@echo "                then the Django Tasks API tests on Django 6.0 when Python >= 3.12 exists"
 	@echo "make faults     the fault-injection suite alone, with its reports"
@@ -35,15 +36,30 @@ help:
 
 venv: $(STAMP)
 
-# eventmq 0.3.13 is the released peer the interop tests talk to.  Its pinned pyzmq
-# does not build on Python 3.11, so it goes in without its dependencies and keeps ours.
+# Quiet: a few lines of progress; pip shows its errors only (-qq).
+# --no-warn-conflicts: once the interop peer (below) is in this venv, pip would
+# otherwise print a resolver ERROR about its pyzmq pin on every later install.
+PIP_QUIET := PIP_DISABLE_PIP_VERSION_CHECK=1 $(PIP) install -qq --no-warn-conflicts
+
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[dev,analytics]' 'Django>=5.2,<5.3'  # 5.2 LTS here; .venv-dj6 tests 6.0
-	$(PIP) install --no-deps eventmq==0.3.13
-	$(PIP) install six monotonic croniter future psutil
-	touch $@
+	@echo "make: setting up $(VENV) (first run: a few minutes)..."
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PIP_QUIET) --upgrade pip
+	@echo "make: installing emq-django with its dev tools and PySpark..."
+	@$(PIP_QUIET) -e '.[dev,analytics]' 'Django>=5.2,<5.3'  # 5.2 LTS here; .venv-dj6 tests 6.0
+	@touch $@
+	@echo "make: $(VENV) is ready"
+
+# eventmq 0.3.13 is the released peer the interop tests talk to; only the tests need
+# it, so `make demo` never installs it.  Its pinned pyzmq does not build on Python
+# 3.11, so it goes in last, without its dependencies (which also spares us pip's
+# resolver ERROR about that pin), and keeps ours.
+INTEROP := $(VENV)/.stamp-interop
+$(INTEROP): $(STAMP)
+	@echo "make: installing the EventMQ interop peer (eventmq 0.3.13) for the tests..."
+	@$(PIP_QUIET) six monotonic croniter future psutil
+	@$(PIP_QUIET) --no-deps eventmq==0.3.13
+	@touch $@
 
 # The browser test (tests/e2e/test_browser_dashboard.py) drives Debian's headless
 # Chromium; installed once, as root (or through sudo), skipped when present.
@@ -55,7 +71,7 @@ browser:
 	  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
 	fi
 
-test: $(STAMP) browser
+test: $(INTEROP) browser
 	EMQ_REQUIRE_BROWSER=1 $(PY) -m pytest tests $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-dj6
 
@@ -74,7 +90,7 @@ $(STAMP6): pyproject.toml
 	$(PY6) -m pip install -e '.[dev]' 'Django>=6.0,<6.1'
 	touch $@
 
-faults: $(STAMP)
+faults: $(INTEROP)
 	$(PY) -m pytest tests/faults -v -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -88,8 +104,9 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy emq_django
 
+# One supervisor process (scripts/demo.py): its children die with it, whatever kills it.
 demo: $(STAMP)
-	scripts/demo.sh
+	@$(PY) scripts/demo.py
 
 bench: $(STAMP)
 	$(PIP) install -e '.[dev,analytics,bench]'

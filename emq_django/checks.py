@@ -1,11 +1,20 @@
-"""System checks: bad EMQ_* settings show up in ``manage.py check``."""
+"""System checks: ``manage.py check`` names bad EMQ_* settings, and each app or URL
+include that a configured feature needs and the project lacks.
+
+Registered by every emq app's ``ready()``, so that one installed without
+``emq_django`` itself can say so.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from django.core.checks import Error, register
+from django.core.checks import CheckMessage, Error, Info, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+
+DATABASE_RECORDER = "emq_django.results.recorder.DatabaseRecorder"
+METRICS_INCLUDE = 'path("emq/", include("emq_django.results.urls"))'
 
 
 @register()
@@ -17,3 +26,99 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="emq.E001")]
     return []
+
+
+def _installed(name: str) -> bool:
+    from django.apps import apps
+
+    return apps.is_installed(name)
+
+
+def _missing_app(name: str, needed_for: str, id: str) -> Error:
+    return Error(
+        f"{name!r} is not in INSTALLED_APPS, but {needed_for}.",
+        hint=f"Add {name!r} to INSTALLED_APPS, then run manage.py migrate.",
+        id=id,
+    )
+
+
+@register()
+def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The apps the configured features need (README, "Use it in your project")."""
+    from django.conf import settings
+
+    errors: list[CheckMessage] = []
+    if not _installed("emq_django"):
+        errors.append(
+            _missing_app(
+                "emq_django",
+                "emq apps are installed: without it the emq_* commands (emq_broker, "
+                "emq_jobmanager, emq_scheduler, emq_status) are unknown",
+                "emq.E002",
+            )
+        )
+    if getattr(settings, "EMQ_RECORDER", "") == DATABASE_RECORDER or _env_recorder():
+        if not _installed("emq_django.results"):
+            errors.append(
+                _missing_app(
+                    "emq_django.results",
+                    f"EMQ_RECORDER is {DATABASE_RECORDER}, which writes the job history "
+                    "to its table",
+                    "emq.E003",
+                )
+            )
+    if _periodic_declared() and not _installed("emq_django.scheduler"):
+        errors.append(
+            _missing_app(
+                "emq_django.scheduler",
+                "tasks declare @emq.periodic schedules, which are stored in its table "
+                "(emq.schedule() and emq_scheduler need it too)",
+                "emq.E004",
+            )
+        )
+    return errors
+
+
+def _env_recorder() -> bool:
+    return os.environ.get("EMQ_RECORDER", "") == DATABASE_RECORDER
+
+
+def _periodic_declared() -> bool:
+    """Whether any ``@emq.periodic`` is declared in the apps' ``tasks`` modules."""
+    from django.utils.module_loading import autodiscover_modules
+
+    from emq_django.scheduler.api import declared
+
+    try:
+        autodiscover_modules("tasks")
+    except Exception:  # a broken tasks module is the job manager's error to report
+        pass
+    return bool(declared())
+
+
+@register(deploy=False)
+def check_urls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The Prometheus endpoint ``/emq/metrics`` needs the results URLs included."""
+    from django.conf import settings
+    from django.urls import NoReverseMatch, reverse
+
+    if not _installed("emq_django.results") or not getattr(settings, "ROOT_URLCONF", None):
+        return []
+    try:
+        reverse("emq_results:metrics")
+        return []
+    except NoReverseMatch:
+        pass
+    except Exception:  # a urls.py that does not import is Django's own check to report
+        return []
+    token = getattr(settings, "EMQ_METRICS_TOKEN", "") or _env("EMQ_METRICS_TOKEN")
+    reason = "EMQ_METRICS_TOKEN is set, but" if token else "emq_django.results is installed;"
+    message = f"{reason} the Prometheus endpoint /emq/metrics is not routed."
+    hint = f"Add {METRICS_INCLUDE} to your urls.py (from django.urls import include)."
+    if token:
+        return [Warning(message, hint=hint, id="emq.W001")]
+    return [Info(message, hint=hint, id="emq.I001")]
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import environ
@@ -45,7 +46,8 @@ class EmqSettings:
     RECORDER_PRIORITY: str = "idle"
     RECORDER_MAX_DELAY: float = 10.0  # the longest writing waits for a busy machine
     TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
-    JOURNAL_PATH: str = "emq-journal.sqlite3"  # guaranteed jobs; '' turns the journal off
+    # guaranteed jobs; '' turns the journal off; unset: default_journal_path()
+    JOURNAL_PATH: str = "emq-journal.sqlite3"
     JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
     MAX_QUEUE_BYTES: int = 256 * 1024 * 1024  # bodies waiting in memory, per queue
     MAX_BODY_BYTES: int = 64 * 1024 * 1024  # one job's body; the broker refuses bigger ones
@@ -92,9 +94,33 @@ def get_settings(**overrides: Any) -> EmqSettings:
         else:
             continue
         values[f.name] = _coerce(f.name, f.type, raw)
+    if "JOURNAL_PATH" not in values:
+        values["JOURNAL_PATH"] = default_journal_path()
     result = EmqSettings(**values)
     _validate(result)
     return result
+
+
+def default_journal_path() -> str:
+    """Where the broker's journal goes when EMQ_JOURNAL_PATH is not set, never the
+    current directory (which is / under systemd):
+
+    - ``$STATE_DIRECTORY/emq-journal.sqlite3`` under systemd with ``StateDirectory=``;
+    - else ``BASE_DIR/var/emq-journal.sqlite3`` when the settings define ``BASE_DIR``
+      (``startproject`` does: the directory of ``manage.py``);
+    - else ``$XDG_STATE_HOME/emq-django/emq-journal.sqlite3`` (``~/.local/state``).
+    """
+    from django.conf import settings as django_settings
+
+    name = "emq-journal.sqlite3"
+    state_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state_dir:
+        return str(Path(state_dir) / name)
+    base_dir = getattr(django_settings, "BASE_DIR", None) if django_settings.configured else None
+    if base_dir:
+        return str(Path(base_dir) / "var" / name)
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(xdg) / "emq-django" / name)
 
 
 def _validate(s: EmqSettings) -> None:

@@ -228,6 +228,31 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test gets addresses of its own: free loopback ports nothing listens on,
+    and a journal in its tmp_path. So a test that does not set them (an admin action,
+    the dashboard, a client call expected to fail) never reaches a broker that
+    `make demo` runs on the default ports, and `make test` passes beside it.
+    Subprocesses inherit them; `emq_env` and settings overrides still win.
+    """
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+
+    frontend, backend, monitor = free_tcp_ports(3)
+    for name, port in (("FRONTEND", frontend), ("BACKEND", backend), ("MONITOR", monitor)):
+        monkeypatch.setenv(f"EMQ_{name}_BIND", f"tcp://127.0.0.1:{port}")
+    monkeypatch.setenv("EMQ_BROKER_URL", f"tcp://127.0.0.1:{frontend}")
+    monkeypatch.setenv("EMQ_WORKER_URL", f"tcp://127.0.0.1:{backend}")
+    monkeypatch.setenv("EMQ_MONITOR_URL", f"tcp://127.0.0.1:{monitor}")
+    monkeypatch.setenv("EMQ_JOURNAL_PATH", str(tmp_path / "emq-journal.sqlite3"))
+    reset_cached_settings()
+    reset_client()
+    yield
+    reset_client()
+    reset_cached_settings()
+
+
 @pytest.fixture
 def emq_env(tmp_path: Path) -> dict[str, str]:
     """Environment for one isolated broker: fresh loopback ports, a private database."""

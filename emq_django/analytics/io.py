@@ -32,15 +32,27 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
 def build_session(
-    master: str = "local[*]", conf: Mapping[str, str] | None = None, app_name: str = "emq_analyze"
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "emq_analyze",
+    log_level: str = "ERROR",
 ) -> SparkSession:
-    """A SparkSession on ``master`` (``local[*]``, ``spark://host:port``, ...)."""
+    """A SparkSession on ``master`` (``local[*]``, ``spark://host:port``, ...) whose
+    driver logs at ``log_level`` (ERROR, WARN, INFO) from its start, so a local run
+    prints none of Spark's start-up warnings."""
+    java_options = (
+        f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -Demq.spark.level={log_level.lower()}"
+    )
+    settings = {"spark.driver.extraJavaOptions": java_options, **DEFAULT_CONF, **(conf or {})}
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(log_level)
     return spark
 
 

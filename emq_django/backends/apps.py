@@ -10,3 +10,6 @@ class EmqTasksConfig(AppConfig):
     label = "emq_tasks"
     verbose_name = "emq Django tasks"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from emq_django import checks  # noqa: F401  (also names a missing emq_django app)

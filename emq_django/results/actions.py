@@ -93,3 +93,11 @@ def dead_letter_command(action: str, job_ids: list[str] | None) -> int:
     if "error" in doc:
         raise JobRefused(str(doc["error"]))
     return int(doc.get(action + "d", 0))
+
+
+def why_not_cancelled(job_id: str) -> str:
+    """Why a job the broker did not know (``unknown``) was not cancelled."""
+    row = JobResult.objects.filter(pk=job_id).only("status").first()
+    if row is not None and row.status not in ("running", "retrying"):
+        return f"{job_id} has already finished ({row.status}): nothing to cancel"
+    return f"{job_id}: the broker holds no waiting job with this id (running, or gone)"

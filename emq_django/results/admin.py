@@ -299,10 +299,7 @@ class JobResultAdmin(admin.ModelAdmin):
                 + ", ".join(states["running"]),
                 messages.WARNING,
             )
-        if states["unknown"]:
+        for job_id in states["unknown"]:
             self.message_user(
-                request,
-                "Not waiting at the broker (finished already, or unknown): "
-                + ", ".join(states["unknown"]),
-                messages.WARNING,
+                request, "Not cancelled: " + actions.why_not_cancelled(job_id), messages.WARNING
             )

@@ -10,6 +10,7 @@ class EmqResultsConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib import admin
 
+        from emq_django import checks  # noqa: F401  (also names a missing emq_django app)
         from emq_django.admin_index import install
 
         install(admin.site)  # one "emq" section on the admin index

@@ -6,3 +6,6 @@ class SchedulerConfig(AppConfig):
     label = "emq_scheduler"
     verbose_name = "emq scheduler"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from emq_django import checks  # noqa: F401  (also names a missing emq_django app)

@@ -260,3 +260,28 @@ def test_cancel_action_says_why_it_cannot(
     )
     assert "Not cancelled: broker unreachable" in response.content.decode()
     assert JobResult.objects.get(pk="c1").status == "succeeded"
+
+
+@pytest.mark.e2e
+def test_cancel_action_names_every_row_a_live_broker_did_not_cancel(
+    recorder: DatabaseRecorder,
+    staff: Client,
+    emq_processes: Any,
+    emq_client_env: dict[str, str],
+) -> None:
+    recorder.record(record("done1"))
+    recorder.record(record("done2", error=("ValueError", "bad")))
+    recorder.flush()
+    broker = emq_processes.start("emq_broker")
+    emq_processes.wait_for_port(
+        int(emq_client_env["EMQ_MONITOR_BIND"].rsplit(":", 1)[1]), proc=broker
+    )
+    response = staff.post(
+        "/admin/emq_results/jobresult/",
+        {"action": "cancel_jobs", "_selected_action": ["done1", "done2"]},
+        follow=True,
+    )
+    page = response.content.decode()
+    assert "done1 has already finished (succeeded)" in page
+    assert "done2 has already finished (failed)" in page
+    assert JobResult.objects.get(pk="done1").status == "succeeded"
