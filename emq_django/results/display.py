@@ -29,6 +29,15 @@ def human_duration(seconds: float | None) -> str:
     return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
+def human_span(seconds: float | None) -> str:
+    """A wait or an end-to-end time: the span between two timestamps, "< 1 ms" below a
+    millisecond. The broker reads its clock once per batch of messages, so a job
+    dispatched in the batch that brought it shows a wait of exactly 0."""
+    if seconds is not None and seconds < 1e-3:
+        return "< 1 ms"
+    return human_duration(seconds)
+
+
 def precise_time(value: dt.datetime | None) -> str:
     """Local time to the millisecond: "2026-11-22 09:34:05.123"."""
     if value is None:

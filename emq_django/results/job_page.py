@@ -18,6 +18,7 @@ from emq_django.results.conf import results_settings
 from emq_django.results.display import (
     DASH,
     human_duration,
+    human_span,
     precise_time,
     seconds_between,
 )
@@ -138,9 +139,9 @@ def context(job_id: str) -> dict[str, Any]:
         can_cancel=row.status in CANCELLABLE,
         started=precise_time(row.started_at),
         finished=precise_time(row.finished_at),
-        wait=human_duration(seconds_between(enqueued, started)),
+        wait=human_span(seconds_between(enqueued, started)),
         run=human_duration(row.runtime),
-        end_to_end=human_duration(seconds_between(enqueued, row.finished_at)),
+        end_to_end=human_span(seconds_between(enqueued, row.finished_at)),
         attempts=_attempts(row, story),
         args=_pretty(row.args) if show else MASK,
         kwargs=_pretty(row.kwargs) if show else MASK,

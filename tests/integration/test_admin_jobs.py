@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from emq_django.results import actions
-from emq_django.results.display import human_duration, round_number
+from emq_django.results.display import human_duration, human_span, round_number
 from emq_django.results.models import JobResult, RetryLink
 from emq_django.scheduler.models import ScheduledJob, ScheduleRun
 from tests.conftest import free_tcp_port
@@ -96,6 +96,10 @@ def test_human_units() -> None:
     assert human_duration(None) == "—"
     assert round_number(1.6166666666666667) == "1.62"
     assert round_number(1560.2) == "1,560"
+    assert human_span(0.0) == "< 1 ms"  # a wait: dispatched in the batch that brought it
+    assert human_span(0.0004) == "< 1 ms"
+    assert human_span(0.0015) == "1.5 ms"
+    assert human_span(None) == "—"
 
 
 def test_every_status_filter_matches(staff: Client) -> None:
@@ -214,6 +218,36 @@ def test_job_page_has_times_durations_attempts_and_links(
     retry_page = staff.get(f"{LIST}jp2/change/").content.decode()
     assert f"{LIST}jp1/change/" in retry_page  # the original
     assert 'id="emq-cancel"' in retry_page  # not finished yet: it may still be waiting
+
+
+def test_job_page_wait_under_a_millisecond_is_not_zero(
+    staff: Client, settings: Any, tmp_path: Path
+) -> None:
+    settings.EMQ_TRACE_DIR = str(tmp_path)
+    enqueued = timezone.now().replace(microsecond=250_000)
+    us = int(enqueued.timestamp() * 1_000_000)
+    lines = [
+        {"ts": us, "event": "enqueued", "job": "w1", "attempt": 0, "queue": "default"},
+        {"ts": us, "event": "dispatched", "job": "w1", "attempt": 1, "jm": "jm-a", "wait_us": 0},
+        {
+            "ts": us + 712,
+            "event": "succeeded",
+            "job": "w1",
+            "attempt": 1,
+            "jm": "jm-a",
+            "run_us": 712,
+            "total_us": 712,
+        },
+    ]
+    name = f"trace-{enqueued.astimezone(dt.UTC):%Y%m%d-%H}.jsonl"
+    (tmp_path / name).write_text(
+        "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
+    )
+    row("w1", finished_at=enqueued + dt.timedelta(microseconds=712))
+    page = staff.get(f"{LIST}w1/change/").content.decode()
+    assert '<div class="emq-value" id="emq-wait">&lt; 1 ms</div>' in page, page
+    assert '<div class="emq-value" id="emq-e2e">&lt; 1 ms</div>' in page
+    assert ">0 s<" not in page
 
 
 def test_retry_button_sends_and_links(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:
