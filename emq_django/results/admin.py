@@ -152,6 +152,12 @@ class JobResultAdmin(admin.ModelAdmin):
     actions = ("retry_jobs", "cancel_jobs")
     change_list_template = "emq/jobresult_change_list.html"
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # "Jobs", as the emq section names the list, not "Select job result to view"
+        return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobResult]:
         qs = super().get_queryset(request)
         match = request.resolver_match

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 MASK = "•••• (masked: set EMQ_RESULTS_SHOW_ARGS=true to show)"
 # statuses in which the job may still wait at the broker: Cancel is offered
 CANCELLABLE = ("retrying",)
+# a job without a history row whose trace ends in one of these is over: no Cancel
+OVER = ("succeeded", "failed", "timed_out", "dead_lettered", "cancelled")
 
 
 def _pretty(text: str) -> str:
@@ -122,11 +124,11 @@ def context(job_id: str) -> dict[str, Any]:
     page["title"] = f"Job {job_id}"
     page["enqueued"] = precise_time(enqueued)
     state = links["task_state"]
-    page["task"] = row.task if row else getattr(state, "task", "")
-    page["queue"] = row.queue if row else getattr(state, "queue", "")
+    page["task"] = row.task if row else getattr(state, "task", "") or story.task
+    page["queue"] = row.queue if row else getattr(state, "queue", "") or story.queue
     if row is None:
         page["state"] = story.final or "not finished"
-        page["can_cancel"] = True
+        page["can_cancel"] = story.final not in OVER
         page["attempts"] = [
             {**a.__dict__, "dispatched": precise_time(a.dispatched)} for a in story.attempts
         ]

@@ -38,6 +38,8 @@ class JobStory:
     enqueued: dt.datetime | None = None
     attempts: list[Attempt] = field(default_factory=list)
     final: str = ""  # the last event's name
+    task: str = ""  # from the first event that names them (null for EventMQ's clients)
+    queue: str = ""
 
 
 def _when(ts_us: int) -> dt.datetime:
@@ -91,6 +93,8 @@ def story(events: list[dict[str, Any]]) -> JobStory:
     for e in events:
         kind, number, ts = e.get("event", ""), int(e.get("attempt") or 0), int(e.get("ts") or 0)
         out.final = kind
+        out.task = out.task or e.get("task") or ""
+        out.queue = out.queue or e.get("queue") or ""
         if kind == "enqueued":
             out.enqueued = out.enqueued or _when(ts)
             continue

@@ -156,9 +156,17 @@ def test_admin_pages_in_browser(
 
     browser.get(f"{base}/admin/emq_results/jobresult/{waiting.id}/change/")
     assert browser.find_element(By.ID, "emq-not-finished")
+    assert "parked" in browser.find_element(By.ID, "emq-job").text  # its queue, from the trace
     shot(browser, "05-job-waiting")
     browser.find_element(By.ID, "emq-cancel").click()
     assert "Cancelled:" in message(browser), message(browser)
+    wait_until(
+        lambda: browser.refresh() or browser.find_elements(By.ID, "emq-cancelled-waiting"),
+        "the cancelled job's page to say it will not run",
+        5,
+        procs,
+    )
+    assert not browser.find_elements(By.ID, "emq-cancel")
     shot(browser, "06-job-cancelled")
 
     # the schedule lists the runs it sent, with their outcome

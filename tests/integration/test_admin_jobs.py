@@ -131,6 +131,15 @@ def test_every_status_filter_matches(staff: Client) -> None:
     assert ">j-failed<" not in dead and ">j-dead<" in dead
 
 
+def test_list_is_titled_jobs(staff: Client) -> None:
+    row("t1")
+    row("t2")
+    page = staff.get(LIST).content.decode()
+    assert "<title>Jobs |" in page and "<h1>Jobs</h1>" in page
+    assert "Select job result" not in page and "Job results" not in page  # Django's defaults
+    assert "2 jobs" in page
+
+
 def test_list_shows_seconds_and_human_run_time(staff: Client) -> None:
     row("j1", finished_at=timezone.now().replace(microsecond=0))
     page = staff.get(LIST).content.decode()
@@ -248,6 +257,27 @@ def test_job_page_wait_under_a_millisecond_is_not_zero(
     assert '<div class="emq-value" id="emq-wait">&lt; 1 ms</div>' in page, page
     assert '<div class="emq-value" id="emq-e2e">&lt; 1 ms</div>' in page
     assert ">0 s<" not in page
+
+
+def test_waiting_job_page_names_task_and_queue_and_a_cancelled_one_has_no_cancel(
+    staff: Client, settings: Any, tmp_path: Path
+) -> None:
+    settings.EMQ_TRACE_DIR = str(tmp_path)
+    now = timezone.now()
+    us = int(now.timestamp() * 1_000_000)
+    enqueued = {"ts": us, "event": "enqueued", "job": "q1", "attempt": 0}
+    enqueued.update(task="project.demo.tasks.add", queue="parked")
+    path = tmp_path / f"trace-{now.astimezone(dt.UTC):%Y%m%d-%H}.jsonl"
+    path.write_text(json.dumps(enqueued, separators=(",", ":")) + "\n")
+    waiting = staff.get(f"{LIST}q1/change/").content.decode()
+    assert "project.demo.tasks.add" in waiting and "<td>parked</td>" in waiting
+    assert 'id="emq-cancel"' in waiting and 'id="emq-not-finished"' in waiting
+    cancelled = {"ts": us + 5, "event": "cancelled", "job": "q1", "attempt": 0, "queue": "parked"}
+    with path.open("a") as f:
+        f.write(json.dumps(cancelled, separators=(",", ":")) + "\n")
+    page = staff.get(f"{LIST}q1/change/").content.decode()
+    assert 'id="emq-cancel"' not in page and 'id="emq-not-finished"' not in page
+    assert 'id="emq-cancelled-waiting"' in page and "will not run" in page
 
 
 def test_retry_button_sends_and_links(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:
