@@ -18,7 +18,6 @@ from emq_django.conf import cached_settings
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.monitor_client import status
 from emq_django.results.conf import results_settings
-from emq_django.results.models import JobStat
 
 POLL_MS = 2000
 HOUR = 3600
@@ -65,6 +64,8 @@ def _journal(value: Any) -> dict[str, int | None] | None:
 
 def series(now: float) -> dict[str, Any]:
     """Per 10-second bucket over the last hour: jobs/s (ok, failed), mean and max ms."""
+    from emq_django.results.models import JobStat  # here: urls.py imports this module
+
     width = JobStat.BUCKET_SECONDS
     end = int(now // width) * width  # the current bucket is still filling: left out
     since = datetime.fromtimestamp(end - HOUR, UTC)
@@ -96,6 +97,8 @@ def series(now: float) -> dict[str, Any]:
 
 def queue_rates(now: float) -> dict[str, float]:
     """Jobs/s each queue finished over the last minute of complete buckets."""
+    from emq_django.results.models import JobStat
+
     width = JobStat.BUCKET_SECONDS
     end = int(now // width) * width  # the current bucket is still filling
     rows = (
