@@ -41,9 +41,17 @@ def tick_label(value: float, step: float) -> str:
     return f"{value:,.{decimals}f}"
 
 
-def time_ticks(start: dt.datetime, end: dt.datetime, most: int) -> list[dt.datetime]:
+def time_step(span: float, most: int, least: int = 0) -> int:
+    """The smallest of TIME_STEPS (at least ``least``) that gives at most ``most`` ticks."""
+    steps = [s for s in TIME_STEPS if s >= least] or [TIME_STEPS[-1]]
+    return next((s for s in steps if span / s <= most), steps[-1])
+
+
+def time_ticks(
+    start: dt.datetime, end: dt.datetime, most: int, least: int = 0
+) -> list[dt.datetime]:
     span = max((end - start).total_seconds(), 1.0)
-    step = next((s for s in TIME_STEPS if span / s <= most), TIME_STEPS[-1])
+    step = time_step(span, most, least)
     first = math.ceil(start.timestamp() / step) * step
     ticks, t = [], first
     while t <= end.timestamp() + 1e-6:
@@ -52,11 +60,11 @@ def time_ticks(start: dt.datetime, end: dt.datetime, most: int) -> list[dt.datet
     return ticks
 
 
-def _time_label(t: dt.datetime, span: float) -> str:
+def _time_label(t: dt.datetime, span: float, step: int) -> str:
     local = timezone.localtime(t) if timezone.is_aware(t) else t
     if span > 2 * 86400:
         return f"{local:%b %d %H:%M}"
-    return f"{local:%H:%M:%S}" if span < 600 else f"{local:%H:%M}"
+    return f"{local:%H:%M}" if step % 60 == 0 else f"{local:%H:%M:%S}"
 
 
 def line_chart(
@@ -66,8 +74,11 @@ def line_chart(
     unit: str = "",
     width: int = 1200,
     height: int = 240,
+    resolution: int = 60,
 ) -> SafeString:
-    """One polyline per series over [start, end]; a y axis from 0 and a legend."""
+    """One polyline per series over [start, end]; a y axis from 0 and a legend.
+    ``resolution``: seconds between the data's points, the smallest tick step (a
+    chart of minutes gets no 11:38:10 ticks between its points)."""
     left, right, top, bottom = 64, 40, 10, 26
     plot_w, plot_h = width - left - right, height - top - bottom
     span = max((end - start).total_seconds(), 1.0)
@@ -92,11 +103,13 @@ def line_chart(
             f"{tick_label(v, step)}{escape(unit)}</text>"
         )
     label_room = 80 if span > 2 * 86400 else 60
-    for t in time_ticks(start, end, max(2, plot_w // label_room)):
+    most = max(2, plot_w // label_room)
+    t_step = time_step(span, most, resolution)
+    for t in time_ticks(start, end, most, resolution):
         parts.append(
             f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top + plot_h}" y2="{top + plot_h + 4}" '
             f'stroke="#999"/><text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">'
-            f"{_time_label(t, span)}</text>"
+            f"{_time_label(t, span, t_step)}</text>"
         )
     for n, (name, points) in enumerate(sorted(series.items())):
         color = PALETTE[n % len(PALETTE)]
