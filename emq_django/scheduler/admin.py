@@ -15,6 +15,7 @@ from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
+from emq_django.results.display import short_time
 from emq_django.scheduler.models import SOURCE_ADMIN, ScheduledJob, ScheduleRun
 
 RECENT_RUNS = 20
@@ -46,22 +47,23 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         "timing_display",
         "queue",
         "enabled",
-        "next_run",
-        "last_run",
+        "next_run_short",
+        "last_run_short",
         "run_count",
     )
     list_editable = ("enabled",)
     list_filter = ("enabled", "queue", "source")
     search_fields = ("name", "task")
     change_form_template = "emq/scheduledjob_change_form.html"
+    change_list_template = "emq/scheduledjob_change_list.html"
     readonly_fields = (
         "next_run",
         "last_run",
         "recent_runs",
         "run_count",
         "source",
-        "created_at",
-        "updated_at",
+        "created",
+        "updated",
     )
     actions = ("run_now", "enable", "disable")
     fieldsets = (
@@ -77,8 +79,8 @@ class ScheduledJobAdmin(admin.ModelAdmin):
                     "recent_runs",
                     "run_count",
                     "source",
-                    "created_at",
-                    "updated_at",
+                    "created",
+                    "updated",
                 )
             },
         ),
@@ -102,6 +104,24 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             obj.source = SOURCE_ADMIN
             obj.save()
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # "Schedules", as the emq section names them, not "Select scheduled job to change"
+        return super().changelist_view(request, {"title": "Schedules", **(extra_context or {})})
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        title = "Schedule" if object_id else "New schedule"
+        return super().changeform_view(
+            request, object_id, form_url, {"title": title, **(extra_context or {})}
+        )
+
     @admin.display(description="next run", ordering="next_run_at")
     def next_run(self, obj: ScheduledJob) -> str:
         return _to_second(obj.next_run_at)
@@ -109,6 +129,22 @@ class ScheduledJobAdmin(admin.ModelAdmin):
     @admin.display(description="last run", ordering="last_run_at")
     def last_run(self, obj: ScheduledJob) -> str:
         return _to_second(obj.last_run_at)
+
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run_short(self, obj: ScheduledJob) -> str:
+        return _short(obj.next_run_at)
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run_short(self, obj: ScheduledJob) -> str:
+        return _short(obj.last_run_at)
+
+    @admin.display(description="created at")
+    def created(self, obj: ScheduledJob) -> str:
+        return _to_second(obj.created_at)
+
+    @admin.display(description="updated at")
+    def updated(self, obj: ScheduledJob) -> str:
+        return _to_second(obj.updated_at)
 
     @admin.display(description=f"last {RECENT_RUNS} runs")
     def recent_runs(self, obj: ScheduledJob) -> str:
@@ -207,6 +243,13 @@ def _to_second(value: Any) -> str:
     if value is None:
         return "-"
     return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S}"
+
+
+def _short(value: Any) -> str:
+    """For the list: to the second, the date only when not today (full in the title)."""
+    if value is None:
+        return "-"
+    return format_html('<span title="{}">{}</span>', _to_second(value), short_time(value))
 
 
 def _badge(status: str) -> str:

@@ -127,6 +127,7 @@ def test_admin_pages_in_browser(
     wait_until(failed_listed, "the failed job in the list", 20, procs)
     browser.get(f"{base}/admin/emq_results/jobresult/")
     assert no_horizontal_scroll(browser), "the job list scrolls sideways at 1366 px"
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Jobs"
     listed = browser.find_element(By.ID, "result_list").text
     assert "µs" in listed or " ms" in listed
     assert "job manager" in listed.lower() and "browser-jm" in listed
@@ -177,6 +178,11 @@ def test_admin_pages_in_browser(
 
     wait_until(runs_listed, "the schedule's runs with an outcome", 20, procs)
     shot(browser, "07-schedule")
+    browser.get(f"{base}/admin/emq_scheduler/scheduledjob/")
+    assert no_horizontal_scroll(browser), "the schedule list scrolls sideways at 1366 px"
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Schedules"
+    shot(browser, "07a-schedules")
+    browser.find_element(By.LINK_TEXT, "add-every-2s").click()
     browser.find_element(By.ID, "emq-run-now").click()
     wait_until(lambda: "Sent job" in message(browser), "run now's message", 10, procs)
 

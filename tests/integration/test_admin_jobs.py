@@ -354,6 +354,31 @@ def test_schedule_page_lists_its_runs_with_outcome(staff: Client) -> None:
     assert "%H:%M:%S" not in page
 
 
+def test_schedule_pages_are_named_schedules_with_times_to_the_second(staff: Client) -> None:
+    now = timezone.now().replace(microsecond=0)
+    schedule = ScheduledJob.objects.create(
+        name="tick",
+        task="project.demo.tasks.add",
+        interval_seconds=60,
+    )
+    # save() plans the next run itself: set both times behind its back
+    ScheduledJob.objects.filter(pk=schedule.pk).update(
+        next_run_at=now, last_run_at=now - dt.timedelta(days=3)
+    )
+    listed = staff.get("/admin/emq_scheduler/scheduledjob/").content.decode()
+    assert "<title>Schedules |" in listed and "<h1>Schedules</h1>" in listed
+    assert "Select scheduled job" not in listed and "1 schedule\n" in listed
+    assert f">{timezone.localtime(now):%H:%M:%S}<" in listed  # today: the time alone
+    old = timezone.localtime(now - dt.timedelta(days=3))
+    assert f">{old:%b %d %H:%M:%S}<" in listed  # another day: with its date
+    assert 'id="nav-sidebar"' not in listed  # the list has the page's width
+    page = staff.get(f"/admin/emq_scheduler/scheduledjob/{schedule.pk}/change/").content.decode()
+    assert "<h1>Schedule</h1>" in page and "Change scheduled job" not in page
+    assert ">Schedules</a>" in page  # the breadcrumbs
+    created = timezone.localtime(ScheduledJob.objects.get().created_at)
+    assert f"{created:%Y-%m-%d %H:%M:%S}" in page  # created at, to the second
+
+
 def test_dashboard_gives_the_last_figures_seen_when_unreachable(
     monitor: FakeMonitor, settings: Any
 ) -> None:
