@@ -216,6 +216,11 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # Deaf from the first one on: a SIGTERM to `make demo`'s process group reaches this
+    # process twice (directly, then passed on by make), and the second must not cut
+    # the stop short with a traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     raise Stop(signal.Signals(signum).name)
 
 

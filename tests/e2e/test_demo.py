@@ -105,3 +105,14 @@ def test_demo_interrupt_stops_everything_and_exits_0(tmp_path: Path) -> None:
     assert demo.wait(timeout=20) == 0, out.read_text()
     assert "demo stopped." in out.read_text()
     _wait_until_gone(demo.pid, ports)
+
+
+def test_demo_second_sigterm_while_stopping_exits_0_without_traceback(tmp_path: Path) -> None:
+    # `kill -TERM -<pgid>` of `make demo`: make passes its copy on, so two arrive
+    demo, ports, out = _start_demo(tmp_path)
+    demo.send_signal(signal.SIGTERM)
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(timeout=20) == 0, out.read_text()
+    text = out.read_text()
+    assert "Traceback" not in text and "demo stopped." in text, text
+    _wait_until_gone(demo.pid, ports)
