@@ -89,18 +89,20 @@ def enqueued_at(row: JobResult | None, story: trace_lookup.JobStory, links: dict
     return next((c for c in candidates if c is not None), None)
 
 
-def _attempts(row: JobResult, story: trace_lookup.JobStory) -> list[dict[str, Any]]:
-    attempts = story.attempts or [
-        trace_lookup.Attempt(
-            row.attempts,
-            row.job_manager,
-            row.started_at,
-            row.finished_at,
-            row.status,
-            row.runtime,
-            row.error_type,
-        )
-    ]
+def _attempts(row: JobResult | None, story: trace_lookup.JobStory) -> list[dict[str, Any]]:
+    attempts = story.attempts
+    if not attempts and row is not None:
+        attempts = [
+            trace_lookup.Attempt(
+                row.attempts,
+                row.job_manager,
+                row.started_at,
+                row.finished_at,
+                row.status,
+                row.runtime,
+                row.error_type,
+            )
+        ]
     return [
         {
             "number": a.number,
@@ -129,9 +131,8 @@ def context(job_id: str) -> dict[str, Any]:
     if row is None:
         page["state"] = story.final or "not finished"
         page["can_cancel"] = story.final not in OVER
-        page["attempts"] = [
-            {**a.__dict__, "dispatched": precise_time(a.dispatched)} for a in story.attempts
-        ]
+        page["row_pending"] = story.final in OVER and story.final != "cancelled"
+        page["attempts"] = _attempts(None, story)
         return page
     started = story.attempts[-1].dispatched if story.attempts else None
     started = started or row.started_at

@@ -280,6 +280,20 @@ def test_waiting_job_page_names_task_and_queue_and_a_cancelled_one_has_no_cancel
     assert 'id="emq-cancelled-waiting"' in page and "will not run" in page
 
 
+def test_job_finished_in_the_trace_before_its_row_shows_its_attempt_to_the_ms(
+    staff: Client, settings: Any, tmp_path: Path
+) -> None:
+    settings.EMQ_TRACE_DIR = str(tmp_path)
+    enqueued = timezone.now().replace(microsecond=250_000)
+    write_trace(tmp_path, "f1", enqueued)  # two attempts, both failed; no history row yet
+    page = staff.get(f"{LIST}f1/change/").content.decode()
+    finished = timezone.localtime(enqueued + dt.timedelta(microseconds=1_600_712))
+    assert f"{finished:%Y-%m-%d %H:%M:%S}.850" in page  # the last attempt's end, to the ms
+    assert "712 µs" in page and "7 ms" in page  # each attempt's run, in human units
+    assert "a.m." not in page and "p.m." not in page  # not Django's default format
+    assert 'id="emq-row-pending"' in page and 'id="emq-cancel"' not in page
+
+
 def test_retry_button_sends_and_links(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.integration.test_results import FakeClient
 
