@@ -229,4 +229,6 @@ def test_admin_pages_in_browser(
         "the last figures seen after a reload",
         8,
     )
+    cards = browser.find_element(By.CSS_SELECTOR, ".emq-cards").text
+    assert "–" not in cards and "-" not in cards.replace("n/a", ""), cards  # no card left blank
     shot(browser, "11-dashboard-unreachable")

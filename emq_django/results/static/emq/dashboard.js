@@ -153,7 +153,14 @@
   function renderBroker(m, d, queueRates) {
     var c = m.counters || {}, now = m.broker.time || d.time;
     var done = (c.succeeded || 0) + (c.failed || 0);
-    if (last && now > last.t) text("emq-rate", ((done - last.done) / (now - last.t)).toFixed(1));
+    if (last && now > last.t) {
+      text("emq-rate", ((done - last.done) / (now - last.t)).toFixed(1));
+    } else if (queueRates && Object.keys(queueRates).length) {
+      // no earlier answer to compare with (first poll, or a page opened while the
+      // broker is down): the last minute's rate from the job history
+      var sum = Object.keys(queueRates).reduce(function (s, k) { return s + queueRates[k]; }, 0);
+      text("emq-rate", sum.toFixed(1));
+    }
     last = { t: now, done: done };
     text("emq-succeeded", fmt(c.succeeded));
     text("emq-failed", fmt(c.failed));
