@@ -74,6 +74,9 @@ COUNTERS = (
     "cancelled",
     "worker_lost",
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
+    "partials",  # PARTIALs from workers for attempts in flight
+    "partials_forwarded",  # ... sent on to their client (it asked: header ``stream``)
+    "stale_partials",  # PARTIALs for no attempt in flight at that peer: dropped
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
@@ -373,6 +376,22 @@ class BrokerCore(JobLifecycle):
         if ready:
             self._credit(peer, now)
 
+    def _backend_partial(self, identity: bytes, cmd: F.Partial, now: float) -> None:
+        """A partial result of an attempt in flight: counted on the job (its trace
+        line says how many), and forwarded to its client only when the client asked
+        for partials (header ``stream``, which only our client sends: an EventMQ
+        client never receives a PARTIAL). No ACK: the worker does not wait."""
+        job = self.inflight.get(cmd.attempt_id)
+        if job is None or not self._may_answer(self.peers[identity], job):
+            self.counters["stale_partials"] += 1
+            return
+        job.partials += 1
+        self.counters["partials"] += 1
+        if job.client is not None and job.headers.stream:
+            self.counters["partials_forwarded"] += 1
+            forward = F.Partial(self.new_id(), cmd.body, cmd.attempt_id, cmd.seq)
+            self.out.append((FRONTEND, job.client, forward.encode()))
+
     def _answer_client(self, job: Job, body: bytes, status: bytes, failed: bool) -> None:
         if job.client is None:
             return
@@ -433,6 +452,7 @@ class BrokerCore(JobLifecycle):
         job.peer = peer.identity
         job.manager = peer.manager
         job.dispatched_at = now
+        job.partials = 0
         if self.trace is not None:
             self._trace_dispatched(job, now, peer)
         self.inflight[job.attempt_id] = job
@@ -663,6 +683,7 @@ class BrokerCore(JobLifecycle):
                 job.enqueued_at,
                 job.dispatched_at,
                 extra,
+                job.partials,
             )
         )
 
@@ -704,6 +725,7 @@ class BrokerCore(JobLifecycle):
                 job.trace_where,
                 now - job.dispatched_at,
                 now - job.enqueued_at,
+                job.partials,
             )
         )
 
@@ -821,6 +843,7 @@ _BACKEND_HANDLERS: dict[type, _Handler] = {
     F.Inform: BrokerCore._backend_inform,
     F.Ready: BrokerCore._backend_ready,
     F.Reply: BrokerCore._backend_reply,
+    F.Partial: BrokerCore._backend_partial,
     F.Heartbeat: BrokerCore._backend_heartbeat,
     F.Disconnect: BrokerCore._backend_disconnect,
     F.Kbye: BrokerCore._backend_kbye,

@@ -34,6 +34,7 @@ class Job:
     enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
     trace_id: str = ""  # the id as its trace lines give it (trace.job_json)
     trace_where: str = ""  # its lines' task, queue and job manager for this attempt
+    partials: int = 0  # PARTIALs its current attempt sent (the trace's "partials")
 
 
 @dataclass(slots=True, eq=False)
