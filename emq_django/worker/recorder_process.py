@@ -177,8 +177,7 @@ def decode_batch(frames: list[bytes]) -> list[JobRecord]:
         if not (
             type(partials) is int
             and partials >= 0
-            and
-            type(n_id) is int
+            and type(n_id) is int
             and type(n_req) is int
             and type(n_rep) is int
             and type(started) is int

@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('emq_results', '0003_retrylink'),
+        ("emq_results", "0003_retrylink"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='jobresult',
-            name='partials',
-            field=models.PositiveIntegerField(default=0, help_text='partial results the last attempt streamed (emq.partial, yield)'),
+            model_name="jobresult",
+            name="partials",
+            field=models.PositiveIntegerField(
+                default=0,
+                help_text="partial results the last attempt streamed (emq.partial, yield)",
+            ),
         ),
     ]
