@@ -5,7 +5,7 @@ trace's partial count, and the worker-side run of generator tasks."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -175,10 +175,9 @@ def test_no_partial_ever_goes_to_the_backend() -> None:
 def test_run_task_sends_each_yielded_value_and_returns_the_generator_return() -> None:
     got: list[bytes] = []
 
-    def gen(n: int) -> Iterator[int]:
-        for i in range(n):
-            yield i
-        return "end"  # type: ignore[return-value]
+    def gen(n: int) -> Generator[int, None, str]:
+        yield from range(n)
+        return "end"
 
     token = streaming.partial_sink.set(got.append)
     try:
