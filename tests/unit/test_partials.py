@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 
@@ -211,3 +212,107 @@ def test_a_failing_generator_raises_after_its_partials() -> None:
     finally:
         streaming.partial_sink.reset(token)
     assert got == [b'{"value":1}']
+
+
+# ---- the client's bookkeeping (no socket: messages handed to it directly) ---------
+
+
+def _client_with(messages: list[list[bytes]]) -> Any:
+    from emq_django.client import Client
+
+    client = Client("tcp://127.0.0.1:1")
+    for frames in messages:
+        client._handle(frames)
+    return client
+
+
+def _partial_frames(job: bytes, seq: int, value: Any, attempt: int = 1) -> list[bytes]:
+    body = json.dumps({"value": value}).encode()
+    return F.Partial(b"m%d" % seq, body, job + b"#%d" % attempt, seq).encode()
+
+
+def _reply_frames(job: bytes, value: Any) -> list[bytes]:
+    return F.Reply(b"r", json.dumps({"value": value}).encode(), job, b"ok").encode()
+
+
+def test_stream_yields_partials_in_order_then_the_final_value() -> None:
+    from emq_django.handles import Result
+
+    client = _client_with(
+        [_partial_frames(b"j", 1, "a"), _partial_frames(b"j", 2, "b"), _reply_frames(b"j", 9)]
+    )
+    result = Result("j", "t", client=client)
+    assert list(result.stream(timeout=1)) == ["a", "b", 9]
+    assert result.get() == 9 and list(result.stream()) == [9]
+    assert not client._partials
+
+
+def test_get_drops_the_partials_nobody_streamed() -> None:
+    from emq_django.handles import Result
+
+    client = _client_with([_partial_frames(b"j", 1, "a"), _reply_frames(b"j", 1)])
+    assert Result("j", "t", client=client).get(timeout=1) == 1
+    assert not client._partials
+
+
+def test_a_job_keeps_at_most_max_partials_and_the_stream_sees_the_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from emq_django import client as client_module
+    from emq_django.exceptions import PartialsLost
+    from emq_django.handles import Result
+
+    monkeypatch.setattr(client_module, "MAX_PARTIALS_PER_JOB", 2)
+    client = _client_with([_partial_frames(b"j", n, n) for n in (1, 2, 3)])
+    assert len(client._partials[b"j"].items) == 2
+    with pytest.raises(PartialsLost, match="1 partial results"):
+        list(Result("j", "t", client=client).stream(timeout=1))
+
+
+def test_only_max_streamed_jobs_keep_partials(monkeypatch: pytest.MonkeyPatch) -> None:
+    from emq_django import client as client_module
+    from emq_django.exceptions import PartialsLost
+    from emq_django.handles import Result
+
+    monkeypatch.setattr(client_module, "MAX_STREAMED_JOBS", 2)
+    client = _client_with([_partial_frames(job, 1, "x") for job in (b"a", b"b", b"c")])
+    assert list(client._partials) == [b"b", b"c"]
+    with pytest.raises(PartialsLost):
+        list(Result("a", "t", client=client).stream(timeout=1))
+
+
+def test_a_retry_restarts_the_stream_and_drops_late_partials_of_the_old_attempt() -> None:
+    from emq_django.handles import Result
+
+    client = _client_with(
+        [
+            _partial_frames(b"j", 1, "a1", attempt=1),
+            _partial_frames(b"j", 1, "b1", attempt=2),
+            _partial_frames(b"j", 2, "late", attempt=1),
+            _partial_frames(b"j", 2, "b2", attempt=2),
+            _reply_frames(b"j", "ok"),
+        ]
+    )
+    result = Result("j", "t", client=client)
+    seen = [(value, result.attempt) for value in result.stream(timeout=1)]
+    assert seen == [("a1", 1), ("b1", 2), ("b2", 2), ("ok", 2)]
+
+
+# ---- the history record -------------------------------------------------------
+
+
+def test_record_batch_carries_the_partial_count_and_reads_old_rows() -> None:
+    from emq_django.worker.recorder_process import RecordBatch, decode_batch
+
+    batch = RecordBatch("jm")
+    batch.add(b"j#1", "t", "q", 1, 2, False, "", 0, b"[]", b'{"value":1}', partials=5)
+    batch.add(b"k#1", "t", "q", 1, 2, False, "", 0, b"[]", b'{"value":1}')
+    header, blob = batch.encode()
+    assert [r.partials for r in decode_batch([header, blob])] == [5, 0]
+    doc = json.loads(header)
+    doc["rows"] = [row[:11] for row in doc["rows"]]  # a worker from before streaming
+    old = decode_batch([json.dumps(doc).encode(), blob])
+    assert [r.partials for r in old] == [0, 0]
+    doc["rows"][0].append(-1)
+    with pytest.raises(ValueError):
+        decode_batch([json.dumps(doc).encode(), blob])
