@@ -80,7 +80,9 @@ COUNTERS = (
     "spilled",
     "cancelled",
     "worker_lost",
-    "partials",
+    "partials",  # partial results from workers for attempts in flight
+    "partials_forwarded",  # ... sent on to their client (one that asked for them)
+    "stale_partials",  # partial results for no attempt in flight at that peer: dropped
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
@@ -393,17 +395,30 @@ class BrokerCore:
             self._credit(peer, now)
 
     def worker_partial(
-        self, peer: Peer, attempt_id: bytes, body: bytes, now: float, more: tuple[bytes, ...] = ()
+        self,
+        peer: Peer,
+        attempt_id: bytes,
+        body: bytes,
+        now: float,
+        more: tuple[bytes, ...] = (),
+        seq: int = 0,
     ) -> None:
-        """A partial result of a running attempt: on to its client at once."""
+        """A partial result of a running attempt (number ``seq`` of it, when the
+        worker counts them): counted on the job (its trace line says how many), and
+        on to its client at once if that client asked for partials (eMQP: header
+        ``stream``, which only our client sends) or its protocol has them."""
         job = self.inflight.get(attempt_id)
         if job is None or not self._may_answer(peer, job):
-            self.counters["stale_replies"] += 1
+            self.counters["stale_partials"] += 1
             return
         job.partials += 1
         self.counters["partials"] += 1
-        if job.client is not None:
-            self.out.append(Answer(job.client, job, body, _PARTIAL, more, final=False))
+        client = job.client
+        if client is not None and (job.headers.stream or client.port.always_streams):
+            self.counters["partials_forwarded"] += 1
+            self.out.append(
+                Answer(client, job, body, _PARTIAL, more, final=False, seq=seq or job.partials)
+            )
 
     def worker_disconnect(self, peer: Peer, now: float) -> None:
         """``peer`` wants no more jobs; the ones it has still count."""
@@ -487,6 +502,7 @@ class BrokerCore:
         job.peer = peer
         job.manager = peer.manager
         job.dispatched_at = now
+        job.partials = 0  # counted per attempt
         if self.tracer is not None:
             self.tracer.dispatched(job, now, peer)
         self.inflight[job.attempt_id] = job

@@ -68,6 +68,7 @@ class Answer:
     outcome: Outcome
     more: tuple[bytes, ...] = ()  # further body frames (Majordomo replies)
     final: bool = True
+    seq: int = 0  # a partial's number within its attempt (1, 2, ...)
 
 
 @dataclass(slots=True, eq=False)

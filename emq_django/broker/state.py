@@ -46,7 +46,7 @@ class Job:
     trace_id: str = ""  # the id as its trace lines give it (trace.job_json)
     trace_where: str = ""  # its lines' task, queue and job manager for this attempt
     more: tuple[bytes, ...] = ()  # body frames after the first (Majordomo requests)
-    partials: int = 0  # partial results sent on for it
+    partials: int = 0  # partial results its current attempt sent (the trace's "partials")
 
 
 @dataclass(slots=True, eq=False)

@@ -84,6 +84,7 @@ def format_line(
     enqueued: float,
     dispatched: float,
     extra: float,
+    partials: int = 0,
 ) -> str:
     """One line of docs/trace-format.md, without the newline, from the parts the
     broker keeps: ``job`` from ``job_json``, ``where`` from ``where_fields``.
@@ -101,6 +102,8 @@ def format_line(
         tail = f',"delay_us":{round(extra * 1_000_000)}'
     else:
         tail = ""
+    if partials:  # the attempt's partial results (PARTIAL), on the line that ends it
+        tail += f',"partials":{partials}'
     end = f',"error":{_q(error)}}}' if error else "}"
     ts = round((now + wall_offset) * 1_000_000)
     return f'{{"ts":{ts},"event":"{kind}","job":{job},"attempt":{attempt},{where}{tail}{end}'
@@ -121,12 +124,13 @@ def dispatched_line(wall: float, job: str, attempt: int, where: str, wait: float
 
 
 def succeeded_line(
-    wall: float, job: str, attempt: int, where: str, run: float, total: float
+    wall: float, job: str, attempt: int, where: str, run: float, total: float, partials: int = 0
 ) -> str:
+    tail = f',"partials":{partials}}}' if partials else "}"
     return (
         f'{{"ts":{round(wall * 1_000_000)},"event":"succeeded","job":{job},'
         f'"attempt":{attempt},{where},"run_us":{round(run * 1_000_000)},'
-        f'"total_us":{round(total * 1_000_000)}}}'
+        f'"total_us":{round(total * 1_000_000)}{tail}'
     )
 
 
@@ -170,6 +174,7 @@ class JobTracer:
                 job.enqueued_at,
                 job.dispatched_at,
                 extra,
+                job.partials,
             )
         )
 
@@ -208,6 +213,7 @@ class JobTracer:
                 job.trace_where,
                 now - job.dispatched_at,
                 now - job.enqueued_at,
+                job.partials,
             )
         )
 

@@ -42,6 +42,9 @@ INFORM = b"INFORM"
 READY = b"READY"
 ERROR = b"ERROR"  # extension: the broker refused the command named by ref_msgid
 KILL = b"KILL"  # extension: broker -> our job manager only, stop the process running an attempt
+# extension: a partial result of a running attempt, our worker -> broker -> our client
+# (only a client whose REQUEST carried the ``stream`` header); docs/eventmq-wire.md
+PARTIAL = b"PARTIAL"
 
 PEER_WORKER = "worker"
 PEER_SCHEDULER = "scheduler"
@@ -240,6 +243,38 @@ class Kill:
         return [b"", PROTOCOL, KILL, self.msgid, self.attempt_id, self.reason.encode()]
 
 
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """Extension: partial result number ``seq`` (1, 2, ... within the attempt) of
+    the attempt ``attempt_id`` (``<job id>#<n>``): a value a generator task
+    yielded, or ``emq.partial(value)``. ``body`` is ``{"value": ...}`` as in a REPLY.
+
+    Our worker process sends it to the broker as soon as the value exists; the
+    broker forwards body, attempt id and seq unchanged to the job's client when
+    that client asked for partials (header ``stream``). Never sent to an EventMQ
+    peer. ``seq`` lets the client see a gap, and the attempt number a restart."""
+
+    msgid: bytes
+    body: bytes
+    attempt_id: bytes
+    seq: int
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, PARTIAL, self.msgid, self.body, self.attempt_id, b"%d" % self.seq]
+
+    @property
+    def job_id(self) -> bytes:
+        """The client's msgid: the attempt id without its ``#<n>``."""
+        job_id, sep, _ = self.attempt_id.rpartition(b"#")
+        return job_id if sep else self.attempt_id
+
+    @property
+    def attempt(self) -> int:
+        """The attempt's number (1, 2, ...); 1 for an id without ``#<n>``."""
+        _, sep, number = self.attempt_id.rpartition(b"#")
+        return int(number) if sep and number.isdigit() and len(number) < 10 else 1
+
+
 Command: TypeAlias = (
     Ack
     | Reply
@@ -254,6 +289,7 @@ Command: TypeAlias = (
     | Ready
     | Error
     | Kill
+    | Partial
 )
 
 
@@ -522,6 +558,15 @@ def _decode_kill(f: Sequence[bytes]) -> Kill:
     return Kill(f[3], f[4], _text(f[5], "reason", f))
 
 
+def _decode_partial(f: Sequence[bytes]) -> Partial:
+    _count(f, "PARTIAL", 7)
+    if not f[5] or len(f[5]) > MAX_ID_LENGTH:
+        raise ProtocolError("PARTIAL needs an attempt id of 1 to 255 bytes", f)
+    if not (0 < len(f[6]) < 10 and f[6].isdigit() and f[6][:1] != b"0"):
+        raise ProtocolError("PARTIAL needs a sequence number from 1", f)
+    return Partial(f[3], f[4], f[5], int(f[6]))
+
+
 _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     ACK: _decode_ack,
     REPLY: _decode_reply,
@@ -537,6 +582,7 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     READY: _decode_ready,
     ERROR: _decode_error,
     KILL: _decode_kill,
+    PARTIAL: _decode_partial,
 }
 
 

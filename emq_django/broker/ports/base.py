@@ -31,6 +31,8 @@ class Port(ABC):
     """One protocol on one socket. ``name`` shows in logs and counters."""
 
     name = "port"
+    # its clients get partial results whatever their request said (Majordomo)
+    always_streams = False
 
     def __init__(self, core: BrokerCore, address: str = "") -> None:
         self.core = core

@@ -145,8 +145,8 @@ class EmqpClientPort(Port):
         return None
 
     def _answer(self, effect: Answer) -> list[bytes] | None:
-        if not effect.final:
-            return None  # partial results: only for clients that asked to stream
+        if not effect.final:  # the core sends these only to clients that asked (``stream``)
+            return F.Partial(self.new_id(), effect.body, effect.job.attempt_id, effect.seq).encode()
         outcome = effect.outcome
         status = outcome.raw or F.status_frame(
             outcome.failed, outcome.error, outcome.lost, outcome.retry

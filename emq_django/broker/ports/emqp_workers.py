@@ -120,6 +120,9 @@ class EmqpWorkerPort(Port):
     def _reply(self, peer: Peer, cmd: F.Reply, now: float) -> None:
         self.core.worker_result(peer, cmd.request_msgid, outcome_of(cmd.status), cmd.body, now)
 
+    def _partial(self, peer: Peer, cmd: F.Partial, now: float) -> None:
+        self.core.worker_partial(peer, cmd.attempt_id, cmd.body, now, seq=cmd.seq)
+
     def _heartbeat(self, peer: Peer, cmd: F.Heartbeat, now: float) -> None:
         pass  # last_seen is updated for every command
 
@@ -172,6 +175,7 @@ _HANDLERS: dict[type, _Handler] = {
     F.Inform: EmqpWorkerPort._inform_again,
     F.Ready: EmqpWorkerPort._ready,
     F.Reply: EmqpWorkerPort._reply,
+    F.Partial: EmqpWorkerPort._partial,
     F.Heartbeat: EmqpWorkerPort._heartbeat,
     F.Disconnect: EmqpWorkerPort._disconnect,
     F.Kbye: EmqpWorkerPort._kbye,

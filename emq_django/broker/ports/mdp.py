@@ -64,6 +64,7 @@ _HEADERS: Headers = parse_headers(
 
 class MajordomoPort(Port):
     name = "majordomo"
+    always_streams = True  # PARTIAL/FINAL: every client takes partials
 
     def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
         super().__init__(core, address)
