@@ -30,7 +30,7 @@ from emq_django.exceptions import (
 )
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
-from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.protocol.frames import decode
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class Client:
             self._drain(sock)
             if self._pending:
                 self._check_overdue()
-            frames = [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body]
+            frames = F.encode_request(msgid, queue.encode(), headers, body)
             wire.send(sock, frames, nonblocking=False)
             self._pending[msgid] = time.monotonic()
             if confirm or not self._confirmed:
@@ -489,7 +489,7 @@ class _Batch:
         self.sent = 0  # bodies[:sent] went out at least once
 
     def frames(self, k: int) -> list[bytes]:
-        return [b"", PROTOCOL, F.REQUEST, self.msgids[k], self.queue, self.headers, self.bodies[k]]
+        return F.encode_request(self.msgids[k], self.queue, self.headers, self.bodies[k])
 
 
 def _refusal(error: F.Error) -> JobRefused | QueueFull:

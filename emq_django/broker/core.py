@@ -12,7 +12,6 @@ an object it owns, ``self.life``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from emq_django.broker.effects import (
@@ -34,6 +33,7 @@ from emq_django.broker.state import (
     ROLE_MANAGER,
     ROLE_PLAIN,
     ROLE_SLOT,
+    BrokerConfig,
     Job,
     Peer,
     Queue,
@@ -86,19 +86,6 @@ COUNTERS = (
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerConfig:
-    heartbeat_interval: float = 1.0
-    heartbeat_liveness: int = 3
-    max_pending: int = 100_000
-    max_queue_bytes: int = 256 * 1024 * 1024
-    retry_base: float = 1.0
-    retry_cap: float = 300.0
-    dedupe_window: float = 600.0
-    max_dead_letters: int = 100_000
-    max_body_bytes: int = 64 * 1024 * 1024
 
 
 class BrokerCore:

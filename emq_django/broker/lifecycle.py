@@ -25,12 +25,11 @@ from emq_django.broker.holding import (
     backoff,
 )
 from emq_django.broker.journal import JournalOp, StoredJob
-from emq_django.broker.state import Job, show_identity
+from emq_django.broker.state import BrokerConfig, Job, show_identity
 from emq_django.protocol.headers import parse_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
 
 if TYPE_CHECKING:
-    from emq_django.broker.core import BrokerConfig
     from emq_django.broker.trace import JobTracer
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,19 @@ def show_identity(identity: bytes) -> str:
     return identity.hex()
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    heartbeat_interval: float = 1.0
+    heartbeat_liveness: int = 3
+    max_pending: int = 100_000
+    max_queue_bytes: int = 256 * 1024 * 1024
+    retry_base: float = 1.0
+    retry_cap: float = 300.0
+    dedupe_window: float = 600.0
+    max_dead_letters: int = 100_000
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
 @dataclass(slots=True, eq=False)
 class Job:
     id: bytes  # the client's msgid (eMQP), or one the port made (Majordomo)

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from emq_django.broker.state import show_identity
+
 if TYPE_CHECKING:
     from emq_django.broker.state import Job, Peer
 
@@ -228,8 +230,6 @@ def trace_name(peer: Peer | None) -> str:
     if peer is None:
         return ""
     if peer.trace_name is None:
-        from emq_django.broker.state import show_identity
-
         peer.trace_name = peer.manager_name or show_identity(peer.identity)
     return peer.trace_name
 

@@ -22,7 +22,6 @@ from emq_django.exceptions import Cancelled
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
 from emq_django.worker.recorder_process import RecordForwarder
@@ -166,9 +165,7 @@ class SlotWorker:
         # the REPLY gives one credit back ("ready") when we want more than we hold
         give_back = self.credit < wanted
         status = outcome.status(ready=give_back)
-        self.link.send(
-            [b"", PROTOCOL, F.REPLY, self.link.new_id(), outcome.body, req.msgid, status]
-        )
+        self.link.send(F.encode_reply(self.link.new_id(), outcome.body, req.msgid, status))
         # cleared after the REPLY: killed in between, its job manager answers too,
         # and the broker drops the second answer as stale
         self.table.clear(slot)
@@ -218,9 +215,7 @@ class SlotWorker:
     def _give_back(self, req: F.Request) -> None:
         """A job this process will not start: back to the broker, uncounted."""
         self.credit -= 1
-        self.link.send(
-            [b"", PROTOCOL, F.REPLY, self.link.new_id(), b"{}", req.msgid, F.REQUEUE_STATUS]
-        )
+        self.link.send(F.encode_reply(self.link.new_id(), b"{}", req.msgid, F.REQUEUE_STATUS))
 
     def _record(self, req: F.Request, outcome: Outcome, elapsed: float) -> None:
         assert self.recorder is not None
@@ -301,7 +296,7 @@ class SlotWorker:
     def _grant(self, count: int) -> None:
         """Send ``count`` READYs: one credit each."""
         for _ in range(count):
-            self.link.send([b"", PROTOCOL, F.READY, self.link.new_id()])
+            self.link.send(F.encode_ready(self.link.new_id()))
         self.credit += max(count, 0)
 
     def _goodbye(self) -> None:

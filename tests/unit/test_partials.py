@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from emq_django import streaming
-from tests.emqp_machine import BACKEND, FRONTEND
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
 from emq_django.protocol.headers import format_headers, parse_headers
+from tests.emqp_machine import BACKEND, FRONTEND
 from tests.unit.test_broker_core import (
     P,
     inform,
