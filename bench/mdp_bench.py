@@ -3,9 +3,11 @@
     .venv/bin/python bench/mdp_bench.py [--requests 20000] [--round-trips 2000]
         [--workers 2] [--window 200] [--pairs 3] [--only emq,majortomo]
 
-For each broker: start it on a fresh loopback port, start ``--workers``
-majortomo echo workers (the released peer's own ``majortomo.echo worker``),
-then from this process, with majortomo's framing on a plain DEALER:
+For each broker: start it on a fresh loopback port, start ``--workers`` echo
+workers (``--worker-kind raw``: bench/mdp_echo_worker.py, plain pyzmq, which
+answers at once, so that the broker is what is measured; ``majortomo``: the
+released peer's own ``majortomo.echo worker``, which is slower than either
+broker), then from this process, with majortomo's framing on a plain DEALER:
 
 - round trip: ``--round-trips`` sequential requests, each answered before the
   next is sent: p50 and p99 in ms;
@@ -62,8 +64,11 @@ BROKERS: dict[str, Callable[[ServerSet, int], None]] = {
 }
 
 
-def start_workers(servers: ServerSet, url: str, n: int) -> None:
-    argv = [PYTHON, "-m", "majortomo.echo", "-b", url, "-n", SERVICE.decode(), "worker"]
+def start_workers(servers: ServerSet, url: str, n: int, kind: str) -> None:
+    if kind == "majortomo":
+        argv = [PYTHON, "-m", "majortomo.echo", "-b", url, "-n", SERVICE.decode(), "worker"]
+    else:
+        argv = [PYTHON, os.path.join(REPO, "bench", "mdp_echo_worker.py"), url, SERVICE.decode()]
     for i in range(n):
         servers.start(f"echo-worker-{i}", "workers", argv, base_env())
 
@@ -112,7 +117,7 @@ def measure(name: str, args: argparse.Namespace, logs: str) -> dict[str, float]:
     url = f"tcp://127.0.0.1:{port}"
     servers = ServerSet(logs)
     BROKERS[name](servers, port)
-    start_workers(servers, url, args.workers)
+    start_workers(servers, url, args.workers, args.worker_kind)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
@@ -138,6 +143,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--round-trips", type=int, default=2_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker-kind", choices=("raw", "majortomo"), default="raw")
     parser.add_argument("--window", type=int, default=200)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--only", default="emq,majortomo")
@@ -156,7 +162,7 @@ def main() -> None:
                     f"pipelined {rate:,.0f}/s",
                     flush=True,
                 )
-    print(f"\nmedians of {args.pairs} runs each ({args.workers} echo workers):")
+    print(f"\nmedians of {args.pairs} runs each ({args.workers} {args.worker_kind} echo workers):")
     print(f"{'broker':10s} {'p50 ms':>8s} {'p99 ms':>8s} {'pipelined/s':>12s}")
     medians = {}
     for name in names:

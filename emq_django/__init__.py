@@ -10,6 +10,7 @@ from emq_django.exceptions import (
     Cancelled,
     EmqError,
     JobRefused,
+    PartialsLost,
     ProtocolError,
     QueueFull,
     ResultTimeout,
@@ -20,6 +21,7 @@ from emq_django.exceptions import (
 )
 from emq_django.handles import Result, result
 from emq_django.scheduler.api import periodic, schedule, unschedule
+from emq_django.streaming import partial
 from emq_django.task import Task, task
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "Cancelled",
     "EmqError",
     "JobRefused",
+    "PartialsLost",
     "ProtocolError",
     "QueueFull",
     "Result",
@@ -37,6 +40,7 @@ __all__ = [
     "Task",
     "TaskFailed",
     "TaskNotFound",
+    "partial",
     "periodic",
     "result",
     "schedule",

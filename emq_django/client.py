@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,12 +30,28 @@ from emq_django.exceptions import (
 )
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
-from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.protocol.frames import decode
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
 
 MAX_KEPT_REPLIES = 100_000
+# Partial results (PARTIAL) wait here until ``Result.stream()`` takes them. A job's
+# partials are dropped when ``get()`` takes its REPLY; a result nobody streams keeps
+# at most MAX_PARTIALS_PER_JOB (the oldest go first), and at most MAX_STREAMED_JOBS
+# jobs keep any (the job whose first partial came first goes first). A stream that
+# missed partials this way raises ``PartialsLost`` (README: Streamed results).
+MAX_PARTIALS_PER_JOB = 10_000
+MAX_STREAMED_JOBS = 1_000
+
+
+class _Partials:
+    """One job's partial results not yet streamed: (attempt, seq, body), in order."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[int, int, bytes]] = deque()
 
 
 class Client:
@@ -56,6 +72,8 @@ class Client:
         self._pending: OrderedDict[bytes, float] = OrderedDict()  # msgid -> sent at
         self._replies: OrderedDict[bytes, F.Reply] = OrderedDict()
         self._errors: OrderedDict[bytes, F.Error] = OrderedDict()
+        self._partials: OrderedDict[bytes, _Partials] = OrderedDict()
+        self._partials_evicted: OrderedDict[bytes, None] = OrderedDict()  # over the bounds
         self._answered: list[bytes] | None = None  # ACKed/refused msgids, while a batch waits
         self._confirmed = False
         self._ids = IdGenerator()
@@ -86,7 +104,7 @@ class Client:
             self._drain(sock)
             if self._pending:
                 self._check_overdue()
-            frames = [b"", PROTOCOL, F.REQUEST, msgid, queue.encode(), headers, body]
+            frames = F.encode_request(msgid, queue.encode(), headers, body)
             wire.send(sock, frames, nonblocking=False)
             self._pending[msgid] = time.monotonic()
             if confirm or not self._confirmed:
@@ -293,7 +311,62 @@ class Client:
         reply = self._replies.pop(msgid, None)
         if reply is None and msgid in self._errors:
             raise _refusal(self._errors.pop(msgid))
+        if reply is not None and (self._partials or self._partials_evicted):
+            self._partials.pop(msgid, None)  # get() took the outcome: nobody streams now
+            self._partials_evicted.pop(msgid, None)
         return reply
+
+    def next_streamed(
+        self, msgid: bytes, timeout: float | None
+    ) -> tuple[int, int, bytes] | F.Reply:
+        """Job ``msgid``'s next partial result as (attempt, seq, body), or after the
+        last its REPLY. Raises ``ResultTimeout`` when neither comes within
+        ``timeout``, ``JobRefused`` for a refused job, and ``PartialsLost`` when
+        partials waiting here were dropped over the bounds (MAX_STREAMED_JOBS)."""
+        from emq_django.exceptions import ResultTimeout
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                item = self._take_streamed(msgid)
+                if item is not None:
+                    return item
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ResultTimeout(f"nothing from job {msgid.decode()} within {timeout} s")
+                slice_ms = 20 if threading.active_count() > 1 else 1000
+                wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
+                sock = self._socket()
+                if sock.poll(max(int(wait), 1)):
+                    self._drain(sock)
+
+    def _take_streamed(self, msgid: bytes) -> tuple[int, int, bytes] | F.Reply | None:
+        if msgid in self._partials_evicted:
+            from emq_django.exceptions import PartialsLost
+
+            del self._partials_evicted[msgid]
+            raise PartialsLost(
+                f"partial results of job {msgid.decode(errors='replace')} were dropped: "
+                f"over {MAX_STREAMED_JOBS} jobs had partials waiting (stream them, or get())"
+            )
+        waiting = self._partials.get(msgid)
+        if waiting is not None and waiting.items:
+            return waiting.items.popleft()
+        return self._take_reply(msgid)
+
+    def _keep_partial(self, cmd: F.Partial) -> None:
+        job_id = cmd.job_id
+        waiting = self._partials.get(job_id)
+        if waiting is None:
+            waiting = self._partials[job_id] = _Partials()
+            if len(self._partials) > MAX_STREAMED_JOBS:
+                evicted, _ = self._partials.popitem(last=False)
+                self._partials_evicted[evicted] = None
+                if len(self._partials_evicted) > MAX_KEPT_REPLIES:
+                    self._partials_evicted.popitem(last=False)
+        waiting.items.append((cmd.attempt, cmd.seq, cmd.body))
+        if len(waiting.items) > MAX_PARTIALS_PER_JOB:
+            waiting.items.popleft()  # the stream sees the gap in the seq numbers
 
     # ---- socket -------------------------------------------------------------
 
@@ -337,6 +410,8 @@ class Client:
             self._replies[cmd.request_msgid] = cmd
             if len(self._replies) > MAX_KEPT_REPLIES:
                 self._replies.popitem(last=False)
+        elif type(cmd) is F.Partial:
+            self._keep_partial(cmd)
         elif type(cmd) is F.Error:
             self._pending.pop(cmd.ref_msgid, None)
             if self._answered is not None:
@@ -414,7 +489,7 @@ class _Batch:
         self.sent = 0  # bodies[:sent] went out at least once
 
     def frames(self, k: int) -> list[bytes]:
-        return [b"", PROTOCOL, F.REQUEST, self.msgids[k], self.queue, self.headers, self.bodies[k]]
+        return F.encode_request(self.msgids[k], self.queue, self.headers, self.bodies[k])
 
 
 def _refusal(error: F.Error) -> JobRefused | QueueFull:

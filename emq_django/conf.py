@@ -26,6 +26,7 @@ class EmqSettings:
     FRONTEND_BIND: str = "tcp://127.0.0.1:47291"
     BACKEND_BIND: str = "tcp://127.0.0.1:47290"
     MONITOR_BIND: str = "tcp://127.0.0.1:47293"
+    MDP_BIND: str = "tcp://127.0.0.1:5555"  # Majordomo clients and workers; '' turns it off
     HEARTBEAT_INTERVAL: float = 1.0
     HEARTBEAT_LIVENESS: int = 3
     ACK_TIMEOUT: float = 5.0
@@ -161,6 +162,12 @@ def _validate(s: EmqSettings) -> None:
     ):
         url = getattr(s, name)
         if "://" not in url:
+            raise ImproperlyConfigured(
+                f"EMQ_{name}={url!r} is not a ZeroMQ address such as tcp://127.0.0.1:47291"
+            )
+    for name in ("MDP_BIND",):  # the protocol ports: '' turns one off
+        url = getattr(s, name)
+        if url and "://" not in url:
             raise ImproperlyConfigured(
                 f"EMQ_{name}={url!r} is not a ZeroMQ address such as tcp://127.0.0.1:47291"
             )

@@ -111,6 +111,12 @@ class ResultTimeout(EmqError, TimeoutError):
     """No result arrived within the timeout given to ``Result.get()``."""
 
 
+class PartialsLost(EmqError):
+    """``Result.stream()`` found partial results missing: dropped over the client's
+    bounds (a stream read too slowly, or too many jobs nobody streamed), or by a
+    worker whose broker took none for a second. ``get()`` still gives the result."""
+
+
 class ResultUnavailable(EmqError):
     """The job was sent without ``reply``, so no result will come back."""
 

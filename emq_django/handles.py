@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from emq_django.exceptions import Cancelled, ResultTimeout, ResultUnavailable, TaskFailed, type_name
+from emq_django.exceptions import (
+    Cancelled,
+    PartialsLost,
+    ResultTimeout,
+    ResultUnavailable,
+    TaskFailed,
+    type_name,
+)
 
 if TYPE_CHECKING:
     from emq_django.client import Client
@@ -54,9 +62,69 @@ class Result:
         self._done = False
         self._value: Any = None
         self._error: TaskFailed | None = None
+        self.attempt = 0  # the attempt the last streamed partial result came from
+        self._seq = 0  # ... and its number within that attempt
 
     def __repr__(self) -> str:
         return f"<Result {self.id} of {self.task_name}>"
+
+    def stream(self, timeout: float | None = 30.0) -> Iterator[Any]:
+        """Yield the task's partial results as they arrive (each value a generator
+        task yields, or passes to ``emq.partial()``), in order, then its final
+        value. ``timeout``: the longest wait for each next one (``ResultTimeout``).
+        Raises what ``get()`` raises (``TaskFailed`` after the partials sent before
+        the failure), and ``PartialsLost`` when some went missing.
+
+        A retried job's stream goes on with the new attempt's partials, from its
+        first (``self.attempt`` says which attempt the last value came from). Once
+        the result is in (``get()`` returned, or a stream ended), a stream yields
+        the final value only."""
+        if not self._done:
+            if not self.reply:
+                raise ResultUnavailable(
+                    f"job {self.id} ({self.task_name}) was sent with "
+                    "reply=False, so nothing comes back"
+                )
+            yield from self._stream_partials(timeout)
+        yield self.get()
+
+    def _stream_partials(self, timeout: float | None) -> Iterator[Any]:
+        from emq_django.client import get_client
+
+        client = self._client or get_client()
+        msgid = self.id.encode()
+        while True:
+            item = client.next_streamed(msgid, timeout)
+            if not isinstance(item, tuple):  # the REPLY: the outcome
+                self._settle(item.body)
+                return
+            attempt, seq, body = item
+            if attempt < self.attempt:
+                continue  # a late partial of an attempt that was retried
+            if attempt > self.attempt:  # a new attempt (a retry): its stream restarts
+                self.attempt, self._seq = attempt, 0
+            if seq != self._seq + 1:
+                missing = seq - self._seq - 1
+                self._seq = seq
+                raise PartialsLost(
+                    f"{missing} partial results of job {self.id} (attempt {attempt}) "
+                    "went missing before this one"
+                )
+            self._seq = seq
+            yield decode_reply_body(body)[0]
+
+    async def astream(self, timeout: float | None = 30.0) -> AsyncIterator[Any]:
+        """``stream()`` for ``async for``: each wait runs in a thread
+        (``asyncio.to_thread``), so the event loop goes on meanwhile."""
+        import asyncio
+
+        parts = self.stream(timeout)
+        end = object()
+        while True:
+            value = await asyncio.to_thread(next, parts, end)
+            if value is end:
+                return
+            yield value
 
     def get(self, timeout: float | None = 30.0) -> Any:
         """The task's return value. Raises ``TaskFailed`` if it raised,
@@ -184,15 +252,29 @@ class EagerResult(Result):
     """The result of a task run in-process under ``EMQ_EAGER``."""
 
     def __init__(
-        self, task_name: str, *, value: Any = None, error: BaseException | None = None
+        self,
+        task_name: str,
+        *,
+        value: Any = None,
+        error: BaseException | None = None,
+        partials: list[bytes] | None = None,
     ) -> None:
         import uuid
 
         super().__init__(uuid.uuid4().hex, task_name)
         self._done = True
         self._value = value
+        self._partials = partials or []  # bodies, as the worker would have sent them
         if error is not None:
             import traceback
 
             tb = "".join(traceback.format_exception(error))
             self._error = TaskFailed(type_name(error), str(error), tb)
+
+    def stream(self, timeout: float | None = 30.0) -> Iterator[Any]:
+        """The partial results the task produced, then its final value (or what
+        ``get()`` raises). Each can be streamed once."""
+        partials, self._partials = self._partials, []
+        for body in partials:
+            yield decode_reply_body(body)[0]
+        yield self.get()

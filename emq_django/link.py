@@ -20,7 +20,7 @@ from emq_django import transport, wire
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
-from emq_django.protocol.frames import PROTOCOL, decode
+from emq_django.protocol.frames import decode
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -99,13 +99,13 @@ class BrokerLink:
             self.connect()
             return True
         if now - self.last_send >= self.interval:
-            self.send([b"", PROTOCOL, F.HEARTBEAT, self.new_id(), b"%f" % time.time()])
+            self.send(F.encode_heartbeat(self.new_id(), time.time()))
         return False
 
     def goodbye(self, wait: float) -> Iterator[F.Command]:
         """DISCONNECT, then the commands that arrive until the broker's KBYE (or
         ``wait`` seconds): work it had already sent must still be done."""
-        self.send([b"", PROTOCOL, F.DISCONNECT, self.new_id()])
+        self.send(F.encode_disconnect(self.new_id()))
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and self.poll(0.1):
             for cmd in self.messages():

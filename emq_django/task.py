@@ -197,17 +197,24 @@ class Task(Generic[P, R]):
             timeout=timeout,
             run_after=run_after,
             task=self.name,
+            stream=reply,  # its partial results come back too (Result.stream())
         )
 
     def _run_eagerly(self, body: bytes, reply: bool) -> Result:
         """``EMQ_EAGER``: run here and now, through the same JSON round trip."""
+        from emq_django.streaming import partial_sink, run_task
+
         spec = json.loads(body)[1]
+        partials: list[bytes] = []
+        token = partial_sink.set(partials.append)
         try:
-            value = self.fn(*spec["args"], **spec["kwargs"])
+            value = run_task(self.fn, spec["args"], spec["kwargs"])
             json.dumps(value)
         except Exception as exc:  # the result carries it, as a remote failure would
-            return EagerResult(self.name, error=exc)
-        return EagerResult(self.name, value=value)
+            return EagerResult(self.name, error=exc, partials=partials)
+        finally:
+            partial_sink.reset(token)
+        return EagerResult(self.name, value=value, partials=partials)
 
 
 def _in_transaction() -> bool:

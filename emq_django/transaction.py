@@ -10,7 +10,7 @@ rows it reads are visible, and never for data that was rolled back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import transaction
@@ -58,6 +58,12 @@ class DeferredResult(Result):
                 "and it has not committed (or it rolled back)"
             )
         return self.sent.get(timeout)
+
+    def stream(self, timeout: float | None = 30.0) -> Iterator[Any]:
+        if self.sent is None:
+            self.get(timeout)  # raises ResultUnavailable
+        assert self.sent is not None
+        return self.sent.stream(timeout)
 
     def ready(self) -> bool:
         return self.sent is not None and self.sent.ready()

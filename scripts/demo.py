@@ -264,6 +264,7 @@ def run(demo: Demo, web_addr: str) -> int:
         "broker (clients)": _address("EMQ_FRONTEND_BIND", "tcp://127.0.0.1:47291"),
         "broker (job managers)": _address("EMQ_BACKEND_BIND", "tcp://127.0.0.1:47290"),
         "broker (monitor)": _address("EMQ_MONITOR_BIND", "tcp://127.0.0.1:47293"),
+        "broker (Majordomo)": _address("EMQ_MDP_BIND", "tcp://127.0.0.1:5555"),
         "web server": _address("WEB_ADDR", "tcp://" + web_addr),
     }
     busy = [f"{h}:{p} ({what})" for what, (h, p) in ports.items() if not _port_free(h, p)]

@@ -239,8 +239,13 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     from emq_django.client import reset_client
     from emq_django.conf import reset_cached_settings
 
-    frontend, backend, monitor = free_tcp_ports(3)
-    for name, port in (("FRONTEND", frontend), ("BACKEND", backend), ("MONITOR", monitor)):
+    frontend, backend, monitor, mdp = free_tcp_ports(4)
+    for name, port in (
+        ("FRONTEND", frontend),
+        ("BACKEND", backend),
+        ("MONITOR", monitor),
+        ("MDP", mdp),
+    ):
         monkeypatch.setenv(f"EMQ_{name}_BIND", f"tcp://127.0.0.1:{port}")
     monkeypatch.setenv("EMQ_BROKER_URL", f"tcp://127.0.0.1:{frontend}")
     monkeypatch.setenv("EMQ_WORKER_URL", f"tcp://127.0.0.1:{backend}")
@@ -256,8 +261,9 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
 @pytest.fixture
 def emq_env(tmp_path: Path) -> dict[str, str]:
     """Environment for one isolated broker: fresh loopback ports, a private database."""
-    frontend, backend, monitor = free_tcp_ports(3)
+    frontend, backend, monitor, mdp = free_tcp_ports(4)
     return {
+        "EMQ_MDP_BIND": f"tcp://127.0.0.1:{mdp}",
         "DJANGO_SETTINGS_MODULE": "project.settings",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "EMQ_FRONTEND_BIND": f"tcp://127.0.0.1:{frontend}",

@@ -1,56 +1,63 @@
-"""The broker as a pure state machine.
+"""The broker as a pure, protocol-neutral state machine.
 
-It takes decoded commands with ``now`` (monotonic seconds) and appends the
-messages to send to ``self.out`` as ``(socket, identity, frames)``. No sockets,
-no clock, no Django: unit-testable and fuzzable on its own.
+Ports (``broker/ports/``) decode their wire and call the command methods here
+(``client_request``, ``worker_join``, ``worker_result``, ...) with typed values
+and ``now`` (monotonic seconds); the core appends typed effects
+(``broker/effects.py``) to ``self.out``, which the ports encode for their wire.
+No sockets, no clock, no Django and no protocol's bytes: unit-testable and
+fuzzable on its own. The job lifecycle (retries, dead letters, the journal) is
+an object it owns, ``self.life``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
+from emq_django.broker.effects import (
+    Acknowledge,
+    Answer,
+    Beat,
+    ClientRef,
+    Deliver,
+    Effect,
+    Forget,
+    Forward,
+    Goodbye,
+    Kill,
+    Outcome,
+    Refuse,
+)
 from emq_django.broker.lifecycle import JobLifecycle
 from emq_django.broker.state import (
     ROLE_MANAGER,
     ROLE_PLAIN,
     ROLE_SLOT,
+    BrokerConfig,
     Job,
     Peer,
     Queue,
+    show_identity,
 )
-from emq_django.broker.trace import (
-    dispatched_line,
-    enqueued_line,
-    format_line,
-    job_json,
-    succeeded_line,
-    where_fields,
-)
-from emq_django.exceptions import ProtocolError
-from emq_django.ids import IdGenerator
-from emq_django.protocol import frames as F
+from emq_django.broker.trace import JobTracer
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.frames import PROTOCOL, answerable_msgid, decode, reply_flags
+from emq_django.protocol.headers import Headers
 from emq_django.protocol.limits import (
     MAX_DELAY,
     REFUSAL_CODES,
     REFUSED_BAD_RUN_AFTER,
     REFUSED_BODY_TOO_BIG,
-    REFUSED_WRONG_PORT,
     refusal_counter,
 )
 
 log = logging.getLogger(__name__)
 
-FRONTEND = 0
-BACKEND = 1
 MAX_QUEUES = 10_000
 EVENTMQ_HEARTBEAT = 3.0  # seconds between the released EventMQ peers' heartbeats
 MAX_HELD_SCHEDULES = 10_000
+WORKER_LOST = "emq_django.exceptions.WorkerLost"
+CANCELLED = "emq_django.exceptions.Cancelled"
+CANCELLED_OUTCOME = Outcome(failed=True, error=CANCELLED)
 
 COUNTERS = (
     "received",
@@ -73,94 +80,56 @@ COUNTERS = (
     "spilled",
     "cancelled",
     "worker_lost",
+    "partials",  # partial results from workers for attempts in flight
+    "partials_forwarded",  # ... sent on to their client (one that asked for them)
+    "stale_partials",  # partial results for no attempt in flight at that peer: dropped
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
-WORKER_LOST = "emq_django.exceptions.WorkerLost"
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerConfig:
-    heartbeat_interval: float = 1.0
-    heartbeat_liveness: int = 3
-    max_pending: int = 100_000
-    max_queue_bytes: int = 256 * 1024 * 1024
-    retry_base: float = 1.0
-    retry_cap: float = 300.0
-    dedupe_window: float = 600.0
-    max_dead_letters: int = 100_000
-    max_body_bytes: int = 64 * 1024 * 1024
-
-
-class BrokerCore(JobLifecycle):
+class BrokerCore:
     def __init__(
         self,
         config: BrokerConfig,
         now: float,
-        id_prefix: bytes | None = None,
         seed: int | None = None,
+        trace: bool = False,
     ) -> None:
         self.config = config
         self.queues: dict[str, Queue] = {}
-        self.peers: dict[bytes, Peer] = {}  # backend: job managers and their slots
-        self.schedulers: dict[bytes, Peer] = {}  # frontend peers that sent INFORM
-        self.managers: dict[str, bytes] = {}  # our job managers: name -> control identity
+        self.peers: dict[Peer, None] = {}  # workers of every port, in join order
+        self.schedulers: dict[Peer, None] = {}
+        self.managers: dict[str, Peer] = {}  # our job managers: name -> control peer
         self.inflight: dict[bytes, Job] = {}  # attempt id -> job
         # attempts whose worker process is gone, held under its job manager until
         # it says how the process ended (or until this deadline)
         self.held: dict[bytes, float] = {}
         self.done_by_manager: dict[str, int] = {}  # Peer.manager -> attempts finished
-        self.held_schedules: list[list[bytes]] = []  # waiting for a scheduler
+        self.held_schedules: list[Any] = []  # schedule payloads waiting for a scheduler
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.out: list[tuple[int, bytes, list[bytes]]] = []
-        # job state changes for the trace log (formatted lines), or None when
-        # tracing is off; the server hands them to the writer (server.py)
-        self.trace: list[str] | None = None
-        self.new_id = IdGenerator(id_prefix)
+        self.out: list[Effect] = []
+        self.tracer = JobTracer() if trace else None
+        self.life = JobLifecycle(config, self.counters, self.tracer, seed)
         self.started_at = now
-        self.wall_offset = 0.0  # wall clock minus ``now``, for HEARTBEAT timestamps
+        self._wall_offset = 0.0
         self.next_heartbeat = now + config.heartbeat_interval
         self.next_expiry_check = now + config.heartbeat_interval / 4
-        self.stopping = False
-        self._error_log_budget = 100
         self.next_housekeeping = now + 60.0
-        self._init_lifecycle(seed)
+        self.stopping = False
 
-    # ---- entry points -------------------------------------------------------
+    @property
+    def wall_offset(self) -> float:
+        """Wall clock minus ``now``: for heartbeats, the journal and the trace."""
+        return self._wall_offset
 
-    def on_frontend(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
-        try:
-            cmd = decode(frames)
-            handler = _FRONTEND_HANDLERS.get(type(cmd))
-            if handler is None:
-                raise ProtocolError(
-                    f"{type(cmd).__name__} is not valid from a client", frames, REFUSED_WRONG_PORT
-                )
-            if self.schedulers:
-                scheduler = self.schedulers.get(identity)
-                if scheduler is not None:  # any command from a scheduler shows it is alive
-                    scheduler.last_seen = now
-            handler(self, identity, cmd, now)
-        except ProtocolError as exc:
-            self._protocol_error("frontend", identity, exc, frames)
+    @wall_offset.setter
+    def wall_offset(self, value: float) -> None:
+        self._wall_offset = self.life.wall_offset = value
+        if self.tracer is not None:
+            self.tracer.wall_offset = value
 
-    def on_backend(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
-        try:
-            cmd = decode(frames)
-            handler = _BACKEND_HANDLERS.get(type(cmd))
-            if handler is None:
-                raise ProtocolError(
-                    f"{type(cmd).__name__} is not valid from a worker", frames, REFUSED_WRONG_PORT
-                )
-            peer = self.peers.get(identity)
-            if peer is not None:
-                peer.last_seen = now
-            elif type(cmd) is not F.Inform:
-                self._unknown_peer(identity, cmd)
-                return
-            handler(self, identity, cmd, now)
-        except ProtocolError as exc:
-            self._protocol_error("backend", identity, exc, frames)
+    # ---- timers and shutdown -------------------------------------------------------
 
     def on_timer(self, now: float) -> None:
         if now >= self.next_heartbeat:
@@ -172,72 +141,77 @@ class BrokerCore(JobLifecycle):
             self._expire_peers(now)
             if self.held:
                 self._expire_held(now)
-        if now >= self.delayed.next_due():
-            self._release_due(now)
+        if now >= self.life.delayed.next_due():
+            for job in self.life.due(now):
+                self._route(job, self._queue(job.queue), now)
         if now >= self.next_housekeeping:
             self.next_housekeeping = now + 60.0
-            self._housekeeping(now)
+            self.life.housekeeping(now)
 
     def next_deadline(self) -> float:
         return min(
             self.next_heartbeat,
             self.next_expiry_check,
-            self.delayed.next_due(),
+            self.life.delayed.next_due(),
             self.next_housekeeping,
         )
 
-    def peer_unreachable(self, socket: int, identity: bytes, now: float) -> None:
-        """The socket refused to route to ``identity``: that peer is gone."""
-        self.counters["unroutable"] += 1
-        if socket == BACKEND and identity in self.peers:
-            log.warning("job manager %s is unreachable; dropping it", _show(identity))
-            self._drop_peer(self.peers[identity], now, "unreachable")
-        elif socket == FRONTEND:
-            self.schedulers.pop(identity, None)
-
     def begin_shutdown(self) -> None:
-        """DISCONNECT: KBYE to every peer; in-flight work may still finish."""
+        """Goodbye to every peer; in-flight work may still finish."""
         if self.stopping:
             return
         self.stopping = True
-        for identity in self.peers:
-            self.out.append((BACKEND, identity, F.Kbye(self.new_id()).encode()))
-        for identity in self.schedulers:
-            self.out.append((FRONTEND, identity, F.Kbye(self.new_id()).encode()))
+        for peer in self.peers:
+            self.out.append(Goodbye(peer))
+        for peer in self.schedulers:
+            self.out.append(Goodbye(peer))
 
     @property
     def drained(self) -> bool:
         return not self.inflight
 
-    # ---- frontend handlers --------------------------------------------------
+    # ---- clients --------------------------------------------------------------------
 
-    def _client_request(self, identity: bytes, cmd: F.Request, now: float) -> None:
+    def client_request(
+        self,
+        client: ClientRef,
+        msgid: bytes,
+        queue_name: str,
+        headers: Headers,
+        body: bytes,
+        now: float,
+        more: tuple[bytes, ...] = (),
+    ) -> None:
+        """A new job. ``client`` gets the ACK (or the refusal), and the result when
+        ``headers.reply_requested``."""
         self.counters["received"] += 1
-        queue = self.queues.get(cmd.queue)
+        queue = self.queues.get(queue_name)
         if queue is None:
-            queue = self._new_queue(identity, cmd)
-            if queue is None:
+            if len(self.queues) >= MAX_QUEUES:
+                reason = f"the broker already has {MAX_QUEUES} queues"
+                self.refuse(client, msgid, "too-many-queues", reason)
                 return
+            queue = self.queues[queue_name] = Queue(queue_name)
         if self.stopping:
-            self._refuse(identity, cmd.msgid, "shutting-down", "the broker is shutting down")
+            self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
             return
-        refusal = self._check_request(cmd, now)
+        refusal = self._check_request(headers, body, now)
         if refusal is not None:
-            self._refuse(identity, cmd.msgid, *refusal)
+            self.refuse(client, msgid, *refusal)
             return
         # the ACK goes out after the job: the worker can start a little sooner
-        self._accept(identity, cmd, queue, now)
+        self._accept(client, msgid, queue, headers, body, more, now)
 
-    def _check_request(self, cmd: F.Request, now: float) -> tuple[str, str] | None:
-        """(code, reason) if the broker refuses this REQUEST outright, else None."""
-        if len(cmd.body) > self.config.max_body_bytes:
+    def _check_request(self, headers: Headers, body: bytes, now: float) -> tuple[str, str] | None:
+        """(code, reason) if the broker refuses this job outright, else None."""
+        if len(body) > self.config.max_body_bytes:
             return (
                 REFUSED_BODY_TOO_BIG,
-                f"the body is {len(cmd.body)} bytes; the most is {self.config.max_body_bytes} "
+                f"the body is {len(body)} bytes; the most is {self.config.max_body_bytes} "
                 "(EMQ_MAX_BODY_BYTES): pass large data by reference (a path, a key)",
             )
-        run_after = cmd.headers.run_after
-        if run_after and run_after - (now + self.wall_offset) > MAX_DELAY:
+        run_after = headers.run_after
+        if run_after and run_after - (now + self._wall_offset) > MAX_DELAY:
             return (
                 REFUSED_BAD_RUN_AFTER,
                 f"run-after {run_after:.0f} is more than {MAX_DELAY:.0f} s ahead; "
@@ -245,160 +219,239 @@ class BrokerCore(JobLifecycle):
             )
         return None
 
-    def _new_queue(self, identity: bytes, cmd: F.Request) -> Queue | None:
-        if len(self.queues) >= MAX_QUEUES:
-            self._refuse(
-                identity,
-                cmd.msgid,
-                "too-many-queues",
-                f"the broker already has {MAX_QUEUES} queues",
-            )
-            return None
-        queue = self.queues[cmd.queue] = Queue(cmd.queue)
-        return queue
+    def _accept(
+        self,
+        client: ClientRef,
+        msgid: bytes,
+        queue: Queue,
+        headers: Headers,
+        body: bytes,
+        more: tuple[bytes, ...],
+        now: float,
+    ) -> None:
+        """De-duplicate, journal, delay or spill, then route; then ACK."""
+        life = self.life
+        if life.known(msgid):
+            self.counters["duplicates"] += 1
+            self._ack(client, msgid)  # ACK again: the client did not get the first
+            return
+        guaranteed = headers.guarantee and life.journal_ops is not None
+        over = self._over_bound(queue)
+        if over and not guaranteed and not headers.run_after:
+            self._refuse_full(client, msgid, queue)
+            return
+        job = Job(
+            msgid, queue.name, headers, body, client if headers.reply_requested else None, now
+        )
+        if more:
+            job.more = more
+        job.enqueued_wall = now + self._wall_offset
+        if self.tracer is not None:
+            self.tracer.enqueued(job, now)
+        ready_now = not headers.run_after or headers.run_after - self._wall_offset <= now
+        spill = guaranteed and (over or queue.spilled > 0) and ready_now
+        run_at = life.keep(job, queue.name, now, spill)
+        if spill:
+            queue.spilled += 1
+        elif run_at <= now:
+            self._route(job, queue, now)
+        self._ack(client, msgid)
 
-    def _client_schedule(self, identity: bytes, cmd: F.Schedule, now: float) -> None:
-        self._ack(FRONTEND, identity, cmd.msgid)
-        frames = cmd.encode()
+    def _over_bound(self, queue: Queue) -> bool:
+        return (
+            len(queue.pending) >= self.config.max_pending
+            or queue.pending_bytes >= self.config.max_queue_bytes
+        )
+
+    def _refuse_full(self, client: ClientRef, msgid: bytes, queue: Queue) -> None:
+        self.refuse(
+            client,
+            msgid,
+            "queue-full",
+            f"queue {queue.name!r} is full ({len(queue.pending)} jobs, "
+            f"{queue.pending_bytes} bytes waiting; none of {len(queue.servers)} job managers "
+            "has a free slot); send it again later, or as guaranteed to wait on disk",
+        )
+
+    def client_schedule(self, client: ClientRef, msgid: bytes, payload: Any, now: float) -> None:
+        """A schedule command for the schedulers (SCHEDULE/UNSCHEDULE), passed on as is."""
+        self._ack(client, msgid)
         if not self.schedulers:
             if len(self.held_schedules) < MAX_HELD_SCHEDULES:
-                self.held_schedules.append(frames)
+                self.held_schedules.append(payload)
             else:
                 log.warning(
                     "no scheduler connected and %d schedules held; dropping %s",
                     MAX_HELD_SCHEDULES,
-                    _show(cmd.msgid),
+                    show_identity(msgid),
                 )
             return
-        for sched in self.schedulers:
-            self.out.append((FRONTEND, sched, frames))
+        for scheduler in self.schedulers:
+            self.out.append(Forward(scheduler, payload))
         self.counters["schedules_forwarded"] += 1
 
-    def _client_publish(self, identity: bytes, cmd: F.Publish, now: float) -> None:
-        self._ack(FRONTEND, identity, cmd.msgid)
+    def client_publish(self, client: ClientRef, msgid: bytes, now: float) -> None:
+        self._ack(client, msgid)
         self.counters["published"] += 1
 
-    def _frontend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
-        if cmd.peer_type != F.PEER_SCHEDULER:
-            raise ProtocolError(
-                "only schedulers INFORM on the client port; job managers use the worker port",
-                [],
-                REFUSED_WRONG_PORT,
-            )
-        self.schedulers[identity] = Peer(
-            identity, cmd.peer_type, (), now, cmd.meta, connected_at=now
-        )
-        log.info("scheduler %s connected", _show(identity))
-        self._ack(FRONTEND, identity, cmd.msgid)
-        self.out.append((FRONTEND, identity, self._heartbeat(now)))
+    # ---- schedulers -----------------------------------------------------------------
+
+    def scheduler_join(self, peer: Peer, client: ClientRef, msgid: bytes, now: float) -> None:
+        self.schedulers[peer] = None
+        log.info("scheduler %s connected", show_identity(peer.identity))
+        self._ack(client, msgid)
+        self.out.append(Beat(peer, now + self._wall_offset))
         held, self.held_schedules = self.held_schedules, []
-        for frames in held:
-            self.out.append((FRONTEND, identity, frames))
+        for payload in held:
+            self.out.append(Forward(peer, payload))
 
-    def _frontend_heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
-        peer = self.schedulers.get(identity)
-        if peer is not None:
-            peer.last_seen = now
+    def scheduler_leave(self, peer: Peer, now: float, answer: bool) -> None:
+        """A scheduler said goodbye; ``answer``: with a goodbye of ours."""
+        if self.schedulers.pop(peer, None) is not None:
+            log.info("scheduler %s said goodbye", show_identity(peer.identity))
+            peer.gone = True
+            if answer:
+                self.out.append(Goodbye(peer))
+            self.out.append(Forget(peer))
 
-    def _frontend_disconnect(self, identity: bytes, cmd: F.Command, now: float) -> None:
-        if self.schedulers.pop(identity, None) is not None:
-            log.info("scheduler %s said goodbye", _show(identity))
-            if isinstance(cmd, F.Disconnect):
-                self.out.append((FRONTEND, identity, F.Kbye(self.new_id()).encode()))
+    # ---- workers --------------------------------------------------------------------
 
-    def _frontend_ignore(self, identity: bytes, cmd: F.Command, now: float) -> None:
-        pass
-
-    # ---- backend handlers ---------------------------------------------------
-
-    def _backend_inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
-        if cmd.peer_type != F.PEER_WORKER:
-            raise ProtocolError(
-                "schedulers INFORM on the client port, not the worker port", [], REFUSED_WRONG_PORT
-            )
-        old = self.peers.get(identity)
-        if old is not None:
-            self._drop_peer(old, now, "sent INFORM again")
-        queues = cmd.queues or ((10, "default"),)
-        peer = Peer(identity, cmd.peer_type, queues, now, cmd.meta, connected_at=now)
-        self.peers[identity] = peer
+    def worker_join(
+        self, peer: Peer, now: float, client: ClientRef | None = None, msgid: bytes = b""
+    ) -> None:
+        """A new worker (``peer``, made by its port with its queues and meta); ``client``
+        and ``msgid``: where the join is acknowledged, when the protocol does that."""
+        self.peers[peer] = None
+        peer.last_seen = peer.connected_at = now
         if peer.role == ROLE_MANAGER and peer.manager:
-            self.managers[peer.manager] = identity
-        for weight, name in queues:
-            queue = self.queues.get(name) or self.queues.setdefault(name, Queue(name))
-            queue.add_server(identity, weight)
+            self.managers[peer.manager] = peer
+        for weight, name in peer.queues:
+            self._queue(name).add_server(peer, weight)
         if peer.role != ROLE_SLOT:
             log.info(
                 "job manager %s connected: queues %s, %s",
-                _show(identity),
-                ",".join(f"{n}:{w}" for w, n in queues),
-                _describe(cmd.meta),
+                show_identity(peer.identity),
+                ",".join(f"{n}:{w}" for w, n in peer.queues),
+                _describe(peer.meta),
             )
-        self._ack(BACKEND, identity, cmd.msgid)
-        self.out.append((BACKEND, identity, self._heartbeat(now)))
+        if client is not None:
+            self._ack(client, msgid)
+        self.out.append(Beat(peer, now + self._wall_offset))
 
-    def _backend_ready(self, identity: bytes, cmd: F.Ready, now: float) -> None:
-        self._credit(self.peers[identity], now)
+    def worker_ready(self, peer: Peer, now: float) -> None:
+        """One more job may go to ``peer`` (a READY)."""
+        self._credit(peer, now)
 
-    def _backend_reply(self, identity: bytes, cmd: F.Reply, now: float) -> None:
-        peer = self.peers[identity]
-        failed, ready = reply_flags(cmd.status)
-        job = self.inflight.get(cmd.request_msgid)
+    def worker_result(
+        self,
+        peer: Peer,
+        attempt_id: bytes,
+        outcome: Outcome,
+        body: bytes,
+        now: float,
+        more: tuple[bytes, ...] = (),
+    ) -> None:
+        """How the attempt ``attempt_id`` ended, from ``peer``."""
+        job = self.inflight.get(attempt_id)
         if job is None or not self._may_answer(peer, job):
             self.counters["stale_replies"] += 1
-        elif failed and F.FLAG_REQUEUE in cmd.status.split(b","):
+        elif outcome.requeue:
             # a worker process that is going away gives back a job it never started
-            del self.inflight[cmd.request_msgid]
+            del self.inflight[attempt_id]
             self._release(job)
             self._requeue(job, now)
         else:
-            del self.inflight[cmd.request_msgid]
-            self.held.pop(cmd.request_msgid, None)
+            del self.inflight[attempt_id]
+            self.held.pop(attempt_id, None)
             owner = self._finish(job, now)
-            lost = F.reply_lost(cmd.status) if failed else None
-            if lost is not None:
+            if outcome.lost is not None:
                 self.counters["worker_lost"] += 1
-            final = self._settle(job, failed, cmd.status, now)
+            final = self.life.settle(job, outcome, now)
             if (
-                lost is not None
+                outcome.lost is not None
                 and owner is not None
-                and owner.identity != identity
+                and owner is not peer
                 and owner.role == ROLE_SLOT
             ):
                 # its job manager says the process is gone: the slot's other jobs
                 # never started, and go back to their queue without counting
                 self._drop_peer(owner, now, "lost its worker process", verdict=True)
             if final:
-                self._answer_client(job, cmd.body, cmd.status, failed)
-        if ready:
+                self._answer(job, body, outcome, more)
+        if outcome.ready:
             self._credit(peer, now)
 
-    def _answer_client(self, job: Job, body: bytes, status: bytes, failed: bool) -> None:
-        if job.client is None:
+    def worker_partial(
+        self,
+        peer: Peer,
+        attempt_id: bytes,
+        body: bytes,
+        now: float,
+        more: tuple[bytes, ...] = (),
+        seq: int = 0,
+    ) -> None:
+        """A partial result of a running attempt (number ``seq`` of it, when the
+        worker counts them): counted on the job (its trace line says how many), and
+        on to its client at once if that client asked for partials (eMQP: header
+        ``stream``, which only our client sends) or its protocol has them."""
+        job = self.inflight.get(attempt_id)
+        if job is None or not self._may_answer(peer, job):
+            self.counters["stale_partials"] += 1
             return
-        if failed and job.cancelled:
-            body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
-            status = b"failed,error:" + CANCELLED.encode()
-        self.out.append(
-            (FRONTEND, job.client, [b"", PROTOCOL, F.REPLY, self.new_id(), body, job.id, status])
-        )
+        job.partials += 1
+        self.counters["partials"] += 1
+        client = job.client
+        if client is not None and (job.headers.stream or client.port.always_streams):
+            self.counters["partials_forwarded"] += 1
+            self.out.append(
+                Answer(client, job, body, _PARTIAL, more, final=False, seq=seq or job.partials)
+            )
 
-    def _backend_heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
-        pass  # last_seen is updated for every command
-
-    def _backend_disconnect(self, identity: bytes, cmd: F.Disconnect, now: float) -> None:
-        peer = self.peers[identity]
+    def worker_disconnect(self, peer: Peer, now: float) -> None:
+        """``peer`` wants no more jobs; the ones it has still count."""
         peer.draining = True
         self._set_credit(peer, 0)
-        self.out.append((BACKEND, identity, F.Kbye(self.new_id()).encode()))
+        self.out.append(Goodbye(peer))
         if not peer.inflight:
             self._drop_peer(peer, now, "said goodbye")
 
-    def _backend_kbye(self, identity: bytes, cmd: F.Kbye, now: float) -> None:
-        # a goodbye with jobs in flight gives them back: they go to their queue uncounted
-        self._drop_peer(self.peers[identity], now, "said KBYE", verdict=True)
+    def worker_gone(self, peer: Peer, now: float, why: str, verdict: bool = False) -> None:
+        """``peer`` is gone (its goodbye, its socket, its silence). ``verdict``: its
+        in-flight jobs never started, and go back to their queue uncounted."""
+        self._drop_peer(peer, now, why, verdict=verdict)
 
-    # ---- dispatch -----------------------------------------------------------
+    def peer_unreachable(self, peer: Peer, now: float) -> None:
+        """The port could not route to ``peer``: it is gone."""
+        self.counters["unroutable"] += 1
+        if peer in self.peers:
+            log.warning("job manager %s is unreachable; dropping it", show_identity(peer.identity))
+            self._drop_peer(peer, now, "unreachable")
+        elif self.schedulers.pop(peer, None) is not None:
+            peer.gone = True
+            self.out.append(Forget(peer))
+
+    def unknown_worker(self, replied: bool) -> None:
+        # A job manager from before a broker restart, or one dropped as silent. No
+        # answer: it hears no heartbeats from us and joins again.
+        self.counters["unknown_peer"] += 1
+        if replied:
+            self.counters["stale_replies"] += 1
+
+    # ---- dispatch -------------------------------------------------------------------
+
+    def _queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = Queue(name)
+        return queue
+
+    def _route(self, job: Job, queue: Queue, now: float) -> None:
+        """Dispatch ``job`` to the best ready worker, or let it wait."""
+        target = None if queue.pending or self.stopping else queue.pick()
+        if target is not None:
+            self._dispatch(job, queue, target, now)
+        else:
+            queue.push(job)
 
     def _credit(self, peer: Peer, now: float) -> None:
         if peer.draining or self.stopping:
@@ -418,10 +471,13 @@ class BrokerCore(JobLifecycle):
         was, peer.credit = peer.credit, credit
         if was and not credit:
             for weight, name in peer.queues:
-                self.queues[name].unready(peer.identity, weight)
+                self.queues[name].unready(peer, weight)
         elif credit and not was:
             for weight, name in peer.queues:
-                self.queues[name].ready(peer.identity, weight)
+                self.queues[name].ready(peer, weight)
+
+    def _check_spill(self, queue: Queue) -> None:
+        self.life.check_spill(queue.name, len(queue.pending), queue.pending_bytes, queue.spilled)
 
     def _dispatch(
         self, job: Job, queue: Queue, peer: Peer, now: float, returning: bool = False
@@ -430,35 +486,22 @@ class BrokerCore(JobLifecycle):
         given back by this very dispatch, so it is not taken."""
         job.attempt += 1
         job.attempt_id = job.id + b"#%d" % job.attempt
-        job.peer = peer.identity
+        job.peer = peer
         job.manager = peer.manager
         job.dispatched_at = now
-        if self.trace is not None:
-            self._trace_dispatched(job, now, peer)
+        job.partials = 0  # counted per attempt
+        if self.tracer is not None:
+            self.tracer.dispatched(job, now, peer)
         self.inflight[job.attempt_id] = job
         peer.inflight[job.attempt_id] = None
         queue.in_flight += 1
         if not returning:
             self._set_credit(peer, peer.credit - 1)
         self.counters["dispatched"] += 1
-        self.out.append(
-            (
-                BACKEND,
-                peer.identity,
-                [
-                    b"",
-                    PROTOCOL,
-                    F.REQUEST,
-                    job.attempt_id,
-                    queue.name.encode(),
-                    _reply_always(job.headers.raw),
-                    job.body,
-                ],
-            )
-        )
+        self.out.append(Deliver(peer, job))
 
     def _may_answer(self, peer: Peer, job: Job) -> bool:
-        if job.peer == peer.identity:
+        if job.peer is peer:
             return True
         # our job manager answers for a slot whose process it had to kill, and a
         # slot that connected again answers under its new identity
@@ -467,7 +510,7 @@ class BrokerCore(JobLifecycle):
     def _release(self, job: Job) -> Peer | None:
         """The attempt is no longer in flight at its peer; returns that peer."""
         self.queues[job.queue].in_flight -= 1
-        owner = self.peers.get(job.peer) if job.peer else None
+        owner = job.peer
         if owner is not None:
             owner.inflight.pop(job.attempt_id, None)
         return owner
@@ -486,33 +529,49 @@ class BrokerCore(JobLifecycle):
     def _requeue(self, job: Job, now: float, lost_from: Peer | None = None) -> None:
         """Back to the front of its queue, not counted as an attempt: it never started.
         The caller has released it (``in_flight``) already."""
-        if self.trace is not None:
-            self._trace("requeued", job, now, "PeerLost", peer=lost_from)
+        if self.tracer is not None:
+            self.tracer.event("requeued", job, now, "PeerLost", peer=lost_from)
         queue = self.queues[job.queue]
         self.counters["requeued"] += 1
         job.peer = None
         target = None if queue.pending else queue.pick()
         if target is not None and not self.stopping:
-            self._dispatch(job, queue, self.peers[target], now)
+            self._dispatch(job, queue, target, now)
         else:
             queue.push_front(job)
+
+    def _answer(
+        self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...] = ()
+    ) -> None:
+        """The job's final outcome, to its client if one waits."""
+        if job.client is None:
+            return
+        if outcome.failed and job.cancelled:
+            body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
+            outcome, more = CANCELLED_OUTCOME, ()
+        self.out.append(Answer(job.client, job, body, outcome, more))
+
+    # ---- peers going away -------------------------------------------------------------
 
     def _drop_peer(self, peer: Peer, now: float, why: str, verdict: bool = False) -> None:
         """Forget ``peer``. Its in-flight attempts: a slot runs the first and has not
         started the others, which go back to their queue uncounted; the running one
         ended with its process (an attempt that failed: ``_lost``), or waits for its
         job manager's word on how (``verdict``: it came already)."""
-        if self.peers.pop(peer.identity, None) is None:
+        if peer not in self.peers:
             return
+        del self.peers[peer]
+        peer.gone = True
+        self.out.append(Forget(peer))
         for weight, name in peer.queues:
             queue = self.queues[name]
-            queue.remove_server(peer.identity)
-            queue.unready(peer.identity, weight)
+            queue.remove_server(peer)
+            queue.unready(peer, weight)
         orphans: list[Peer] = []
-        if peer.role == ROLE_MANAGER and self.managers.get(peer.manager or "") == peer.identity:
+        if peer.role == ROLE_MANAGER and self.managers.get(peer.manager or "") is peer:
             del self.managers[peer.manager or ""]
             # its worker processes die with it (PDEATHSIG): do not wait for them to expire
-            orphans = [p for p in self.peers.values() if p.manager == peer.manager]
+            orphans = [p for p in self.peers if p.manager == peer.manager]
             for orphan in orphans:
                 self._set_credit(orphan, 0)  # so that nothing is requeued onto them
         lost = [self.inflight.pop(a) for a in peer.inflight if a in self.inflight]
@@ -526,7 +585,7 @@ class BrokerCore(JobLifecycle):
         if peer.role != ROLE_SLOT or lost:
             log.info(
                 "job manager %s %s; %d jobs were running, %d go back to their queue",
-                _show(peer.identity),
+                show_identity(peer.identity),
                 why,
                 len(running),
                 len(unstarted),
@@ -545,9 +604,9 @@ class BrokerCore(JobLifecycle):
         """``job`` was running on ``peer``, which is gone. While its job manager
         lives, the attempt waits for its word (the exit code, the signal); else it
         ends now as a failed attempt."""
-        manager = self.peers.get(self.managers.get(peer.manager or "", b""))
+        manager = self.managers.get(peer.manager or "")
         if peer.role == ROLE_SLOT and manager is not None and manager is not peer:
-            job.peer = manager.identity
+            job.peer = manager
             manager.inflight[job.attempt_id] = None
             self.inflight[job.attempt_id] = job
             self.held[job.attempt_id] = now + self.config.heartbeat_interval * (
@@ -567,16 +626,16 @@ class BrokerCore(JobLifecycle):
         if job.manager is not None:
             self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
         self.counters["worker_lost"] += 1
-        log.warning("job %s: %s mid-job", _show(job.id), detail)
-        status = F.lost_status(WORKER_LOST, detail)
-        if self._settle(job, True, status, now):
+        log.warning("job %s: %s mid-job", show_identity(job.id), detail)
+        outcome = Outcome(failed=True, error=WORKER_LOST, lost=detail)
+        if self.life.settle(job, outcome, now):
             body = encode_failure(WORKER_LOST, f"the job's {detail} mid-job", "")
-            self._answer_client(job, body, status, True)
+            self._answer(job, body, outcome)
 
     def _kill_attempt(self, job: Job) -> bool:
-        """Ask the job manager running ``job`` to kill its worker process (KILL, an
-        extension only our job managers get). False when that cannot be done."""
-        owner = self.peers.get(job.peer) if job.peer else None
+        """Ask the job manager running ``job`` to kill its worker process (an effect
+        only our job managers get). False when that cannot be done."""
+        owner = job.peer
         if owner is None or owner.role == ROLE_PLAIN:
             return False
         if job.attempt_id in self.held:
@@ -584,7 +643,7 @@ class BrokerCore(JobLifecycle):
         control = self.managers.get(owner.manager or "")
         if control is None:
             return False
-        self.out.append((BACKEND, control, F.Kill(self.new_id(), job.attempt_id).encode()))
+        self.out.append(Kill(control, job.attempt_id))
         return True
 
     def _expire_held(self, now: float) -> None:
@@ -593,18 +652,18 @@ class BrokerCore(JobLifecycle):
             job = self.inflight.pop(attempt_id, None)
             if job is None:
                 continue
-            owner = self.peers.get(job.peer) if job.peer else None
-            if owner is not None:
-                owner.inflight.pop(attempt_id, None)
+            if job.peer is not None:
+                job.peer.inflight.pop(attempt_id, None)
             self._lost(job, now, "worker process lost (its job manager did not say how)")
 
-    # ---- heartbeats ---------------------------------------------------------
+    # ---- heartbeats -------------------------------------------------------------------
 
     def _send_heartbeats(self, now: float) -> None:
-        for identity in self.peers:
-            self.out.append((BACKEND, identity, self._heartbeat(now)))
-        for identity in self.schedulers:
-            self.out.append((FRONTEND, identity, self._heartbeat(now)))
+        wall = now + self._wall_offset
+        for peer in self.peers:
+            self.out.append(Beat(peer, wall))
+        for peer in self.schedulers:
+            self.out.append(Beat(peer, wall))
 
     def _expire_peers(self, now: float) -> None:
         limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
@@ -612,12 +671,12 @@ class BrokerCore(JobLifecycle):
         plain_limit = max(limit, EVENTMQ_HEARTBEAT * self.config.heartbeat_liveness + 1)
         expired = [
             p
-            for p in self.peers.values()
+            for p in self.peers
             if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit)
         ]
         expired.sort(key=lambda p: p.role == ROLE_SLOT)  # managers first: they vouch for slots
         for peer in expired:
-            if peer.identity not in self.peers:
+            if peer not in self.peers:
                 continue  # went with its job manager
             if (
                 peer.role == ROLE_SLOT
@@ -626,203 +685,151 @@ class BrokerCore(JobLifecycle):
                 and peer.manager in self.managers
             ):
                 continue  # busy running a job; its job manager vouches for it
+            if peer.inflight and peer.meta.get("silent_when_busy"):
+                continue  # silent while it works; a dead one is unroutable to heartbeats
             self.counters["peers_expired"] += 1
             self._drop_peer(peer, now, f"missed {self.config.heartbeat_liveness} heartbeats")
-        for identity in [i for i, p in self.schedulers.items() if now - p.last_seen > limit]:
-            log.info("scheduler %s missed heartbeats; dropping it", _show(identity))
-            del self.schedulers[identity]
+        for peer in [p for p in self.schedulers if now - p.last_seen > limit]:
+            log.info("scheduler %s missed heartbeats; dropping it", show_identity(peer.identity))
+            del self.schedulers[peer]
+            peer.gone = True
+            self.out.append(Forget(peer))
 
-    # ---- helpers ------------------------------------------------------------
+    # ---- answers ----------------------------------------------------------------------
 
-    def _trace(
-        self,
-        event: str,
-        job: Job,
-        now: float,
-        error: str = "",
-        peer: Peer | None = None,
-        extra: float = 0.0,
-    ) -> None:
-        """Any trace line. The three every job has go through the faster
-        ``_trace_enqueued``, ``_trace_dispatched`` and ``_trace_succeeded``.
-        Lines are formatted now, not when written: a loop turn that writes
-        thousands of events at once would keep the broker from its sockets."""
-        assert self.trace is not None
-        if peer is None and job.peer is not None:
-            peer = self.peers.get(job.peer)
-        where = where_fields(job.headers.task, job.queue, self._trace_name(peer))
-        self.trace.append(
-            format_line(
-                event,
-                now,
-                self.wall_offset,
-                job.trace_id or self._trace_id(job),
-                job.attempt,
-                where,
-                error,
-                job.enqueued_at,
-                job.dispatched_at,
-                extra,
-            )
-        )
-
-    def _trace_enqueued(self, job: Job, now: float) -> None:
-        assert self.trace is not None
-        self.trace.append(
-            enqueued_line(
-                now + self.wall_offset,
-                self._trace_id(job),
-                job.attempt,
-                where_fields(job.headers.task, job.queue, ""),
-            )
-        )
-
-    def _trace_dispatched(self, job: Job, now: float, peer: Peer) -> None:
-        assert self.trace is not None
-        job.trace_where = where_fields(job.headers.task, job.queue, self._trace_name(peer))
-        self.trace.append(
-            dispatched_line(
-                now + self.wall_offset,
-                job.trace_id or self._trace_id(job),
-                job.attempt,
-                job.trace_where,
-                now - job.enqueued_at,
-            )
-        )
-
-    def _trace_succeeded(self, job: Job, now: float) -> None:
-        """Its job manager is the one it was dispatched to (``trace_where``)."""
-        assert self.trace is not None
-        if not job.trace_where:  # never dispatched here (no such job yet)
-            self._trace("succeeded", job, now)
-            return
-        self.trace.append(
-            succeeded_line(
-                now + self.wall_offset,
-                job.trace_id or self._trace_id(job),
-                job.attempt,
-                job.trace_where,
-                now - job.dispatched_at,
-                now - job.enqueued_at,
-            )
-        )
-
-    @staticmethod
-    def _trace_id(job: Job) -> str:
-        job.trace_id = job_json(job.id)
-        return job.trace_id
-
-    @staticmethod
-    def _trace_name(peer: Peer | None) -> str:
-        """A peer's ``jm`` in the trace: its job manager's name, or its identity."""
-        if peer is None:
-            return ""
-        if peer.trace_name is None:
-            peer.trace_name = peer.manager_name or _show(peer.identity)
-        return peer.trace_name
-
-    def _heartbeat(self, now: float) -> list[bytes]:
-        return [b"", PROTOCOL, F.HEARTBEAT, self.new_id(), b"%.6f" % (now + self.wall_offset)]
-
-    def _ack(self, socket: int, identity: bytes, msgid: bytes) -> None:
+    def _ack(self, client: ClientRef, msgid: bytes) -> None:
         self.counters["acked"] += 1
-        self.out.append((socket, identity, [b"", PROTOCOL, F.ACK, self.new_id(), msgid]))
+        self.out.append(Acknowledge(client, msgid))
 
-    def _refuse(
-        self, identity: bytes, msgid: bytes, code: str, reason: str, socket: int = FRONTEND
+    def refuse(
+        self, client: ClientRef, msgid: bytes, code: str, reason: str, quiet: bool = False
     ) -> None:
+        """Refuse the command ``msgid``: an answer with the reason, counted by code.
+        ``quiet``: the caller logs it (malformed messages, within a budget)."""
         self.count_refusal(code)
-        log.warning("refused %s: %s", _show(msgid), reason)
-        self.out.append((socket, identity, F.Error(self.new_id(), msgid, reason, code).encode()))
+        if not quiet:
+            log.warning("refused %s: %s", show_identity(msgid), reason)
+        self.out.append(Refuse(client, msgid, code, reason))
 
     def count_refusal(self, code: str, n: int = 1) -> None:
-        """Count ``n`` refusals with ERROR code ``code`` (also those the server makes)."""
+        """Count ``n`` refusals with code ``code`` (also those the server makes)."""
         self.counters["refused"] += n
         name = refusal_counter(code)
         self.counters[name] = self.counters.get(name, 0) + n
 
-    def _unknown_peer(self, identity: bytes, cmd: F.Command) -> None:
-        # A job manager from before a broker restart, or one dropped as silent. No
-        # answer: it hears no heartbeats from us and INFORMs again (ours after
-        # liveness intervals, EventMQ's after 15 s). EventMQ's ignores KBYE, and
-        # any message would reset its reconnect timer.
-        self.counters["unknown_peer"] += 1
-        if isinstance(cmd, F.Reply):
-            self.counters["stale_replies"] += 1
+    # ---- the journal ------------------------------------------------------------------
 
-    def _protocol_error(
-        self, where: str, identity: bytes, exc: ProtocolError, frames: Sequence[bytes] = ()
-    ) -> None:
-        """A message ``decode()`` or a handler refused: answer it with an ERROR when
-        it names a msgid its sender waits on, else drop it. Counted either way, and
-        logged (the first 100, then every 10,000th: a flood must not flood the log)."""
-        self.counters["protocol_errors"] += 1
-        n = self.counters["protocol_errors"]
-        msgid = answerable_msgid(frames, where)
-        if msgid is not None:
-            reason = exc.reason[:1024]
-            self.count_refusal(exc.code)
-            socket = FRONTEND if where == "frontend" else BACKEND
-            self.out.append(
-                (socket, identity, F.Error(self.new_id(), msgid, reason, exc.code).encode())
-            )
+    def restore(self, stored: list[Any], now: float) -> dict[str, int]:
+        """Reload the journal at start-up. Returns counts by state."""
+        counts, ready, spilled = self.life.restore(stored, now)
+        for job in ready:
+            self._queue(job.queue).push(job)
+        for name, n in spilled.items():
+            self._queue(name).spilled += n
+        for queue in self.queues.values():
+            self._check_spill(queue)
+        return counts
+
+    def restore_spilled(self, queue_name: str, stored: list[Any], now: float) -> None:
+        queue = self.queues[queue_name]
+        jobs = self.life.restore_spilled(stored, now)
+        queue.spilled -= len(jobs)
+        for job in jobs:
+            self._route(job, queue, now)
+        self._check_spill(queue)  # more on disk, and nothing waiting in memory: go on
+
+    def unsave(self, job_ids: set[bytes], now: float) -> None:
+        """The journal could not save these new jobs: forget them entirely, as if
+        never received. What this turn queued for them changes too: their ACK
+        becomes a refusal, their delivery is taken back (the server passes the
+        reason with ``refuse_unsaved``)."""
+        for job_id in job_ids:
+            job = self.life.jobs.get(job_id)
+            spilled_to = self.life.forget_unsaved(job_id)
+            if spilled_to is not None:
+                self.queues[spilled_to].spilled -= 1
+                continue
+            if job is None:
+                continue
+            queue = self.queues[job.queue]
+            if job.attempt_id in self.inflight:  # dispatched in this very turn: take it back
+                del self.inflight[job.attempt_id]
+                queue.in_flight -= 1
+                peer = job.peer
+                if peer is not None:
+                    peer.inflight.pop(job.attempt_id, None)
+                    self._credit(peer, now)
+            elif job in queue.pending:
+                queue.pending.remove(job)
+                queue.pending_bytes -= len(job.body)
+        self.life.unsave_ops(job_ids)
+
+    def refuse_unsaved(self, job_ids: set[bytes], reason: str, code: str) -> int:
+        """Turn this turn's ACKs of ``job_ids`` into refusals and drop their
+        deliveries; returns how many were refused."""
+        refused = 0
+        kept: list[Effect] = []
+        for effect in self.out:
+            if type(effect) is Deliver and effect.job.id in job_ids:
+                continue
+            if type(effect) is Acknowledge and effect.msgid in job_ids:
+                effect = Refuse(effect.client, effect.msgid, code, f"not saved: {reason}")
+                refused += 1
+            kept.append(effect)
+        self.out = kept
+        if refused:
+            self.count_refusal(code, refused)
+        return refused
+
+    # ---- cancelling (the monitor's CANCEL command) -------------------------------------
+
+    def cancel(self, job_id: bytes, now: float) -> str:
+        """Cancel a job. One that has not started (waiting, delayed, dead): gone,
+        ``cancelled``. One running on our job manager: its worker process is killed
+        and the job ends as cancelled, ``stopping``. One running on an EventMQ job
+        manager cannot be stopped but will not be retried: ``running``. Else
+        ``unknown``."""
+        spilled_to = self.life.cancel_spilled(job_id, now)
+        if spilled_to is not None:
+            self.queues[spilled_to].spilled -= 1
+            return "cancelled"
+        job = self.life.jobs.get(job_id)
+        if job is None:
+            return "unknown"
+        if job.attempt_id in self.inflight and job.peer is not None:
+            job.cancelled = True
+            return "stopping" if self._kill_attempt(job) else "running"
+        queue = self.queues[job.queue]
+        waiting = True
+        if job in queue.pending:
+            queue.pending.remove(job)
+            queue.pending_bytes -= len(job.body)
         else:
-            self.counters["dropped_malformed"] += 1
-        if self._error_log_budget > 0 or n % 10_000 == 0:
-            self._error_log_budget -= 1
-            log.warning(
-                "%s a malformed message on the %s port from %s: %s (%d so far)",
-                "refused" if msgid is not None else "dropped",
-                where,
-                _show(identity),
-                exc,
-                n,
-            )
+            waiting = self.life.take_held(job_id)
+        job.cancelled = True
+        self.life.end_cancelled(job, now)
+        if waiting:
+            self._answer(job, b"", CANCELLED_OUTCOME)  # its get() raises Cancelled
+        return "cancelled"
+
+    # ---- dead letters (the monitor's commands) -----------------------------------------
+
+    def dead_letters(self, limit: int = 1000) -> list[dict[str, Any]]:
+        return self.life.dead_letters(limit)
+
+    def requeue_dead(self, job_ids: list[bytes] | None, now: float) -> int:
+        """Run these dead letters again (all when None), with their retries reset."""
+        jobs = self.life.requeue_dead(job_ids, now)
+        for job in jobs:
+            self._route(job, self._queue(job.queue), now)
+        return len(jobs)
+
+    def purge_dead(self, job_ids: list[bytes] | None, now: float) -> int:
+        return self.life.purge_dead(job_ids, now)
 
 
-@lru_cache(maxsize=1024)
-def _reply_always(raw: bytes) -> bytes:
-    """Headers as sent to a job manager: always ask for the REPLY.
-
-    EventMQ's job manager sends no REPLY without ``reply-requested``, and the
-    broker needs one to know the job finished; it forwards the REPLY to the
-    client only when the client asked for it.
-    """
-    flags = raw.split(b",") if raw else []
-    return raw if b"reply-requested" in flags else b",".join([b"reply-requested", *flags])
-
-
-CANCELLED = "emq_django.exceptions.Cancelled"
-
-
-def _show(identity: bytes) -> str:
-    if identity.isascii() and identity.isalnum() or identity[:1].isalpha():
-        return identity.decode("ascii", "replace")
-    return identity.hex()
+_PARTIAL = Outcome(failed=False)
 
 
 def _describe(meta: dict[str, object]) -> str:
     return " ".join(f"{k}={meta[k]}" for k in ("host", "pid", "concurrency") if k in meta)
-
-
-_Handler = Callable[[BrokerCore, bytes, Any, float], None]
-_FRONTEND_HANDLERS: dict[type, _Handler] = {
-    F.Request: BrokerCore._client_request,
-    F.Schedule: BrokerCore._client_schedule,
-    F.Unschedule: BrokerCore._client_schedule,
-    F.Publish: BrokerCore._client_publish,
-    F.Inform: BrokerCore._frontend_inform,
-    F.Heartbeat: BrokerCore._frontend_heartbeat,
-    F.Disconnect: BrokerCore._frontend_disconnect,
-    F.Kbye: BrokerCore._frontend_disconnect,
-    F.Ack: BrokerCore._frontend_ignore,
-}
-_BACKEND_HANDLERS: dict[type, _Handler] = {
-    F.Inform: BrokerCore._backend_inform,
-    F.Ready: BrokerCore._backend_ready,
-    F.Reply: BrokerCore._backend_reply,
-    F.Heartbeat: BrokerCore._backend_heartbeat,
-    F.Disconnect: BrokerCore._backend_disconnect,
-    F.Kbye: BrokerCore._backend_kbye,
-    F.Ack: BrokerCore._frontend_ignore,
-}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from emq_django.broker.core import BrokerCore
 from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer
+
+if TYPE_CHECKING:
+    from emq_django.broker.core import BrokerCore
 
 
 def _show(identity: bytes) -> str:
@@ -30,7 +32,7 @@ def _group_name(peer: Peer) -> str:
 def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, Any]]:
     """One entry per job manager: ours (a control peer plus slot peers) or EventMQ's."""
     groups: dict[str, dict[str, Any]] = {}
-    for peer in core.peers.values():
+    for peer in core.peers:
         key = _group_key(peer)
         entry = groups.get(key)
         if entry is None:
@@ -38,7 +40,7 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
                 "identity": _group_name(peer),
                 "host": None,
                 "pid": None,
-                "kind": "eventmq",
+                "kind": "majordomo" if peer.peer_type == "mdp" else "eventmq",
                 "queues": [[w, n] for w, n in peer.queues],
                 "slots": 0,
                 "free_slots": 0,
@@ -77,9 +79,8 @@ def queues(core: BrokerCore) -> list[dict[str, Any]]:
     result = []
     for queue in core.queues.values():
         serving: dict[str, dict[str, Any]] = {}
-        for identity, weight in queue.servers.items():
-            peer = core.peers.get(identity)
-            if peer is None:
+        for peer, weight in queue.servers.items():
+            if peer not in core.peers:
                 continue
             key = _group_key(peer)
             entry = serving.setdefault(
@@ -118,11 +119,11 @@ def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) ->
                 "pid": p.meta.get("pid"),
                 "last_heartbeat": round(wall - (now - p.last_seen), 3),
             }
-            for p in core.schedulers.values()
+            for p in core.schedulers
         ],
         "held_schedules": len(core.held_schedules),
-        "dead_letters": len(core.dead),
-        "delayed": len(core.delayed),
+        "dead_letters": len(core.life.dead),
+        "delayed": len(core.life.delayed),
         "in_flight": len(core.inflight),
     }
 

@@ -7,26 +7,50 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emq_django.protocol.headers import Headers
+
+if TYPE_CHECKING:
+    from emq_django.broker.effects import ClientRef
+    from emq_django.broker.ports.base import Port
 
 ROLE_PLAIN = "plain"  # a job manager with one connection (EventMQ's)
 ROLE_MANAGER = "manager"  # our job manager's control connection: no slots of its own
 ROLE_SLOT = "slot"  # one worker process of our job manager
 
 
+def show_identity(identity: bytes) -> str:
+    """A peer's identity for logs: as text when it is, else in hex."""
+    if identity.isascii() and identity.isalnum() or identity[:1].isalpha():
+        return identity.decode("ascii", "replace")
+    return identity.hex()
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    heartbeat_interval: float = 1.0
+    heartbeat_liveness: int = 3
+    max_pending: int = 100_000
+    max_queue_bytes: int = 256 * 1024 * 1024
+    retry_base: float = 1.0
+    retry_cap: float = 300.0
+    dedupe_window: float = 600.0
+    max_dead_letters: int = 100_000
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
 @dataclass(slots=True, eq=False)
 class Job:
-    id: bytes  # the client's msgid
+    id: bytes  # the client's msgid (eMQP), or one the port made (Majordomo)
     queue: str
     headers: Headers
     body: bytes
-    client: bytes | None  # frontend identity to send the REPLY to, if requested
+    client: ClientRef | None  # where the result goes, if anyone waits for it
     enqueued_at: float
     attempt: int = 0
     attempt_id: bytes = b""
-    peer: bytes | None = None
+    peer: Peer | None = None
     dispatched_at: float = 0.0
     failures: int = 0  # failed attempts so far: failures, time-outs and worker deaths
     cancelled: bool = False  # cancelled while running: its outcome is final, no retry
@@ -34,10 +58,16 @@ class Job:
     enqueued_wall: float = 0.0  # wall clock, for the journal and dead letters
     trace_id: str = ""  # the id as its trace lines give it (trace.job_json)
     trace_where: str = ""  # its lines' task, queue and job manager for this attempt
+    more: tuple[bytes, ...] = ()  # body frames after the first (Majordomo requests)
+    partials: int = 0  # partial results its current attempt sent (the trace's "partials")
 
 
 @dataclass(slots=True, eq=False)
 class Peer:
+    """A job manager connection, a worker process, a Majordomo worker or a
+    scheduler: whoever INFORMed (or said READY) on a port. Compared by identity
+    of the object: two ports may well see the same identity bytes."""
+
     identity: bytes
     peer_type: str
     queues: tuple[tuple[int, str], ...]
@@ -51,6 +81,8 @@ class Peer:
     draining: bool = False
     connected_at: float = 0.0
     trace_name: str | None = None  # its "jm" in the trace log, once known
+    port: Port | None = None  # the port it came in by: what is said to it goes out there
+    gone: bool = False  # dropped by the core
 
     @property
     def role(self) -> str:
@@ -103,9 +135,9 @@ class Queue:
         self.pending: deque[Job] = deque()
         self.pending_bytes = 0  # bodies of the waiting jobs: the memory bound
         self.spilled = 0  # guaranteed jobs waiting on disk only (over the memory bound)
-        self.tiers: dict[int, dict[bytes, None]] = {}
+        self.tiers: dict[int, dict[Peer, None]] = {}
         self.weights: list[int] = []
-        self.servers: dict[bytes, int] = {}
+        self.servers: dict[Peer, int] = {}
         self.in_flight = 0
 
     def push(self, job: Job) -> None:
@@ -121,33 +153,33 @@ class Queue:
         self.pending_bytes -= len(job.body)
         return job
 
-    def add_server(self, identity: bytes, weight: int) -> None:
-        self.servers[identity] = weight
+    def add_server(self, peer: Peer, weight: int) -> None:
+        self.servers[peer] = weight
 
-    def remove_server(self, identity: bytes) -> None:
-        weight = self.servers.pop(identity, None)
+    def remove_server(self, peer: Peer) -> None:
+        weight = self.servers.pop(peer, None)
         if weight is not None:
-            self.unready(identity, weight)
+            self.unready(peer, weight)
 
-    def ready(self, identity: bytes, weight: int) -> None:
+    def ready(self, peer: Peer, weight: int) -> None:
         tier = self.tiers.get(weight)
         if tier is None:
             tier = self.tiers[weight] = {}
             self.weights = sorted(self.tiers, reverse=True)
-        tier[identity] = None
+        tier[peer] = None
 
-    def unready(self, identity: bytes, weight: int) -> None:
+    def unready(self, peer: Peer, weight: int) -> None:
         tier = self.tiers.get(weight)
         if tier is not None:
-            tier.pop(identity, None)
+            tier.pop(peer, None)
 
-    def pick(self) -> bytes | None:
+    def pick(self) -> Peer | None:
         """The ready server with the highest weight, rotating among equals."""
         for weight in self.weights:
             tier = self.tiers[weight]
             if tier:
-                identity = next(iter(tier))
-                del tier[identity]
-                tier[identity] = None  # to the back: rotation among equals
-                return identity
+                peer = next(iter(tier))
+                del tier[peer]
+                tier[peer] = None  # to the back: rotation among equals
+                return peer
         return None

@@ -24,7 +24,12 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+from emq_django.broker.state import show_identity
+
+if TYPE_CHECKING:
+    from emq_django.broker.state import Job, Peer
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +86,7 @@ def format_line(
     enqueued: float,
     dispatched: float,
     extra: float,
+    partials: int = 0,
 ) -> str:
     """One line of docs/trace-format.md, without the newline, from the parts the
     broker keeps: ``job`` from ``job_json``, ``where`` from ``where_fields``.
@@ -98,6 +104,8 @@ def format_line(
         tail = f',"delay_us":{round(extra * 1_000_000)}'
     else:
         tail = ""
+    if partials:  # the attempt's partial results (PARTIAL), on the line that ends it
+        tail += f',"partials":{partials}'
     end = f',"error":{_q(error)}}}' if error else "}"
     ts = round((now + wall_offset) * 1_000_000)
     return f'{{"ts":{ts},"event":"{kind}","job":{job},"attempt":{attempt},{where}{tail}{end}'
@@ -118,13 +126,112 @@ def dispatched_line(wall: float, job: str, attempt: int, where: str, wait: float
 
 
 def succeeded_line(
-    wall: float, job: str, attempt: int, where: str, run: float, total: float
+    wall: float, job: str, attempt: int, where: str, run: float, total: float, partials: int = 0
 ) -> str:
+    tail = f',"partials":{partials}}}' if partials else "}"
     return (
         f'{{"ts":{round(wall * 1_000_000)},"event":"succeeded","job":{job},'
         f'"attempt":{attempt},{where},"run_us":{round(run * 1_000_000)},'
-        f'"total_us":{round(total * 1_000_000)}}}'
+        f'"total_us":{round(total * 1_000_000)}{tail}'
     )
+
+
+class JobTracer:
+    """The core's trace events, formatted as they happen and kept in ``lines``
+    until the server writes them. Lines are formatted now, not when written: a
+    loop turn that writes thousands of events at once would keep the broker from
+    its sockets."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.wall_offset = 0.0  # wall clock minus the core's monotonic ``now``
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+    def event(
+        self,
+        event: str,
+        job: Job,
+        now: float,
+        error: str = "",
+        peer: Peer | None = None,
+        extra: float = 0.0,
+    ) -> None:
+        """Any line; the three every job has go through the faster
+        ``enqueued``, ``dispatched`` and ``succeeded``."""
+        if peer is None:
+            peer = job.peer
+        where = where_fields(job.headers.task, job.queue, trace_name(peer))
+        self.lines.append(
+            format_line(
+                event,
+                now,
+                self.wall_offset,
+                job.trace_id or _trace_id(job),
+                job.attempt,
+                where,
+                error,
+                job.enqueued_at,
+                job.dispatched_at,
+                extra,
+                job.partials,
+            )
+        )
+
+    def enqueued(self, job: Job, now: float) -> None:
+        self.lines.append(
+            enqueued_line(
+                now + self.wall_offset,
+                _trace_id(job),
+                job.attempt,
+                where_fields(job.headers.task, job.queue, ""),
+            )
+        )
+
+    def dispatched(self, job: Job, now: float, peer: Peer) -> None:
+        job.trace_where = where_fields(job.headers.task, job.queue, trace_name(peer))
+        self.lines.append(
+            dispatched_line(
+                now + self.wall_offset,
+                job.trace_id or _trace_id(job),
+                job.attempt,
+                job.trace_where,
+                now - job.enqueued_at,
+            )
+        )
+
+    def succeeded(self, job: Job, now: float) -> None:
+        """Its job manager is the one it was dispatched to (``trace_where``)."""
+        if not job.trace_where:  # never dispatched here (no such job yet)
+            self.event("succeeded", job, now)
+            return
+        self.lines.append(
+            succeeded_line(
+                now + self.wall_offset,
+                job.trace_id or _trace_id(job),
+                job.attempt,
+                job.trace_where,
+                now - job.dispatched_at,
+                now - job.enqueued_at,
+                job.partials,
+            )
+        )
+
+
+def _trace_id(job: Job) -> str:
+    job.trace_id = job_json(job.id)
+    return job.trace_id
+
+
+def trace_name(peer: Peer | None) -> str:
+    """A peer's ``jm`` in the trace: its job manager's name, or its identity."""
+    if peer is None:
+        return ""
+    if peer.trace_name is None:
+        peer.trace_name = peer.manager_name or show_identity(peer.identity)
+    return peer.trace_name
 
 
 class TraceWriter:

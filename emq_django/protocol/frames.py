@@ -42,6 +42,9 @@ INFORM = b"INFORM"
 READY = b"READY"
 ERROR = b"ERROR"  # extension: the broker refused the command named by ref_msgid
 KILL = b"KILL"  # extension: broker -> our job manager only, stop the process running an attempt
+# extension: a partial result of a running attempt, our worker -> broker -> our client
+# (only a client whose REQUEST carried the ``stream`` header); docs/eventmq-wire.md
+PARTIAL = b"PARTIAL"
 
 PEER_WORKER = "worker"
 PEER_SCHEDULER = "scheduler"
@@ -240,6 +243,38 @@ class Kill:
         return [b"", PROTOCOL, KILL, self.msgid, self.attempt_id, self.reason.encode()]
 
 
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """Extension: partial result number ``seq`` (1, 2, ... within the attempt) of
+    the attempt ``attempt_id`` (``<job id>#<n>``): a value a generator task
+    yielded, or ``emq.partial(value)``. ``body`` is ``{"value": ...}`` as in a REPLY.
+
+    Our worker process sends it to the broker as soon as the value exists; the
+    broker forwards body, attempt id and seq unchanged to the job's client when
+    that client asked for partials (header ``stream``). Never sent to an EventMQ
+    peer. ``seq`` lets the client see a gap, and the attempt number a restart."""
+
+    msgid: bytes
+    body: bytes
+    attempt_id: bytes
+    seq: int
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, PARTIAL, self.msgid, self.body, self.attempt_id, b"%d" % self.seq]
+
+    @property
+    def job_id(self) -> bytes:
+        """The client's msgid: the attempt id without its ``#<n>``."""
+        job_id, sep, _ = self.attempt_id.rpartition(b"#")
+        return job_id if sep else self.attempt_id
+
+    @property
+    def attempt(self) -> int:
+        """The attempt's number (1, 2, ...); 1 for an id without ``#<n>``."""
+        _, sep, number = self.attempt_id.rpartition(b"#")
+        return int(number) if sep and number.isdigit() and len(number) < 10 else 1
+
+
 Command: TypeAlias = (
     Ack
     | Reply
@@ -254,6 +289,7 @@ Command: TypeAlias = (
     | Ready
     | Error
     | Kill
+    | Partial
 )
 
 
@@ -296,10 +332,23 @@ FLAG_LOST = b"lost"  # the attempt ended with its worker process: killed, died, 
 FLAG_REQUEUE = b"requeue"  # the worker process gives the job back unstarted
 MAX_STATUS_LENGTH = 255
 REQUEUE_STATUS = b"failed,requeue"
-# The delivery rule both ends apply: a guaranteed job is retried after at least this
-# many deaths of its worker process, whatever its ``retries`` (a job manager killed
-# with its jobs must not send durable work to the dead letters).
-GUARANTEED_DEATH_RETRIES = 2
+
+
+def status_frame(
+    failed: bool, error: str = "", lost: str | None = None, retry: float | None = None
+) -> bytes:
+    """A REPLY status frame for an outcome that did not come as one (the broker's own
+    verdicts, and results from workers of other protocols)."""
+    if not failed:
+        return STATUS_OK
+    if lost is not None:
+        return lost_status(error or "Error", lost)
+    status = STATUS_FAILED
+    if error:
+        status += b",error:" + error.replace(",", "_").encode()[:100]
+    if retry is not None:
+        status += b",retry" if retry < 0 else b",retry:%.3f" % retry
+    return status
 
 
 def lost_status(error: str, detail: str) -> bytes:
@@ -509,6 +558,15 @@ def _decode_kill(f: Sequence[bytes]) -> Kill:
     return Kill(f[3], f[4], _text(f[5], "reason", f))
 
 
+def _decode_partial(f: Sequence[bytes]) -> Partial:
+    _count(f, "PARTIAL", 7)
+    if not f[5] or len(f[5]) > MAX_ID_LENGTH:
+        raise ProtocolError("PARTIAL needs an attempt id of 1 to 255 bytes", f)
+    if not (0 < len(f[6]) < 10 and f[6].isdigit() and f[6][:1] != b"0"):
+        raise ProtocolError("PARTIAL needs a sequence number from 1", f)
+    return Partial(f[3], f[4], f[5], int(f[6]))
+
+
 _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     ACK: _decode_ack,
     REPLY: _decode_reply,
@@ -524,6 +582,7 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     READY: _decode_ready,
     ERROR: _decode_error,
     KILL: _decode_kill,
+    PARTIAL: _decode_partial,
 }
 
 
@@ -566,3 +625,32 @@ def decode(frames: Sequence[bytes]) -> Command:
     if not frames[3] or len(frames[3]) > MAX_ID_LENGTH:
         raise ProtocolError("msgid must be 1 to 255 bytes", frames)
     return decoder(frames)
+
+
+# ---- fast encoders for the broker's hot path ----------------------------------------
+# The same frames as the dataclasses' ``encode()``, without building a frozen
+# dataclass per message (several per job).
+
+
+def encode_ack(msgid: bytes, ref_msgid: bytes) -> list[bytes]:
+    return [b"", PROTOCOL, ACK, msgid, ref_msgid]
+
+
+def encode_reply(msgid: bytes, body: bytes, ref_msgid: bytes, status: bytes) -> list[bytes]:
+    return [b"", PROTOCOL, REPLY, msgid, body, ref_msgid, status]
+
+
+def encode_request(msgid: bytes, queue: bytes, headers: bytes, body: bytes) -> list[bytes]:
+    return [b"", PROTOCOL, REQUEST, msgid, queue, headers, body]
+
+
+def encode_heartbeat(msgid: bytes, wall: float) -> list[bytes]:
+    return [b"", PROTOCOL, HEARTBEAT, msgid, b"%.6f" % wall]
+
+
+def encode_ready(msgid: bytes) -> list[bytes]:
+    return [b"", PROTOCOL, READY, msgid]
+
+
+def encode_disconnect(msgid: bytes) -> list[bytes]:
+    return [b"", PROTOCOL, DISCONNECT, msgid]

@@ -29,6 +29,9 @@ class Headers:
     timeout: float = 0.0
     run_after: float = 0.0
     task: str = ""  # extension: the task's registered name, so the broker can trace it
+    # extension: the client wants the job's partial results (PARTIAL); only our client
+    # sends it, so only our clients ever receive a PARTIAL
+    stream: bool = False
     extra: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -92,6 +95,8 @@ def parse_headers(raw: bytes) -> Headers:
             fields["run_after"] = float(_number(key, value, raw, float))
         elif key == "task":
             fields["task"] = value
+        elif key == "stream":
+            fields["stream"] = True
         else:
             extra.append((key, value if sep else ""))
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
@@ -106,6 +111,7 @@ def format_headers(
     timeout: float = 0,
     run_after: float = 0,
     task: str = "",
+    stream: bool = False,
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """Build a headers frame, in the order EventMQ writes them. Raises ``TypeError``
@@ -131,5 +137,7 @@ def format_headers(
         if "," in task:
             raise ValueError(f"a task name cannot contain a comma: {task!r}")
         items.append(f"task:{task}")
+    if stream:
+        items.append("stream")
     items.extend(f"{k}:{v}" if v else k for k, v in extra)
     return ",".join(items).encode()

@@ -126,3 +126,9 @@ def may_nest_deeper_than(text: str | bytes, limit: int) -> bool:
     if isinstance(text, bytes):
         return text.count(b"[") + text.count(b"{") > limit
     return text.count("[") + text.count("{") > limit
+
+
+# The delivery rule both ends apply: a guaranteed job is retried after at least this
+# many deaths of its worker process, whatever its ``retries`` (a job manager killed
+# with its jobs must not send durable work to the dead letters).
+GUARANTEED_DEATH_RETRIES = 2

@@ -51,6 +51,9 @@ class JobResult(models.Model):
     finished_at = models.DateTimeField()
     runtime = models.FloatField(default=0.0, help_text="seconds, last attempt")
     job_manager = models.CharField(max_length=200, blank=True)
+    partials = models.PositiveIntegerField(
+        default=0, help_text="partial results the last attempt streamed (emq.partial, yield)"
+    )
 
     class Meta:
         verbose_name = "job result"

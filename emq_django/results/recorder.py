@@ -61,6 +61,7 @@ COLUMNS = (
     "finished_at",
     "runtime",
     "job_manager",
+    "partials",
 )
 # A job manager answering for a lost worker process knows neither task, queue nor
 # arguments: keep what an earlier attempt wrote.
@@ -247,6 +248,7 @@ class DatabaseRecorder:
                     adapt(r.finished),
                     runtime,
                     r.manager,
+                    r.partials,
                 )
             )
             key = (int(r.finished // width) * width, r.queue)

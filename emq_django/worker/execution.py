@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import traceback
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import close_old_connections
 
 from emq_django import registry
 from emq_django.exceptions import ProtocolError, Retry, type_name
 from emq_django.protocol.body import RunBody, decode_run_body, encode_failure, encode_result
+from emq_django.streaming import PartialSink, partial_sink, run_task
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class Outcome:
     error_type: str = ""
     spec: RunBody | None = None
     retry: float | None = None  # emq.Retry: the delay it asked for, -1 for the backoff
+    partials: int = 0  # partial results it sent (a generator's values, emq.partial())
 
     def status(self, ready: bool) -> bytes:
         """The REPLY's status frame: ``ok``/``failed``, ``ready``, ``error:<type>``."""
@@ -47,8 +49,31 @@ def failure(exc: BaseException, tb: str = "", spec: RunBody | None = None) -> Ou
     return Outcome(encode_failure(name, str(exc), tb), True, name, spec)
 
 
-def execute(body: bytes, job_id: bytes = b"") -> Outcome:
-    """Run the job in ``body``. Never raises: every failure is an ``Outcome``."""
+class _Counted:
+    """A partial sink that counts what went through it (the history's ``partials``)."""
+
+    __slots__ = ("sink", "count")
+
+    def __init__(self, sink: PartialSink | None) -> None:
+        self.sink = sink
+        self.count = 0
+
+    def __call__(self, body: bytes) -> None:
+        self.count += 1
+        if self.sink is not None:
+            self.sink(body)
+
+
+def execute(body: bytes, job_id: bytes = b"", sink: PartialSink | None = None) -> Outcome:
+    """Run the job in ``body``. Never raises: every failure is an ``Outcome``.
+    ``sink`` gets each partial result as it is produced (streaming.py)."""
+    outcome = _execute(body, job_id, counted := _Counted(sink))
+    if counted.count:
+        return replace(outcome, partials=counted.count)
+    return outcome
+
+
+def _execute(body: bytes, job_id: bytes, sink: _Counted) -> Outcome:
     try:
         spec = decode_run_body(body)
     except ProtocolError as exc:
@@ -68,8 +93,9 @@ def execute(body: bytes, job_id: bytes = b"") -> Outcome:
     token = current_job.set(job_id)
     # Closing after every job also closes "before" the next one: nothing runs between
     # jobs, and the job manager closes all connections before it forks.
+    sink_token = partial_sink.set(sink)
     try:
-        value = task.fn(*spec.args, **spec.kwargs)
+        value = run_task(task.fn, spec.args, spec.kwargs)
     except Retry as exc:
         log.info(
             "job %s (%s) asked to be retried: %s", job_id.decode(errors="replace"), task.name, exc
@@ -87,6 +113,7 @@ def execute(body: bytes, job_id: bytes = b"") -> Outcome:
         )
         return failure(exc, traceback.format_exc(), spec)
     finally:
+        partial_sink.reset(sink_token)
         current_job.reset(token)
         close_old_connections()
     try:

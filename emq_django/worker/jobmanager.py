@@ -22,7 +22,7 @@ import zmq
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.frames import PROTOCOL
+from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
 from emq_django.worker.process import SlotConfig, SlotWorker
 from emq_django.worker.recorder_process import (
     RecorderProcess,
@@ -346,14 +346,14 @@ class JobManager:
         else:
             error = WORKER_LOST
             message = f"worker process {pid} died mid-job ({how})"
-            if job.guaranteed:  # the broker's rule (frames.GUARANTEED_DEATH_RETRIES)
-                retries = max(retries, F.GUARANTEED_DEATH_RETRIES)
+            if job.guaranteed:  # the broker's rule (limits.GUARANTEED_DEATH_RETRIES)
+                retries = max(retries, GUARANTEED_DEATH_RETRIES)
         attempt_id = job.attempt_id
         log.warning("slot %d: job %s: %s", slot, attempt_id.decode(errors="replace"), message)
         body = encode_failure(error, message, "")
         assert self.link is not None
         status_frame = F.lost_status(error, how)
-        self.link.send([b"", PROTOCOL, F.REPLY, self.link.new_id(), body, attempt_id, status_frame])
+        self.link.send(F.encode_reply(self.link.new_id(), body, attempt_id, status_frame))
         if self.recorder is not None:
             now = time.time_ns() // 1000
             try:

@@ -22,7 +22,6 @@ from emq_django.exceptions import Cancelled
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.frames import PROTOCOL
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute
 from emq_django.worker.recorder_process import RecordForwarder
@@ -30,6 +29,9 @@ from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
 CANCELLED = Cancelled.TYPE
+# A PARTIAL the socket cannot queue now (the broker is not reading) waits this long
+# for room, then is dropped (and logged): a stream must not hang its task.
+PARTIAL_SEND_WAIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,7 @@ class SlotWorker:
             self.recorder = RecordForwarder(
                 self.context, config.recorder_endpoint, config.record_buffer, config.manager
             )
+        self.partials_dropped = 0  # PARTIALs the socket had no room for (see _send_partial)
         self._unflushed = 0  # records given to the recorder since its last flush
         self._flush_at = 0.0  # monotonic: when those must be written at the latest
         self.credit = 0
@@ -149,7 +152,7 @@ class SlotWorker:
             h.guarantee,
             req.body,
         )
-        outcome = execute(req.body, req.msgid)
+        outcome = execute(req.body, req.msgid, _PartialSender(self, req.msgid))
         self.jobs_done += 1
         elapsed = time.monotonic() - started
         outcome = self._overruled(outcome, elapsed, h.timeout)
@@ -162,15 +165,36 @@ class SlotWorker:
         # the REPLY gives one credit back ("ready") when we want more than we hold
         give_back = self.credit < wanted
         status = outcome.status(ready=give_back)
-        self.link.send(
-            [b"", PROTOCOL, F.REPLY, self.link.new_id(), outcome.body, req.msgid, status]
-        )
+        self.link.send(F.encode_reply(self.link.new_id(), outcome.body, req.msgid, status))
         # cleared after the REPLY: killed in between, its job manager answers too,
         # and the broker drops the second answer as stale
         self.table.clear(slot)
         if give_back:
             self.credit += 1
             self._grant(wanted - self.credit)
+
+    def _send_partial(self, attempt_id: bytes, body: bytes, seq: int) -> None:
+        """PARTIAL to the broker now, without blocking while the socket has room."""
+        frames = F.Partial(self.link.new_id(), body, attempt_id, seq).encode()
+        try:
+            self.link.send(frames, nonblocking=True)
+            return
+        except zmq.Again:
+            pass
+        sock = self.link.sock
+        if sock is not None and sock.poll(int(PARTIAL_SEND_WAIT * 1000), zmq.POLLOUT):
+            try:
+                self.link.send(frames, nonblocking=True)
+                return
+            except zmq.Again:
+                pass
+        self.partials_dropped += 1
+        log.warning(
+            "job %s: dropped a partial result: the broker took none for %g s (%d dropped)",
+            attempt_id.decode(errors="replace"),
+            PARTIAL_SEND_WAIT,
+            self.partials_dropped,
+        )
 
     def _overruled(self, outcome: Outcome, elapsed: float, timeout: float) -> Outcome:
         """A job cancelled while it ran, or that ran past its time limit, failed,
@@ -191,9 +215,7 @@ class SlotWorker:
     def _give_back(self, req: F.Request) -> None:
         """A job this process will not start: back to the broker, uncounted."""
         self.credit -= 1
-        self.link.send(
-            [b"", PROTOCOL, F.REPLY, self.link.new_id(), b"{}", req.msgid, F.REQUEUE_STATUS]
-        )
+        self.link.send(F.encode_reply(self.link.new_id(), b"{}", req.msgid, F.REQUEUE_STATUS))
 
     def _record(self, req: F.Request, outcome: Outcome, elapsed: float) -> None:
         assert self.recorder is not None
@@ -211,6 +233,7 @@ class SlotWorker:
                 req.headers.retry_count,
                 req.body,
                 outcome.body,
+                partials=outcome.partials,
             )
         except Exception:
             log.exception("the job recorder failed on job %r", req.msgid)
@@ -273,7 +296,7 @@ class SlotWorker:
     def _grant(self, count: int) -> None:
         """Send ``count`` READYs: one credit each."""
         for _ in range(count):
-            self.link.send([b"", PROTOCOL, F.READY, self.link.new_id()])
+            self.link.send(F.encode_ready(self.link.new_id()))
         self.credit += max(count, 0)
 
     def _goodbye(self) -> None:
@@ -286,6 +309,21 @@ class SlotWorker:
                     self._give_back(cmd)
                 else:
                     self._run(cmd)
+
+
+class _PartialSender:
+    """The sink of one attempt's partial results (streaming.py): PARTIAL frames."""
+
+    __slots__ = ("worker", "attempt_id", "seq")
+
+    def __init__(self, worker: SlotWorker, attempt_id: bytes) -> None:
+        self.worker = worker
+        self.attempt_id = attempt_id
+        self.seq = 0
+
+    def __call__(self, body: bytes) -> None:
+        self.seq += 1
+        self.worker._send_partial(self.attempt_id, body, self.seq)
 
 
 def _peak_rss_mb() -> float:

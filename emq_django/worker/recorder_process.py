@@ -135,10 +135,11 @@ class RecordBatch:
         request: bytes,
         reply: bytes,
         lost: bool = False,
+        partials: int = 0,
     ) -> None:
         self.rows.append(
             (task, queue, started_us, finished_us, failed, error_type, retry_count, lost,
-             len(attempt_id), len(request), len(reply))
+             len(attempt_id), len(request), len(reply), partials)
         )  # fmt: skip
         self.parts += (attempt_id, request, reply)
 
@@ -169,11 +170,14 @@ def decode_batch(frames: list[bytes]) -> list[JobRecord]:
     records = []
     at = 0
     for row in doc["rows"]:
-        if type(row) is not list or len(row) != 11:
+        if type(row) is not list or len(row) not in (11, 12):
             raise ValueError(f"not a record: {str(row)[:100]}")
-        task, queue, started, finished, failed, error, retries, lost, n_id, n_req, n_rep = row
+        task, queue, started, finished, failed, error, retries, lost, n_id, n_req, n_rep = row[:11]
+        partials = row[11] if len(row) == 12 else 0  # 11: from a worker before streaming
         if not (
-            type(n_id) is int
+            type(partials) is int
+            and partials >= 0
+            and type(n_id) is int
             and type(n_req) is int
             and type(n_rep) is int
             and type(started) is int
@@ -196,7 +200,7 @@ def decode_batch(frames: list[bytes]) -> list[JobRecord]:
             JobRecord(
                 job_id, attempt, str(task), str(queue), args, kwargs, started / 1e6,
                 finished / 1e6, failed is True, str(error), reply, manager, lost is True,
-                retries,
+                retries, partials,
             )
         )  # fmt: skip
     if at != len(blob):

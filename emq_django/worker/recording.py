@@ -36,6 +36,7 @@ class JobRecord(NamedTuple):
     manager: str  # the job manager's name
     lost: bool = False  # the worker process died or was killed; the manager answered
     retry_count: int = 0  # the job's retry-count: a failure below it will be retried
+    partials: int = 0  # partial results the attempt sent (streaming.py)
 
 
 class JobRecorder(Protocol):

@@ -213,6 +213,7 @@ def _zombie(pid: int) -> bool:
 # ---- honest history and counts ------------------------------------------------------
 
 
+@pytest.mark.django_db  # Retry notes the new job's original (RetryLink) in this process's db
 def test_timed_out_job_history_has_task_and_queue_and_retry_works(
     emq_processes: EmqProcesses, env: dict[str, str]
 ) -> None:

@@ -421,3 +421,10 @@ def test_run_now_button_sends_and_records(staff: Client, monkeypatch: pytest.Mon
     page = staff.post(url, follow=True).content.decode()
     assert "Sent job" in page and "new1" in page
     assert ScheduleRun.objects.get(job_id="new1").manual
+
+
+def test_job_page_shows_the_partial_results_count(staff: Client) -> None:
+    row("st1", partials=7)
+    page = staff.get(f"{LIST}st1/change/").content.decode()
+    card = page.split("partial results", 1)[1][:120]
+    assert ">7<" in card

@@ -110,13 +110,14 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
     started: list[Broker] = []
 
     def start(**overrides: Any) -> Broker:
-        front, back, mon = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(3))
+        front, back, mon, mdp = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(4))
         # a generous liveness (5 s): test peers that do not heartbeat are not dropped
         # when the machine is slow; expiry itself is covered by the core's unit tests
         options: dict[str, Any] = {
             "HEARTBEAT_INTERVAL": INTERVAL,
             "HEARTBEAT_LIVENESS": 25,
             "JOURNAL_PATH": str(tmp_path / f"journal-{len(started)}.sqlite3"),
+            "MDP_BIND": mdp,
         }
         settings = EmqSettings(
             FRONTEND_BIND=front, BACKEND_BIND=back, MONITOR_BIND=mon, **{**options, **overrides}

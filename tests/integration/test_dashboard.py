@@ -74,6 +74,7 @@ def broker(settings: Any, tmp_path: Path) -> Iterator[str]:
         FRONTEND_BIND=front,
         BACKEND_BIND=back,
         MONITOR_BIND=mon,
+        MDP_BIND="",  # off
         JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
     )
     context: zmq.Context[Any] = zmq.Context()

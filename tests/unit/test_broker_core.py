@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from emq_django.broker import monitor
-from emq_django.broker.core import BACKEND, COUNTERS, FRONTEND, BrokerConfig, BrokerCore
+from emq_django.broker.core import COUNTERS, BrokerConfig
 from emq_django.protocol import (
     PROTOCOL,
     Ack,
@@ -21,6 +21,8 @@ from emq_django.protocol import (
     decode,
     parse_headers,
 )
+from tests.emqp_machine import BACKEND, FRONTEND
+from tests.emqp_machine import EmqpMachine as BrokerCore
 
 P = PROTOCOL
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
@@ -358,7 +360,7 @@ def test_silent_peer_is_dropped_and_its_jobs_go_to_another_peer() -> None:
     inform(core, b"silent")
     ready(core, b"silent")
     request(core, b"client", b"j1", headers=b"reply-requested,retry-count:1")
-    assert core.inflight[b"j1#1"].peer == b"silent"
+    assert core.inflight[b"j1#1"].peer.identity == b"silent"
     inform(core, b"alive")
     ready(core, b"alive")
     for now in (1.0, 2.0):
@@ -406,7 +408,7 @@ def test_busy_slot_is_kept_while_its_manager_is_alive_and_dropped_with_it() -> N
     inform(core, b"slot1", meta=slot_meta(1))
     ready(core, b"slot0")
     request(core, b"client", b"long", headers=b"retry-count:1")
-    assert core.inflight[b"long#1"].peer == b"slot0"
+    assert core.inflight[b"long#1"].peer.identity == b"slot0"
     # slot0 is busy in a long job and silent; slot1 is idle and silent too
     for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
         tick(core, now, keep_alive=(b"mgr",))
@@ -724,7 +726,7 @@ def _monitor_core() -> BrokerCore:
 
 def test_monitor_snapshot_lists_queues_with_depth_and_servers() -> None:
     core = _monitor_core()
-    doc = monitor.snapshot(core, 10.0, 1_700_000_010.0, {"pid": 1})
+    doc = monitor.snapshot(core.core, 10.0, 1_700_000_010.0, {"pid": 1})
     queues = {q["name"]: q for q in doc["queues"]}
     assert set(queues) == {"default", "email", "reports"}
     assert (queues["email"]["depth"], queues["email"]["in_flight"]) == (0, 1)
@@ -742,7 +744,7 @@ def test_monitor_snapshot_lists_queues_with_depth_and_servers() -> None:
 
 def test_monitor_groups_job_managers_one_entry_each() -> None:
     core = _monitor_core()
-    doc = monitor.snapshot(core, 10.0, 1_700_000_010.0, {})
+    doc = monitor.snapshot(core.core, 10.0, 1_700_000_010.0, {})
     managers = {e["identity"]: e for e in doc["job_managers"]}
     assert set(managers) == {"jm1", "legacy"}
     ours = managers["jm1"]
@@ -757,7 +759,7 @@ def test_monitor_groups_job_managers_one_entry_each() -> None:
 
 def test_monitor_counters_are_all_present() -> None:
     core = _monitor_core()
-    doc = monitor.snapshot(core, 10.0, 1_700_000_010.0, {})
+    doc = monitor.snapshot(core.core, 10.0, 1_700_000_010.0, {})
     assert set(COUNTERS) <= set(doc["counters"])
     assert doc["counters"]["protocol_errors"] == 1
     assert doc["counters"]["received"] == 3 and doc["counters"]["dispatched"] == 1
@@ -765,7 +767,7 @@ def test_monitor_counters_are_all_present() -> None:
 
 def test_monitor_json_and_lines() -> None:
     core = _monitor_core()
-    doc = monitor.snapshot(core, 10.0, 1_700_000_010.0, {"pid": 1})
+    doc = monitor.snapshot(core.core, 10.0, 1_700_000_010.0, {"pid": 1})
     assert json.loads(monitor.as_json(doc)) == doc
     text = monitor.as_lines(doc).decode()
     lines = dict(line.split(": ", 1) for line in text.splitlines())

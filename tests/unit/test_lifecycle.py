@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from emq_django.broker.core import FRONTEND, BrokerConfig, BrokerCore
+from emq_django.broker.core import BrokerConfig
 from emq_django.broker.journal import Journal
 from emq_django.broker.lifecycle import RETRY_REQUESTED_LIMIT
 from emq_django.protocol import Error, Reply
+from tests.emqp_machine import FRONTEND
+from tests.emqp_machine import EmqpMachine as BrokerCore
 from tests.unit.test_broker_core import (
     BODY,
     Out,

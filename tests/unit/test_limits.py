@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from emq_django.broker.core import FRONTEND, BrokerConfig, BrokerCore
+from emq_django.broker.core import BrokerConfig
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import PROTOCOL, Error, decode, parse_headers
 from emq_django.protocol.headers import format_headers
@@ -22,6 +22,8 @@ from emq_django.protocol.limits import (
     nested_deeper_than,
     refusal_counter,
 )
+from tests.emqp_machine import FRONTEND
+from tests.emqp_machine import EmqpMachine as BrokerCore
 
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
 

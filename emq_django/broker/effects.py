@@ -1,0 +1,128 @@
+"""What the broker core hears and says, in no protocol's terms.
+
+Ports (``broker/ports/``) turn their wire's messages into calls on
+``BrokerCore`` that carry these types, and turn the effects the core queues in
+``core.out`` back into their wire's frames. A reply leaves by the port its job
+came in by: a ``ClientRef`` and a ``Peer`` each know their port.
+
+Effects are small mutable slot classes rather than frozen ones: one or two are
+made per job, and a frozen dataclass costs several times as much to build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from emq_django.broker.ports.base import Port
+    from emq_django.broker.state import Job, Peer
+
+
+@dataclass(slots=True, eq=False)
+class ClientRef:
+    """Where a client's answers go: its port, its identity there, and what the
+    port needs beyond that to address the answer (``tag``: e.g. the Majordomo
+    request id; ``extra``: e.g. the Majordomo framing and service)."""
+
+    port: Port
+    identity: bytes
+    tag: bytes = b""
+    extra: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an attempt ended, as the worker said (or the broker decided)."""
+
+    failed: bool
+    ready: bool = False  # the worker gives one credit back with it
+    error: str = ""  # the exception's type name
+    retry: float | None = None  # emq.Retry: the delay asked for, -1 for the backoff
+    lost: str | None = None  # the attempt ended with its worker process: how
+    requeue: bool = False  # given back unstarted (the worker process is going away)
+    raw: bytes = b""  # the eMQP status frame as the worker sent it, if it was one
+
+
+OK_READY = Outcome(failed=False, ready=True)
+
+
+# ---- effects ----------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Deliver:
+    """Run the job's current attempt (``job.attempt_id``) on ``peer``."""
+
+    peer: Peer
+    job: Job
+
+
+@dataclass(slots=True, eq=False)
+class Answer:
+    """A result for the client that sent ``job``: final, or a partial one."""
+
+    client: ClientRef
+    job: Job
+    body: bytes
+    outcome: Outcome
+    more: tuple[bytes, ...] = ()  # further body frames (Majordomo replies)
+    final: bool = True
+    seq: int = 0  # a partial's number within its attempt (1, 2, ...)
+
+
+@dataclass(slots=True, eq=False)
+class Acknowledge:
+    client: ClientRef
+    msgid: bytes
+
+
+@dataclass(slots=True, eq=False)
+class Refuse:
+    client: ClientRef
+    msgid: bytes
+    code: str
+    reason: str
+
+
+@dataclass(slots=True, eq=False)
+class Beat:
+    """A heartbeat to ``peer``; ``wall`` is the broker's wall clock."""
+
+    peer: Peer
+    wall: float
+
+
+@dataclass(slots=True, eq=False)
+class Goodbye:
+    """The broker is done with ``peer`` (eMQP KBYE, Majordomo DISCONNECT)."""
+
+    peer: Peer
+
+
+@dataclass(slots=True, eq=False)
+class Kill:
+    """Ask a job manager to kill the worker process running ``attempt_id``."""
+
+    peer: Peer
+    attempt_id: bytes
+
+
+@dataclass(slots=True, eq=False)
+class Forward:
+    """Pass ``payload`` (a schedule command, opaque to the core) to ``peer``."""
+
+    peer: Peer
+    payload: Any
+
+
+@dataclass(slots=True, eq=False)
+class Forget:
+    """The core has dropped ``peer``: its port forgets the identity."""
+
+    peer: Peer
+
+
+Effect: TypeAlias = (
+    Deliver | Answer | Acknowledge | Refuse | Beat | Goodbye | Kill | Forward | Forget
+)

@@ -1,0 +1,168 @@
+"""eMQP/1.0 clients and schedulers (the frontend, EventMQ's port 47291).
+
+Clients send REQUEST, SCHEDULE, UNSCHEDULE and PUBLISH and get ACK, ERROR and
+REPLY; schedulers INFORM here and get the schedules forwarded to them. The
+frames are EventMQ 0.3.13's (specs/WIRE-NOTES.md, docs/eventmq-wire.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from emq_django.broker.effects import (
+    Acknowledge,
+    Answer,
+    Beat,
+    ClientRef,
+    Effect,
+    Forget,
+    Forward,
+    Goodbye,
+    Refuse,
+)
+from emq_django.broker.ports.base import Port
+from emq_django.broker.state import Peer
+from emq_django.exceptions import ProtocolError
+from emq_django.ids import IdGenerator
+from emq_django.protocol import frames as F
+from emq_django.protocol.limits import REFUSED_WRONG_PORT
+from emq_django.transport import SocketOptions
+
+FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
+MAX_CLIENTS_KEPT = 100_000  # ClientRefs cached by identity
+
+
+class EmqpClientPort(Port):
+    name = "frontend"
+
+    def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
+        super().__init__(core, address)
+        self.new_id = ids or IdGenerator()
+        self.clients: dict[bytes, ClientRef] = {}
+        self.schedulers: dict[bytes, Peer] = {}
+
+    def socket_options(self) -> SocketOptions:
+        return SocketOptions(sndhwm=FRONTEND_HWM, router_mandatory=True)
+
+    def client(self, identity: bytes) -> ClientRef:
+        ref = self.clients.get(identity)
+        if ref is None:
+            if len(self.clients) >= MAX_CLIENTS_KEPT:
+                self.clients.clear()  # refs are cheap to make again
+            ref = self.clients[identity] = ClientRef(self, identity)
+        return ref
+
+    # ---- in -------------------------------------------------------------------------
+
+    def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
+        try:
+            cmd = F.decode(frames)
+            handler = _HANDLERS.get(type(cmd))
+            if handler is None:
+                raise ProtocolError(
+                    f"{type(cmd).__name__} is not valid from a client", frames, REFUSED_WRONG_PORT
+                )
+            if self.schedulers:
+                scheduler = self.schedulers.get(identity)
+                if scheduler is not None:  # any command from a scheduler shows it is alive
+                    scheduler.last_seen = now
+            handler(self, identity, cmd, now)
+        except ProtocolError as exc:
+            self.malformed(identity, exc, frames)
+        return None
+
+    def malformed(self, identity: bytes, exc: ProtocolError, frames: Sequence[bytes]) -> None:
+        """Answer it with an ERROR when it names a msgid its sender waits on, else
+        drop it; counted and logged either way."""
+        msgid = F.answerable_msgid(frames, "frontend")
+        if msgid is not None:
+            self.core.refuse(self.client(identity), msgid, exc.code, exc.reason[:1024], quiet=True)
+        self.count_malformed(identity, exc, answered=msgid is not None)
+
+    def _request(self, identity: bytes, cmd: F.Request, now: float) -> None:
+        self.core.client_request(
+            self.client(identity), cmd.msgid, cmd.queue, cmd.headers, cmd.body, now
+        )
+
+    def _schedule(self, identity: bytes, cmd: F.Schedule, now: float) -> None:
+        self.core.client_schedule(self.client(identity), cmd.msgid, cmd, now)
+
+    def _publish(self, identity: bytes, cmd: F.Publish, now: float) -> None:
+        self.core.client_publish(self.client(identity), cmd.msgid, now)
+
+    def _inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
+        if cmd.peer_type != F.PEER_SCHEDULER:
+            raise ProtocolError(
+                "only schedulers INFORM on the client port; job managers use the worker port",
+                [],
+                REFUSED_WRONG_PORT,
+            )
+        peer = Peer(identity, cmd.peer_type, (), now, cmd.meta, connected_at=now, port=self)
+        self.schedulers[identity] = peer
+        self.core.scheduler_join(peer, self.client(identity), cmd.msgid, now)
+
+    def _heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
+        pass  # a scheduler's last_seen is updated for every command
+
+    def _goodbye(self, identity: bytes, cmd: F.Command, now: float) -> None:
+        peer = self.schedulers.get(identity)
+        if peer is not None:
+            self.core.scheduler_leave(peer, now, answer=isinstance(cmd, F.Disconnect))
+
+    def _ignore(self, identity: bytes, cmd: F.Command, now: float) -> None:
+        pass
+
+    def unroutable(self, identity: bytes, now: float) -> None:
+        peer = self.schedulers.get(identity)
+        if peer is None:
+            self.core.counters["unroutable"] += 1
+        else:
+            self.core.peer_unreachable(peer, now)
+
+    # ---- out ------------------------------------------------------------------------
+
+    def encode(self, effect: Effect) -> list[bytes] | None:
+        kind = type(effect)
+        e: Any = effect  # one of the effect types, told apart by ``kind``
+        if kind is Acknowledge:
+            return F.encode_ack(self.new_id(), e.msgid)
+        if kind is Answer:
+            return self._answer(e)
+        if kind is Refuse:
+            return F.Error(self.new_id(), e.msgid, e.reason, e.code).encode()
+        if kind is Beat:
+            return F.encode_heartbeat(self.new_id(), e.wall)
+        if kind is Forward:
+            payload: F.Schedule = e.payload
+            return payload.encode()
+        if kind is Goodbye:
+            return F.Kbye(self.new_id()).encode()
+        if kind is Forget:
+            peer: Peer = e.peer
+            if self.schedulers.get(peer.identity) is peer:
+                del self.schedulers[peer.identity]
+        return None
+
+    def _answer(self, effect: Answer) -> list[bytes] | None:
+        if not effect.final:  # the core sends these only to clients that asked (``stream``)
+            return F.Partial(self.new_id(), effect.body, effect.job.attempt_id, effect.seq).encode()
+        outcome = effect.outcome
+        status = outcome.raw or F.status_frame(
+            outcome.failed, outcome.error, outcome.lost, outcome.retry
+        )
+        return F.encode_reply(self.new_id(), effect.body, effect.job.id, status)
+
+
+_Handler = Callable[[EmqpClientPort, bytes, Any, float], None]
+_HANDLERS: dict[type, _Handler] = {
+    F.Request: EmqpClientPort._request,
+    F.Schedule: EmqpClientPort._schedule,
+    F.Unschedule: EmqpClientPort._schedule,
+    F.Publish: EmqpClientPort._publish,
+    F.Inform: EmqpClientPort._inform,
+    F.Heartbeat: EmqpClientPort._heartbeat,
+    F.Disconnect: EmqpClientPort._goodbye,
+    F.Kbye: EmqpClientPort._goodbye,
+    F.Ack: EmqpClientPort._ignore,
+}

@@ -1,0 +1,183 @@
+"""eMQP/1.0 job managers (the backend, EventMQ's port 47290).
+
+EventMQ's job managers (one connection each) and ours (a control connection plus
+one per worker process) INFORM here, give credit with READY (or with a REPLY
+flagged ``ready``), run REQUESTs and answer with REPLY. Only our job managers'
+control connections ever receive KILL (an extension, docs/eventmq-wire.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+from emq_django.broker.effects import (
+    Acknowledge,
+    Beat,
+    ClientRef,
+    Deliver,
+    Effect,
+    Forget,
+    Goodbye,
+    Kill,
+    Outcome,
+    Refuse,
+)
+from emq_django.broker.ports.base import Port
+from emq_django.broker.state import Peer
+from emq_django.exceptions import ProtocolError
+from emq_django.ids import IdGenerator
+from emq_django.protocol import frames as F
+from emq_django.protocol.limits import REFUSED_WRONG_PORT
+
+DEFAULT_QUEUES = ((10, "default"),)
+
+
+@lru_cache(maxsize=4096)
+def outcome_of(status: bytes) -> Outcome:
+    """A REPLY's status frame as an ``Outcome`` (cached: a few statuses repeat)."""
+    failed, ready = F.reply_flags(status)
+    if not failed:
+        return Outcome(False, ready, raw=status)
+    tokens = status.split(b",")
+    return Outcome(
+        True,
+        ready,
+        error=F.reply_error(status),
+        retry=F.reply_retry(status),
+        lost=F.reply_lost(status),
+        requeue=F.FLAG_REQUEUE in tokens,
+        raw=status,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _reply_always(raw: bytes) -> bytes:
+    """Headers as sent to a job manager: always ask for the REPLY.
+
+    EventMQ's job manager sends no REPLY without ``reply-requested``, and the
+    broker needs one to know the job finished; it forwards the REPLY to the
+    client only when the client asked for it.
+    """
+    flags = raw.split(b",") if raw else []
+    return raw if b"reply-requested" in flags else b",".join([b"reply-requested", *flags])
+
+
+class EmqpWorkerPort(Port):
+    name = "backend"
+
+    def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
+        super().__init__(core, address)
+        self.new_id = ids or IdGenerator()
+        self.peers: dict[bytes, Peer] = {}
+
+    # ---- in -------------------------------------------------------------------------
+
+    def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
+        try:
+            cmd = F.decode(frames)
+            handler = _HANDLERS.get(type(cmd))
+            if handler is None:
+                raise ProtocolError(
+                    f"{type(cmd).__name__} is not valid from a worker", frames, REFUSED_WRONG_PORT
+                )
+            peer = self.peers.get(identity)
+            if peer is not None and not peer.gone:
+                peer.last_seen = now
+                handler(self, peer, cmd, now)
+            elif type(cmd) is F.Inform:
+                self._inform(identity, cmd, now)
+            else:
+                self.core.unknown_worker(replied=type(cmd) is F.Reply)
+        except ProtocolError as exc:
+            msgid = F.answerable_msgid(frames, "backend")
+            if msgid is not None:
+                ref = ClientRef(self, identity)
+                self.core.refuse(ref, msgid, exc.code, exc.reason[:1024], quiet=True)
+            self.count_malformed(identity, exc, answered=msgid is not None)
+        return None
+
+    def _inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
+        if cmd.peer_type != F.PEER_WORKER:
+            raise ProtocolError(
+                "schedulers INFORM on the client port, not the worker port", [], REFUSED_WRONG_PORT
+            )
+        old = self.peers.get(identity)
+        if old is not None:
+            self.core.worker_gone(old, now, "sent INFORM again")
+        queues = cmd.queues or DEFAULT_QUEUES
+        peer = Peer(identity, cmd.peer_type, queues, now, cmd.meta, connected_at=now, port=self)
+        self.peers[identity] = peer
+        self.core.worker_join(peer, now, ClientRef(self, identity), cmd.msgid)
+
+    def _inform_again(self, peer: Peer, cmd: F.Inform, now: float) -> None:
+        self._inform(peer.identity, cmd, now)
+
+    def _ready(self, peer: Peer, cmd: F.Ready, now: float) -> None:
+        self.core.worker_ready(peer, now)
+
+    def _reply(self, peer: Peer, cmd: F.Reply, now: float) -> None:
+        self.core.worker_result(peer, cmd.request_msgid, outcome_of(cmd.status), cmd.body, now)
+
+    def _partial(self, peer: Peer, cmd: F.Partial, now: float) -> None:
+        self.core.worker_partial(peer, cmd.attempt_id, cmd.body, now, seq=cmd.seq)
+
+    def _heartbeat(self, peer: Peer, cmd: F.Heartbeat, now: float) -> None:
+        pass  # last_seen is updated for every command
+
+    def _disconnect(self, peer: Peer, cmd: F.Disconnect, now: float) -> None:
+        self.core.worker_disconnect(peer, now)
+
+    def _kbye(self, peer: Peer, cmd: F.Kbye, now: float) -> None:
+        # a goodbye with jobs in flight gives them back: they go to their queue uncounted
+        self.core.worker_gone(peer, now, "said KBYE", verdict=True)
+
+    def _ignore(self, peer: Peer, cmd: F.Command, now: float) -> None:
+        pass
+
+    def unroutable(self, identity: bytes, now: float) -> None:
+        peer = self.peers.get(identity)
+        if peer is None:
+            self.core.counters["unroutable"] += 1
+        else:
+            self.core.peer_unreachable(peer, now)
+
+    # ---- out ------------------------------------------------------------------------
+
+    def encode(self, effect: Effect) -> list[bytes] | None:
+        kind = type(effect)
+        e: Any = effect  # one of the effect types, told apart by ``kind``
+        if kind is Deliver:
+            job = e.job
+            return F.encode_request(
+                job.attempt_id, job.queue.encode(), _reply_always(job.headers.raw), job.body
+            )
+        if kind is Beat:
+            return F.encode_heartbeat(self.new_id(), e.wall)
+        if kind is Acknowledge:
+            return F.encode_ack(self.new_id(), e.msgid)
+        if kind is Goodbye:
+            return F.Kbye(self.new_id()).encode()
+        if kind is Kill:
+            return F.Kill(self.new_id(), e.attempt_id).encode()
+        if kind is Refuse:
+            return F.Error(self.new_id(), e.msgid, e.reason, e.code).encode()
+        if kind is Forget:
+            peer: Peer = e.peer
+            if self.peers.get(peer.identity) is peer:
+                del self.peers[peer.identity]
+        return None
+
+
+_Handler = Callable[[EmqpWorkerPort, Peer, Any, float], None]
+_HANDLERS: dict[type, _Handler] = {
+    F.Inform: EmqpWorkerPort._inform_again,
+    F.Ready: EmqpWorkerPort._ready,
+    F.Reply: EmqpWorkerPort._reply,
+    F.Partial: EmqpWorkerPort._partial,
+    F.Heartbeat: EmqpWorkerPort._heartbeat,
+    F.Disconnect: EmqpWorkerPort._disconnect,
+    F.Kbye: EmqpWorkerPort._kbye,
+    F.Ack: EmqpWorkerPort._ignore,
+}

@@ -1,0 +1,90 @@
+"""The monitor channel (EventMQ's administration port 47293, PZQ-style text).
+
+A REQ (or DEALER with an empty delimiter) sends one line and gets one answer:
+
+- ``MONITOR``: ``key: value`` lines; ``MONITOR JSON``: the whole status document;
+- ``CANCEL <job id>...``: the ids by what happened (JSON);
+- ``DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]`` (JSON).
+
+Anything else is answered ``ERROR ...`` and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from emq_django.broker import monitor
+from emq_django.broker.effects import Effect
+from emq_django.broker.ports.base import Port
+from emq_django.transport import SocketOptions
+
+MAX_REQUEST = 65536
+UNKNOWN = (
+    b"ERROR unknown command; send MONITOR, MONITOR JSON, CANCEL <id>... or "
+    b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]"
+)
+
+
+class MonitorPort(Port):
+    name = "monitor"
+
+    def __init__(self, core: Any, address: str = "") -> None:
+        super().__init__(core, address)
+        # the status document; the server adds what only it knows (journal, trace)
+        self.status: Callable[[], dict[str, Any]] = lambda: monitor.snapshot(
+            self.core, time.monotonic(), time.time(), {}
+        )
+
+    def socket_options(self) -> SocketOptions:
+        return SocketOptions()
+
+    def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
+        if not frames:
+            self.core.counters["protocol_errors"] += 1
+            return None
+        envelope, request = list(frames[:-1]), frames[-1].strip()
+        return [*envelope, self.answer(request[:MAX_REQUEST], now)]
+
+    def answer(self, request: bytes, now: float) -> bytes:
+        words = request.split()
+        command = b" ".join(words[:2]).upper()
+        if command in (b"MONITOR", b"MONITOR JSON"):
+            doc = self.status()
+            return monitor.as_json(doc) if command.endswith(b"JSON") else monitor.as_lines(doc)
+        if words and words[0].upper() == b"CANCEL" and len(words) > 1:
+            states: dict[str, list[str]] = {
+                "cancelled": [],
+                "stopping": [],
+                "running": [],
+                "unknown": [],
+            }
+            for job_id in words[1:]:
+                states[self.core.cancel(job_id, now)].append(job_id.decode("utf-8", "replace"))
+            return monitor.as_json(states)
+        if words and words[0].upper() == b"DEADLETTERS":
+            result = self._dead_letters(words[1:], now)
+            if result is not None:
+                return monitor.as_json(result)
+        self.core.counters["protocol_errors"] += 1
+        return UNKNOWN
+
+    def _dead_letters(self, words: list[bytes], now: float) -> dict[str, Any] | None:
+        core = self.core
+        action = words[0].upper() if words else b"LIST"
+        if action == b"LIST":
+            return {"dead_letters": core.dead_letters(), "count": len(core.life.dead)}
+        ids: list[bytes] | None = words[1:] or None
+        if ids == [b"ALL"] or ids == [b"all"]:
+            ids = None
+        elif ids is None:
+            return {"error": "name the jobs, or ALL"}
+        if action == b"REQUEUE":
+            return {"requeued": core.requeue_dead(ids, now)}
+        if action == b"PURGE":
+            return {"purged": core.purge_dead(ids, now)}
+        return None
+
+    def encode(self, effect: Effect) -> list[bytes] | None:
+        return None  # answers go straight back from handle()
