@@ -146,6 +146,49 @@ def test_poison_job_runs_three_times_then_dead_letter_while_others_flow(
     assert [h.get(timeout=30) for h in [tasks.add.delay(1, 1), tasks.add.delay(2, 2)]] == [2, 4]
 
 
+def test_poison_deep_body_runs_three_times_then_dead_letter(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    """A body nested 985 lists deep (sent past our client's checks) used to kill the
+    worker's decoder with RecursionError; now each attempt fails with the reason,
+    the worker lives on, and with retries=2 the job is tried 3 times."""
+    import zmq
+
+    from emq_django.protocol import frames as F
+
+    procs = start(emq_processes, env)
+    args = "[" * 985 + "1" + "]" * 985
+    body = (
+        '["run", {"callable": "add", "path": "tests.e2e.attempt_tasks", "args": ['
+        + args
+        + ', 1], "kwargs": {}}]'
+    ).encode()
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(env["EMQ_FRONTEND_BIND"])
+        headers = b"reply-requested,retry-count:2,task:tests.e2e.attempt_tasks.add"
+        sock.send_multipart(F.encode_request(b"deep-poison", b"attempts", headers, body))
+        reply = None
+        deadline = time.monotonic() + 30
+        while reply is None and time.monotonic() < deadline:
+            if sock.poll(500):
+                cmd = F.decode(sock.recv_multipart())
+                if isinstance(cmd, F.Reply) and cmd.request_msgid == b"deep-poison":
+                    reply = cmd
+    finally:
+        sock.close()
+        ctx.term()
+    assert reply is not None and reply.failed
+    assert "too deep" in json.loads(reply.body)["error"]["message"] or "deep" in reply.body.decode()
+    letter = wait_until(lambda: dead_letters(env).get("deep-poison"), "the dead letter", 15, procs)
+    assert letter["attempts"] == 3 and "ProtocolError" in letter["error"]
+    assert all(p.alive() for p in procs)
+    assert "RecursionError" not in procs[1].stderr()
+    assert tasks.add.delay(2, 2).get(timeout=30) == 4
+
+
 def test_retries_zero_worker_death_runs_once(
     emq_processes: EmqProcesses, env: dict[str, str]
 ) -> None:
