@@ -127,12 +127,12 @@ def start_huey(servers: ServerSet, opts: object) -> Started:
         "process",
         "-w",
         "2",
-        "--no_periodic",
+        "--no-periodic",
         "--quiet",
     ]
     w = servers.start("huey-consumer", "workers", argv, env)
     notes = [
-        "Redis; huey_consumer -k process -w 2 --no_periodic --quiet; RedisHuey blocking=True "
+        "Redis; huey_consumer -k process -w 2 --no-periodic --quiet; RedisHuey blocking=True "
         "(BRPOP), notify_result=True (result.get(blocking=True) waits on BLPOP)",
         "noop returns None (no result stored); echo via result.get(blocking=True)",
     ]
