@@ -31,7 +31,7 @@ help:
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff format + ruff check --fix"
 	@echo "make typecheck  mypy"
-	@echo "make bench      benchmark against Celery and Dramatiq"
+	@echo "make bench      benchmark against Celery, Dramatiq, Huey, RQ and a raw ZeroMQ forwarder"
 	@echo "make clean      caches and build output (distclean: also .venv and db.sqlite3)"
 
 venv: $(STAMP)

@@ -1,4 +1,4 @@
-"""Celery peer: RabbitMQ broker, fast settings, Redis or RPC results for echo."""
+"""Celery peer: RabbitMQ broker, fast settings, Redis (or RPC) results for echo."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import os
 
 from celery import Celery
 
-from bench.donecount import mark_done
+from bench.donesignal import mark_done
 
 QUEUE = "celery_bench"
-DONE_KEY = "bench:done:celery"
 BROKER_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 RESULT_BACKEND = os.environ.get("BENCH_CELERY_BACKEND", "redis://127.0.0.1:6379/1")
 
@@ -33,7 +32,7 @@ app.conf.update(
 
 @app.task(name="bench.noop", ignore_result=True)
 def noop() -> None:
-    mark_done(DONE_KEY)
+    mark_done()
 
 
 @app.task(name="bench.echo")

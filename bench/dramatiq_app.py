@@ -9,10 +9,9 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
-from bench.donecount import mark_done
+from bench.donesignal import mark_done
 
 QUEUE = "dramatiq_bench"
-DONE_KEY = "bench:done:dramatiq"
 BROKER_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -23,7 +22,7 @@ dramatiq.set_broker(broker)
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
 def noop() -> None:
-    mark_done(DONE_KEY)
+    mark_done()
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0, store_results=True)

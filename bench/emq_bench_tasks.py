@@ -1,16 +1,17 @@
 """emq tasks for the benchmark, loaded by the job manager through EMQ_IMPORTS."""
 
 import emq_django as emq
+from bench.donesignal import mark_done
 
 
 @emq.task(queue="bench", reply=False)
 def noop() -> None:
-    pass
+    mark_done()
 
 
 @emq.task(queue="bench", reply=False, guarantee=True)
 def noop_guaranteed() -> None:
-    pass
+    mark_done()
 
 
 @emq.task(queue="bench")

@@ -1,7 +1,8 @@
-"""Benchmark emq against Celery, Dramatiq and a raw ZeroMQ reference.
+"""Benchmark emq against Celery, Dramatiq, Huey, RQ and a raw ZeroMQ forwarder.
 
-    .venv/bin/python bench/run.py [--tasks 20000] [--latency-tasks 1000]
-                                  [--only emq,celery,dramatiq,zmq] [--json bench/results.json]
+    .venv/bin/python bench/run.py [--tasks 10000] [--results-tasks 10000]
+        [--latency-tasks 1000] [--repeats 3]
+        [--only emq,celery,dramatiq-1t,dramatiq-8t,huey,rq,zmq] [--json bench/results.json]
 
 See bench/README.md for what is measured and how.
 """
@@ -23,17 +24,22 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.procs import PYTHON, REPO, ServerSet  # noqa: E402
-from bench.systems import STARTERS, emq_available  # noqa: E402
-
-ORDER = ["emq", "celery", "dramatiq", "zmq"]
+from bench.procs import PYTHON, REPO, ServerSet, base_env, free_port  # noqa: E402
+from bench.report import ORDER, compare, median_of_runs, summary, table  # noqa: E402
+from bench.systems import CLIENT, STARTERS, emq_available  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--tasks", type=int, default=20000, help="no-op tasks for enqueue/drain")
+    ap.add_argument("--tasks", type=int, default=10000, help="no-op jobs sent and drained")
+    ap.add_argument(
+        "--results-tasks",
+        type=int,
+        default=None,
+        help="echo jobs sent, then every result fetched (default: --tasks; 0 skips)",
+    )
     ap.add_argument("--latency-tasks", type=int, default=1000, help="sequential round trips timed")
     ap.add_argument("--latency-warmup", type=int, default=100)
     ap.add_argument(
@@ -43,21 +49,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--celery-backend", choices=["redis", "rpc"], default="redis")
     ap.add_argument("--celery-prefetch", type=int, default=64)
     ap.add_argument("--celery-optimization", choices=["default", "fair"], default="default")
-    ap.add_argument("--dramatiq-layout", default="1x2", help="PROCESSESxTHREADS")
     ap.add_argument(
         "--dramatiq-prefetch", type=int, default=64, help="0: Dramatiq's default (2 x threads)"
     )
     ap.add_argument("--zmq-credit", type=int, default=100, help="READY credits per zmq worker")
     ap.add_argument(
+        "--repeats",
         "--repeat",
         type=int,
-        default=1,
-        help="run each system N times (round-robin) and keep its best drain",
+        default=3,
+        help="run every system N times (round-robin); each figure is the median",
     )
     ap.add_argument(
         "--quiet-wait",
         type=float,
-        default=60.0,
+        default=30.0,
         help="seconds to wait for other load to drop below 0.25 cores before each system",
     )
     ap.add_argument(
@@ -68,6 +74,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--keep-logs", action="store_true", help="print where server logs are kept")
     opts = ap.parse_args(argv)
+    if opts.results_tasks is None:
+        opts.results_tasks = opts.tasks
     opts.systems = [s.strip() for s in opts.only.split(",") if s.strip()]
     unknown = set(opts.systems) - set(ORDER)
     if unknown:
@@ -75,24 +83,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return opts
 
 
+def start_sink(servers: ServerSet) -> tuple[str, str]:
+    """The completion sink (bench/sink.py): (the URL tasks PUSH to, its control URL)."""
+    pull, control = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    servers.start("sink", "harness", [PYTHON, "-m", "bench.sink", pull, control], base_env())
+    return pull, control
+
+
 def run_system(name: str, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
     servers = ServerSet(os.path.join(log_dir, name))
     client: subprocess.Popen[bytes] | None = None
     try:
+        opts.done_url, control = start_sink(servers)
         started = STARTERS[name](servers, opts)
         argv = [
             PYTHON,
             "-m",
             "bench.clients",
-            name,
+            CLIENT[name],
             "--tasks",
             str(opts.tasks),
+            "--results-tasks",
+            str(opts.results_tasks),
             "--latency-tasks",
             str(opts.latency_tasks),
             "--latency-warmup",
             str(opts.latency_warmup),
             "--endpoint",
             started.endpoint,
+            "--sink",
+            control,
+            f"--pid=harness:{servers.servers[0].pid}",
         ]
         for role, pids in started.roles.items():
             argv += [f"--pid={role}:{pid}" for pid in pids]
@@ -104,7 +125,7 @@ def run_system(name: str, opts: argparse.Namespace, log_dir: str) -> dict[str, A
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        out, err = client.communicate(timeout=600)
+        out, err = client.communicate(timeout=1800)
         dead = [s.name for s in servers.servers if not s.alive()]
         if client.returncode != 0 or not out.strip():
             tails = "\n".join(f"--- {s.name} log:\n{s.log_tail()}" for s in servers.servers)
@@ -113,6 +134,7 @@ def run_system(name: str, opts: argparse.Namespace, log_dir: str) -> dict[str, A
                 f"{err.decode(errors='replace')[-3000:]}\n{tails}"
             )
         result = json.loads(out.strip().splitlines()[-1])
+        result["system"] = name
         result["setup"] = started.notes
         return result
     finally:
@@ -171,6 +193,8 @@ def machine_info() -> dict[str, Any]:
         "kombu",
         "dramatiq",
         "pika",
+        "huey",
+        "rq",
         "redis",
         "psutil",
         "emq-django",
@@ -206,55 +230,17 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def fmt(v: Any, spec: str) -> str:
-    return format(v, spec) if isinstance(v, (int, float)) else "-"
-
-
-def print_table(results: dict[str, dict[str, Any]]) -> None:
-    head = (
-        f"{'system':<10} | {'enqueue/s':>10} | {'drain tasks/s':>13} | {'CPU µs/task':>11} | "
-        f"{'rtt p50 ms':>10} | {'rtt p99 ms':>10}"
-    )
-    print(head)
-    print("-" * len(head))
-    for name in ORDER:
-        r = results.get(name)
-        if r is None:
-            continue
-        if "error" in r:
-            print(f"{name:<10} | failed: {r['error'].splitlines()[0][:70]}")
-            continue
-        print(
-            f"{name:<10} | {fmt(r['enqueue_per_s'], '10,.0f')} | "
-            f"{fmt(r['drain_per_s'], '13,.0f')} | "
-            f"{fmt(r['cpu_us_per_task'], '11,.0f')} | {fmt(r.get('rtt_p50_ms'), '10.3f')} | "
-            f"{fmt(r.get('rtt_p99_ms'), '10.3f')}"
-        )
-    print()
-    for name in ORDER:
-        r = results.get(name)
-        if r and "error" not in r:
-            roles = ", ".join(f"{k} {v:,.0f}" for k, v in r["cpu_us_per_task_by_role"].items())
-            print(
-                f"{name}: CPU µs/task by role: {roles}; other load during drain: "
-                f"{r['other_load_cores']:.2f} cores"
-            )
-            print(f"    completion: {r['completion']}")
-            for note in r.get("setup", []):
-                print(f"    {note}")
-
-
-def ratio(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    emq = results.get("emq", {})
-    peers = {
-        k: results[k]["drain_per_s"]
-        for k in ("celery", "dramatiq")
-        if k in results and "error" not in results[k]
-    }
-    if "drain_per_s" not in emq or not peers:
-        return None
-    best = max(peers, key=lambda k: peers[k])
-    return {"best_peer": best, "ratio": emq["drain_per_s"] / peers[best]}
+KEPT_PER_RUN = (
+    "drain_per_s",
+    "results_per_s",
+    "rtt_p50_ms",
+    "rtt_p99_ms",
+    "drain_cpu_us_per_task",
+    "drain_other_load_cores",
+    "results_other_load_cores",
+    "loadavg",
+    "error",
+)
 
 
 def main(argv: list[str]) -> int:
@@ -267,19 +253,21 @@ def main(argv: list[str]) -> int:
         )
         opts.systems.remove("emq")
     info = machine_info()
-    results: dict[str, dict[str, Any]] = {}
     log_dir = tempfile.mkdtemp(prefix="emq-bench-")
     runs: dict[str, list[dict[str, Any]]] = {}
-    for rnd in range(opts.repeat):
+    for rnd in range(opts.repeats):
         for name in [s for s in ORDER if s in opts.systems]:
             print(
-                f"running {name} (round {rnd + 1}/{opts.repeat}) ...", file=sys.stderr, flush=True
+                f"running {name} (round {rnd + 1}/{opts.repeats}) ...",
+                file=sys.stderr,
+                flush=True,
             )
             idle = wait_for_quiet(opts.quiet_wait)
             t = time.monotonic()
             try:
                 r = run_system(name, opts, log_dir)
                 r["other_load_cores_before"] = idle
+                r["loadavg"] = os.getloadavg()[0]
             except KeyboardInterrupt:
                 print("interrupted; servers stopped", file=sys.stderr)
                 return 130
@@ -288,42 +276,57 @@ def main(argv: list[str]) -> int:
                 print(f"{name} failed: {e}", file=sys.stderr)
             runs.setdefault(name, []).append(r)
             print(f"  {name} took {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
     for name, rs in runs.items():
-        ok = [r for r in rs if "error" not in r]
-        best = max(ok, key=lambda r: r["drain_per_s"]) if ok else rs[-1]
-        results[name] = dict(
-            best,
-            runs=len(rs),
-            all_runs=[
-                {
-                    k: r.get(k)
-                    for k in (
-                        "enqueue_per_s",
-                        "drain_per_s",
-                        "cpu_us_per_task",
-                        "rtt_p50_ms",
-                        "rtt_p99_ms",
-                        "other_load_cores",
-                        "error",
-                    )
-                }
-                for r in rs
-            ],
-        )
+        med = median_of_runs(rs)
+        bad = [r["error"] for r in rs if "error" in r]
+        if bad:
+            errors[name] = bad[0]
+        if med:
+            med["runs_ok"] = len(rs) - len(bad)
+            med["all_runs"] = [{k: r.get(k) for k in KEPT_PER_RUN if k in r} for r in rs]
+            results[name] = med
     info["loadavg_after"] = os.getloadavg()
+    cmp = compare(results)
     print()
-    print_table(results)
-    vs = ratio(results)
-    if vs:
+    print(
+        f"medians of {opts.repeats} run(s); {opts.tasks} no-op jobs, {opts.results_tasks} "
+        f"jobs with results, {opts.latency_tasks} round trips; CPU per job of the no-op drain"
+    )
+    print("\n".join(table(results, errors)))
+    print()
+    for name in ORDER:
+        r = results.get(name)
+        if not r:
+            continue
+        role = r.get("results_cpu_us_per_task_by_role", {})
+        loads = [x.get("drain_other_load_cores") for x in r["all_runs"] if "error" not in x]
         print(
-            f"\nemq drain rate / best of celery, dramatiq ({vs['best_peer']}): {vs['ratio']:.2f}x"
+            f"{name}: with results, CPU µs/job "
+            + "/".join(f"{role.get(k, 0):.0f}" for k in ("producer", "broker", "workers"))
+            + "; other load during drains (cores): "
+            + ", ".join(f"{v:.2f}" for v in loads if isinstance(v, float))
         )
+        for note in r.get("setup", []):
+            print(f"    {note}")
+    print()
+    print("\n".join(summary(cmp)))
+    print(
+        f"load average before {tuple(round(x, 2) for x in info['loadavg_before'])}, "
+        f"after {tuple(round(x, 2) for x in info['loadavg_after'])}"
+    )
     doc = {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "params": {k: v for k, v in vars(opts).items() if k not in ("json", "only", "keep_logs")},
+        "params": {
+            k: v
+            for k, v in vars(opts).items()
+            if k not in ("json", "only", "keep_logs", "done_url")
+        },
         "machine": info,
         "results": results,
-        "emq_vs_best_peer": vs,
+        "errors": errors,
+        "emq_vs_peers": cmp,
     }
     if opts.json:
         with open(opts.json, "w") as f:
@@ -331,11 +334,9 @@ def main(argv: list[str]) -> int:
         print(f"results written to {opts.json}")
     if opts.keep_logs:
         print(f"server logs in {log_dir}")
-    failed = {n: [r for r in rs if "error" in r] for n, rs in runs.items()}
-    for n, bad in failed.items():
-        for r in bad:
-            print(f"{n}: a run failed: {r['error'][:2000]}", file=sys.stderr)
-    return 0 if not any(failed.values()) else 1
+    for n, err in errors.items():
+        print(f"{n}: a run failed: {err[:2000]}", file=sys.stderr)
+    return 0 if not errors else 1
 
 
 if __name__ == "__main__":

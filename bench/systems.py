@@ -1,14 +1,18 @@
-"""How each system's servers are started, and what is purged before a run."""
+"""How each system's servers are started, and what is purged before a run.
+
+Every system gets 2 worker processes, and its servers get the completion sink's
+address (``BENCH_DONE_URL``) that the no-op task PUSHes to."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from bench.procs import PYTHON, REPO, VENV_BIN, ServerSet, base_env, find_system_pids, free_port
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @dataclass
@@ -37,26 +41,26 @@ def purge_rabbit_queues(names: list[str]) -> None:
         conn.close()
 
 
-def reset_redis_keys(keys: list[str]) -> None:
-    import redis
+def service_roles(rabbit: bool) -> dict[str, list[int]]:
+    """The shared services a system uses, counted in its broker role: RabbitMQ's
+    beam.smp (message broker) and/or redis-server (broker or result store)."""
+    pids = find_system_pids("beam.smp") if rabbit else []
+    return {"broker": pids + find_system_pids("redis-server")}
 
-    redis.Redis.from_url(REDIS_URL).delete(*keys)
 
-
-def service_roles(with_redis: bool) -> dict[str, list[int]]:
-    roles = {"broker": find_system_pids("beam.smp")}
-    if with_redis:
-        roles["redis"] = find_system_pids("redis-server")
-    return roles
+def env_for(opts: object, **extra: str) -> dict[str, str]:
+    """The servers' environment: the completion sink's address, and ``extra``."""
+    return base_env(BENCH_DONE_URL=opts.done_url, **extra)  # type: ignore[attr-defined]
 
 
 def start_celery(servers: ServerSet, opts: object) -> Started:
-    from bench.celery_app import DONE_KEY, QUEUE
+    from bench.celery_app import QUEUE
 
     backend = {"redis": "redis://127.0.0.1:6379/1", "rpc": "rpc://"}[opts.celery_backend]  # type: ignore[attr-defined]
     purge_rabbit_queues([QUEUE])
-    reset_redis_keys([DONE_KEY])
-    env = base_env(BENCH_CELERY_BACKEND=backend, BENCH_CELERY_PREFETCH=str(opts.celery_prefetch))  # type: ignore[attr-defined]
+    env = env_for(
+        opts, BENCH_CELERY_BACKEND=backend, BENCH_CELERY_PREFETCH=str(opts.celery_prefetch)
+    )  # type: ignore[attr-defined]
     argv = [
         os.path.join(VENV_BIN, "celery"),
         "-A",
@@ -77,46 +81,99 @@ def start_celery(servers: ServerSet, opts: object) -> Started:
         opts.celery_optimization,  # type: ignore[attr-defined]
     ]
     w = servers.start("celery-worker", "workers", argv, env)
-    roles = {"workers": [w.pid], **service_roles(with_redis=True)}
     notes = [
-        f"1 worker, prefork pool of 2, prefetch multiplier {opts.celery_prefetch}, "  # type: ignore[attr-defined]
+        f"RabbitMQ; 1 worker, prefork pool of 2, prefetch multiplier {opts.celery_prefetch}, "  # type: ignore[attr-defined]
         f"-O {opts.celery_optimization}, acks_late off, no gossip/mingle/heartbeat",  # type: ignore[attr-defined]
-        f"noop ignore_result=True (no backend traffic); echo results via {backend}",
+        f"noop ignore_result=True; echo results via {backend} (AsyncResult.get)",
     ]
-    return Started(env=env, roles=roles, notes=notes)
+    return Started(env=env, roles={"workers": [w.pid], **service_roles(rabbit=True)}, notes=notes)
 
 
-def start_dramatiq(servers: ServerSet, opts: object) -> Started:
-    from bench.dramatiq_app import DONE_KEY, QUEUE
+def start_dramatiq(servers: ServerSet, opts: object, threads: int) -> Started:
+    from bench.dramatiq_app import QUEUE
 
     purge_rabbit_queues([QUEUE, f"{QUEUE}.DQ", f"{QUEUE}.XQ"])
-    reset_redis_keys([DONE_KEY])
-    procs, threads = opts.dramatiq_layout.split("x")  # type: ignore[attr-defined]
     prefetch = opts.dramatiq_prefetch  # type: ignore[attr-defined]
-    env = base_env(**({"dramatiq_queue_prefetch": str(prefetch)} if prefetch else {}))
+    env = env_for(opts, **({"dramatiq_queue_prefetch": str(prefetch)} if prefetch else {}))
     argv = [
         os.path.join(VENV_BIN, "dramatiq"),
         "bench.dramatiq_app",
         "--processes",
-        procs,
+        "2",
         "--threads",
-        threads,
+        str(threads),
         "--queues",
         QUEUE,
     ]
-    w = servers.start("dramatiq-worker", "workers", argv, env)
-    roles = {"workers": [w.pid], **service_roles(with_redis=True)}
+    w = servers.start(f"dramatiq-{threads}t-worker", "workers", argv, env)
     notes = [
-        f"--processes {procs} --threads {threads}, "
+        f"RabbitMQ; --processes 2 --threads {threads}, "
         f"queue prefetch {prefetch or 'default (2 x threads)'}, no confirm_delivery",
-        "noop store_results off; echo results via the Redis results backend",
+        "noop store_results off; echo via the Results middleware, Redis backend "
+        "(message.get_result(block=True))",
     ]
-    return Started(env=env, roles=roles, notes=notes)
+    return Started(env=env, roles={"workers": [w.pid], **service_roles(rabbit=True)}, notes=notes)
+
+
+def start_huey(servers: ServerSet, opts: object) -> Started:
+    from bench.huey_app import huey
+
+    huey.flush()  # this instance's queue, schedule and results
+    env = env_for(opts)
+    argv = [
+        os.path.join(VENV_BIN, "huey_consumer"),
+        "bench.huey_app.huey",
+        "-k",
+        "process",
+        "-w",
+        "2",
+        "--no-periodic",
+        "--quiet",
+    ]
+    w = servers.start("huey-consumer", "workers", argv, env)
+    notes = [
+        "Redis; huey_consumer -k process -w 2 --no-periodic --quiet; RedisHuey blocking=True "
+        "(BRPOP), notify_result=True (result.get(blocking=True) waits on BLPOP)",
+        "noop returns None (no result stored); echo via result.get(blocking=True)",
+    ]
+    return Started(env=env, roles={"workers": [w.pid], **service_roles(rabbit=False)}, notes=notes)
+
+
+def start_rq(servers: ServerSet, opts: object) -> Started:
+    from redis import Redis
+    from rq import Queue
+
+    from bench.rq_app import QUEUE, REDIS_URL
+
+    Queue(QUEUE, connection=Redis.from_url(REDIS_URL)).empty()
+    env = env_for(opts)
+    argv = [
+        os.path.join(VENV_BIN, "rq"),
+        "worker",
+        "--worker-class",
+        "rq.worker.SimpleWorker",
+        "--url",
+        REDIS_URL,
+        "--logging_level",
+        "WARNING",
+        "--disable-job-desc-logging",
+        QUEUE,
+    ]
+    ws = [servers.start(f"rq-worker{i}", "workers", argv, env) for i in range(2)]
+    notes = [
+        "Redis; 2 processes of rq worker --worker-class rq.worker.SimpleWorker "
+        "(no fork per job), logging WARNING",
+        "noop enqueued with result_ttl=0 (no result kept); echo via "
+        "job.latest_result(timeout=...) (blocking XREAD)",
+    ]
+    return Started(
+        env=env, roles={"workers": [w.pid for w in ws], **service_roles(rabbit=False)}, notes=notes
+    )
 
 
 def start_zmq(servers: ServerSet, opts: object) -> Started:
     front, back = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    env = base_env()
+    env = env_for(opts)
     mod = [PYTHON, "-m", "bench.zmq_ref"]
     f = servers.start("zmq-forwarder", "broker", mod + ["forwarder", front, back], env)
     credit = str(opts.zmq_credit)  # type: ignore[attr-defined]
@@ -124,7 +181,10 @@ def start_zmq(servers: ServerSet, opts: object) -> Started:
         servers.start(f"zmq-worker{i}", "workers", mod + ["worker", back, credit], env)
         for i in range(2)
     ]
-    notes = [f"ROUTER-ROUTER forwarder, 2 DEALER worker processes, {credit} READY credit(s) each"]
+    notes = [
+        f"ROUTER-ROUTER forwarder, 2 DEALER worker processes, {credit} READY credit(s) each; "
+        "a no-op returns its credit with a READY, an echo with its reply"
+    ]
     return Started(
         env=env,
         endpoint=front,
@@ -158,7 +218,8 @@ def emq_trace_env(env: dict[str, str], manage: list[str]) -> str:
 def start_emq(servers: ServerSet, opts: object) -> Started:
     p1, p2, p3 = free_port(), free_port(), free_port()
     urls = {p: f"tcp://127.0.0.1:{p}" for p in (p1, p2, p3)}
-    env = base_env(
+    env = env_for(
+        opts,
         DJANGO_SETTINGS_MODULE="project.settings",
         EMQ_FRONTEND_BIND=urls[p1],
         EMQ_BROKER_URL=urls[p1],
@@ -170,7 +231,10 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
         EMQ_JOURNAL_PATH=os.path.join(servers.log_dir, f"emq-journal-{p1}.sqlite3"),
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
-    notes = ["1 broker, 1 job manager --queues bench:10 --concurrency 2"]
+    notes = [
+        "1 broker, 1 job manager --queues bench:10 --concurrency 2 (2 worker processes)",
+        "noop reply=False; echo via Result.get()",
+    ]
     env.pop("EMQ_TRACE_DIR", None)
     env["EMQ_RECORDER"] = ""  # the example project records by default
     if getattr(opts, "emq_trace", False):
@@ -187,4 +251,14 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
     )
 
 
-STARTERS = {"emq": start_emq, "celery": start_celery, "dramatiq": start_dramatiq, "zmq": start_zmq}
+STARTERS: dict[str, Callable[[ServerSet, object], Started]] = {
+    "emq": start_emq,
+    "celery": start_celery,
+    "dramatiq-1t": partial(start_dramatiq, threads=1),
+    "dramatiq-8t": partial(start_dramatiq, threads=8),
+    "huey": start_huey,
+    "rq": start_rq,
+    "zmq": start_zmq,
+}
+# The adapter in bench/clients.py that each row's producer uses.
+CLIENT = {name: name.split("-")[0] for name in STARTERS}

@@ -31,8 +31,12 @@ def one_run(tasks: int, trace: bool) -> dict[str, float]:
             os.path.join(HERE, "run.py"),
             "--only",
             "emq",
-            "--repeat",
+            "--repeats",
             "1",
+            "--results-tasks",
+            "0",
+            "--latency-tasks",
+            "0",
             "--quiet-wait",
             "20",
             "--tasks",
@@ -48,8 +52,8 @@ def one_run(tasks: int, trace: bool) -> dict[str, float]:
         raise SystemExit(f"the emq run failed: {result}")
     return {
         "drain": result["drain_per_s"],
-        "cpu": result["cpu_us_per_task"],
-        **{f"cpu_{k}": v for k, v in result["cpu_us_per_task_by_role"].items()},
+        "cpu": result["drain_cpu_us_per_task"],
+        **{f"cpu_{k}": v for k, v in result["drain_cpu_us_per_task_by_role"].items()},
     }
 
 

@@ -8,6 +8,11 @@ themselves with one READY per free slot on the backend ROUTER; the forwarder
 hands each request to the least recently ready worker as [worker, client, body]
 and sends the reply [client, body] back. Requests wait in a deque when no
 worker is ready. Every socket drains until EAGAIN before polling again.
+
+An empty body is the no-op job: the worker sends the harness's completion
+signal (``bench/donesignal.py``, the same PUSH every system's no-op task sends)
+and returns its credit with a READY instead of a reply, as a job sent without
+a reply would. Any other body is echoed back as the job's result.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import sys
 from collections import deque
 
 import zmq
+
+from bench.donesignal import mark_done
 
 READY = b"READY"
 
@@ -74,7 +81,11 @@ def worker(back_url: str, credit: int) -> None:
         sock.send(READY)
     while True:
         client, body = sock.recv_multipart()
-        sock.send_multipart([client, body])  # the no-op task: echo the body
+        if body:
+            sock.send_multipart([client, body])  # the result: the body, echoed
+        else:
+            mark_done()
+            sock.send(READY)
 
 
 def main(argv: list[str]) -> None:
