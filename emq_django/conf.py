@@ -27,6 +27,14 @@ class EmqSettings:
     BACKEND_BIND: str = "tcp://127.0.0.1:47290"
     MONITOR_BIND: str = "tcp://127.0.0.1:47293"
     MDP_BIND: str = "tcp://127.0.0.1:5555"  # Majordomo clients and workers; '' turns it off
+    PZQ_RECEIVE_BIND: str = "tcp://127.0.0.1:11131"  # PZQ producers; '' turns PZQ off
+    PZQ_SEND_BIND: str = "tcp://127.0.0.1:11132"  # PZQ consumers connect a ROUTER here
+    PZQ_MONITOR_BIND: str = "tcp://127.0.0.1:11133"  # PZQ's MONITOR; '' leaves it out
+    PZQ_QUEUE: str = "pzq"  # the emq queue PZQ messages live in
+    PZQ_ACK_TIMEOUT: float = 5.0  # seconds a consumer has to ack a delivery
+    PZQ_MAX_DELIVERIES: int = 10  # then the message goes to the dead letters
+    PZQ_MAX_INFLIGHT: int = 1000  # deliveries not yet acked, over all consumers
+    PZQ_MAX_AGE: float = 0.0  # seconds a message may wait; older ones expire (0: never)
     HEARTBEAT_INTERVAL: float = 1.0
     HEARTBEAT_LIVENESS: int = 3
     ACK_TIMEOUT: float = 5.0
@@ -165,7 +173,20 @@ def _validate(s: EmqSettings) -> None:
             raise ImproperlyConfigured(
                 f"EMQ_{name}={url!r} is not a ZeroMQ address such as tcp://127.0.0.1:47291"
             )
-    for name in ("MDP_BIND",):  # the protocol ports: '' turns one off
+    if s.PZQ_ACK_TIMEOUT <= 0 or s.PZQ_MAX_DELIVERIES < 1 or s.PZQ_MAX_INFLIGHT < 1:
+        raise ImproperlyConfigured(
+            "EMQ_PZQ_ACK_TIMEOUT must be > 0 seconds, EMQ_PZQ_MAX_DELIVERIES and "
+            "EMQ_PZQ_MAX_INFLIGHT >= 1"
+        )
+    if s.PZQ_MAX_AGE < 0:
+        raise ImproperlyConfigured("EMQ_PZQ_MAX_AGE must be >= 0 seconds (0: no limit)")
+    if s.PZQ_RECEIVE_BIND and not s.PZQ_SEND_BIND:
+        raise ImproperlyConfigured(
+            "EMQ_PZQ_SEND_BIND is empty but EMQ_PZQ_RECEIVE_BIND is set: PZQ needs both "
+            "(an empty EMQ_PZQ_RECEIVE_BIND turns PZQ off)"
+        )
+    for name in ("MDP_BIND", "PZQ_RECEIVE_BIND", "PZQ_SEND_BIND", "PZQ_MONITOR_BIND"):
+        # the protocol ports: '' turns one off
         url = getattr(s, name)
         if url and "://" not in url:
             raise ImproperlyConfigured(

@@ -265,6 +265,9 @@ def run(demo: Demo, web_addr: str) -> int:
         "broker (job managers)": _address("EMQ_BACKEND_BIND", "tcp://127.0.0.1:47290"),
         "broker (monitor)": _address("EMQ_MONITOR_BIND", "tcp://127.0.0.1:47293"),
         "broker (Majordomo)": _address("EMQ_MDP_BIND", "tcp://127.0.0.1:5555"),
+        "broker (PZQ receive)": _address("EMQ_PZQ_RECEIVE_BIND", "tcp://127.0.0.1:11131"),
+        "broker (PZQ send)": _address("EMQ_PZQ_SEND_BIND", "tcp://127.0.0.1:11132"),
+        "broker (PZQ monitor)": _address("EMQ_PZQ_MONITOR_BIND", "tcp://127.0.0.1:11133"),
         "web server": _address("WEB_ADDR", "tcp://" + web_addr),
     }
     busy = [f"{h}:{p} ({what})" for what, (h, p) in ports.items() if not _port_free(h, p)]

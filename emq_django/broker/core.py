@@ -11,6 +11,7 @@ an object it owns, ``self.life``.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from typing import Any
 
@@ -58,6 +59,9 @@ MAX_HELD_SCHEDULES = 10_000
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
 CANCELLED = "emq_django.exceptions.Cancelled"
 CANCELLED_OUTCOME = Outcome(failed=True, error=CANCELLED)
+# a lease (a peer's time to answer a delivery) ran out: the attempt failed, and the
+# job goes out again at once; the peer's credit comes back
+LEASE_EXPIRED = Outcome(failed=True, ready=True, error="TimeoutError", retry=0.0)
 
 COUNTERS = (
     "received",
@@ -84,6 +88,8 @@ COUNTERS = (
     "partials_forwarded",  # ... sent on to their client (one that asked for them)
     "stale_partials",  # partial results for no attempt in flight at that peer: dropped
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
+    "lease_expired",  # deliveries to a leasing peer (PZQ) not answered in time
+    "expired",  # jobs older than their queue's max_age when their turn came: dropped
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
 
@@ -102,6 +108,8 @@ class BrokerCore:
         self.schedulers: dict[Peer, None] = {}
         self.managers: dict[str, Peer] = {}  # our job managers: name -> control peer
         self.inflight: dict[bytes, Job] = {}  # attempt id -> job
+        # (deadline, attempt id) of deliveries to peers with a lease, soonest first
+        self.leases: list[tuple[float, bytes]] = []
         # attempts whose worker process is gone, held under its job manager until
         # it says how the process ended (or until this deadline)
         self.held: dict[bytes, float] = {}
@@ -144,6 +152,8 @@ class BrokerCore:
         if now >= self.life.delayed.next_due():
             for job in self.life.due(now):
                 self._route(job, self._queue(job.queue), now)
+        if self.leases and now >= self.leases[0][0]:
+            self._expire_leases(now)
         if now >= self.next_housekeeping:
             self.next_housekeeping = now + 60.0
             self.life.housekeeping(now)
@@ -154,7 +164,18 @@ class BrokerCore:
             self.next_expiry_check,
             self.life.delayed.next_due(),
             self.next_housekeeping,
+            self.leases[0][0] if self.leases else float("inf"),
         )
+
+    def _expire_leases(self, now: float) -> None:
+        leases = self.leases
+        while leases and now >= leases[0][0]:
+            _, attempt_id = heapq.heappop(leases)
+            job = self.inflight.get(attempt_id)
+            if job is None or job.peer is None:
+                continue  # answered already
+            self.counters["lease_expired"] += 1
+            self.worker_result(job.peer, attempt_id, LEASE_EXPIRED, b"", now)
 
     def begin_shutdown(self) -> None:
         """Goodbye to every peer; in-flight work may still finish."""
@@ -407,6 +428,31 @@ class BrokerCore:
                 Answer(client, job, body, _PARTIAL, more, final=False, seq=seq or job.partials)
             )
 
+    def worker_unsent(self, peer: Peer, attempt_id: bytes, now: float) -> None:
+        """The delivery of ``attempt_id`` could not leave for ``peer`` (nobody
+        connected to take it, or all full): it goes back to the front of its queue,
+        uncounted, and ``peer`` gets no more until ``worker_credit`` says so."""
+        job = self.inflight.pop(attempt_id, None)
+        if job is None:
+            return
+        self._set_credit(peer, 0)
+        self._release(job)
+        self._requeue(job, now, lost_from=peer)
+
+    def worker_credit(self, peer: Peer, credit: int, now: float) -> None:
+        """``peer`` may have ``credit`` jobs more than it has now (at once; waiting
+        ones are dispatched)."""
+        for _ in range(credit):
+            if peer.draining or self.stopping:
+                return
+            self._credit(peer, now)
+
+    def set_max_age(self, queue_name: str, seconds: float) -> None:
+        """Jobs of this queue older than ``seconds`` when their turn comes are
+        dropped (counted ``expired``); 0: never."""
+        if seconds or queue_name in self.queues:
+            self._queue(queue_name).max_age = seconds
+
     def worker_disconnect(self, peer: Peer, now: float) -> None:
         """``peer`` wants no more jobs; the ones it has still count."""
         peer.draining = True
@@ -458,6 +504,8 @@ class BrokerCore:
             return
         for _weight, name in peer.queues:  # highest weight first
             queue = self.queues[name]
+            if queue.max_age:
+                self._drop_expired(queue, now)
             if queue.pending:
                 self._dispatch(queue.pop(), queue, peer, now, returning=True)
                 if queue.spilled:
@@ -466,6 +514,16 @@ class BrokerCore:
             if queue.spilled:
                 self._check_spill(queue)  # waiting on disk: read some back
         self._set_credit(peer, peer.credit + 1)
+
+    def _drop_expired(self, queue: Queue, now: float) -> None:
+        """Drop the jobs at the front of ``queue`` older than its max_age."""
+        limit = now - queue.max_age
+        while queue.pending and queue.pending[0].enqueued_at < limit:
+            job = queue.pop()
+            self.counters["expired"] += 1
+            if self.tracer is not None:
+                self.tracer.event("failed", job, now, "Expired")
+            self.life.forget(job, now)
 
     def _set_credit(self, peer: Peer, credit: int) -> None:
         was, peer.credit = peer.credit, credit
@@ -498,6 +556,8 @@ class BrokerCore:
         if not returning:
             self._set_credit(peer, peer.credit - 1)
         self.counters["dispatched"] += 1
+        if peer.lease:
+            heapq.heappush(self.leases, (now + peer.lease, job.attempt_id))
         self.out.append(Deliver(peer, job))
 
     def _may_answer(self, peer: Peer, job: Job) -> bool:
@@ -687,6 +747,8 @@ class BrokerCore:
                 continue  # busy running a job; its job manager vouches for it
             if peer.inflight and peer.meta.get("silent_when_busy"):
                 continue  # silent while it works; a dead one is unroutable to heartbeats
+            if peer.meta.get("bound"):
+                continue  # the broker's own socket (PZQ's send socket): never silent
             self.counters["peers_expired"] += 1
             self._drop_peer(peer, now, f"missed {self.config.heartbeat_liveness} heartbeats")
         for peer in [p for p in self.schedulers if now - p.last_seen > limit]:

@@ -1,6 +1,7 @@
 """The broker's server loop: the only part of the broker that touches sockets.
 
-One thread; one ROUTER socket per configured port (``broker/ports``), made by
+One thread; one ROUTER socket per configured port (``broker/ports``), or the
+sockets a multi-socket port asks for (``Port.socket_specs``), made by
 ``emq_django.transport``, and a wake-up pipe for signals. It drains each ready
 socket until it would block, hands the frames to that socket's port (which calls
 the core), and sends the effects the core queued through the port each one's
@@ -27,7 +28,9 @@ from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Refuse
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.ports import PORTS, Port
+from emq_django.broker.ports.base import Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
+from emq_django.broker.ports.pzq import PzqPort
 from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
@@ -97,6 +100,7 @@ class BrokerServer:
             address = getattr(settings, setting)
             if address:
                 port = port_class(self.core, address)
+                port.configure(settings)
                 if hasattr(port, "new_id"):
                     port.new_id = ids  # one id sequence for the whole broker
                 self.ports.append(port)
@@ -107,7 +111,7 @@ class BrokerServer:
             "started_at": time.time(),
         }
         for port in self.ports:
-            if isinstance(port, MonitorPort):
+            if isinstance(port, (MonitorPort, PzqPort)):
                 port.status = self.status
         self.internal_errors = 0
         self.dropped_sends = 0
@@ -116,23 +120,31 @@ class BrokerServer:
         self._wake_r, self._wake_w = pysocket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self.sockets: dict[Port, zmq.Socket[Any]] = {
-            port: transport.make_socket(self.context, zmq.ROUTER, port.socket_options())
-            for port in self.ports
-        }
+        # every socket: (port, spec, socket, its reader, whether a ROUTER)
+        self.endpoints: list[tuple[Port, SocketSpec, zmq.Socket[Any], Handler, bool]] = []
+        self.named: dict[tuple[Port, str], zmq.Socket[Any]] = {}
+        self.sockets: dict[Port, zmq.Socket[Any]] = {}  # each port's first socket
+        for port in self.ports:
+            for spec in port.socket_specs():
+                sock = transport.make_socket(self.context, spec.kind, spec.options)
+                self.endpoints.append(
+                    (port, spec, sock, port.handler_for(spec.name), spec.kind == zmq.ROUTER)
+                )
+                self.named[(port, spec.name)] = sock
+                self.sockets.setdefault(port, sock)
 
     def bind(self) -> None:
         """Bind every port; raises ``zmq.ZMQError`` naming the address on failure."""
-        for port, sock in self.sockets.items():
+        for _, spec, sock, _, _ in self.endpoints:
             try:
-                sock.bind(port.address)
+                sock.bind(spec.address)
             except zmq.ZMQError as exc:
                 raise zmq.ZMQError(
-                    exc.errno, f"cannot bind {port.address} ({port.name}): {exc.strerror}"
+                    exc.errno, f"cannot bind {spec.address} ({spec.name}): {exc.strerror}"
                 ) from exc
         log.info(
             "broker up: %s (pid %d)",
-            ", ".join(f"{p.name} on {p.address}" for p in self.ports),
+            ", ".join(f"{spec.name} on {spec.address}" for _, spec, _, _, _ in self.endpoints),
             os.getpid(),
         )
 
@@ -156,7 +168,7 @@ class BrokerServer:
     def run(self) -> None:
         poller = zmq.Poller()
         by_socket: dict[Any, Port] = {}
-        for port, sock in self.sockets.items():
+        for port, _, sock, _, _ in self.endpoints:
             poller.register(sock, zmq.POLLIN)
             by_socket[sock] = port
         poller.register(self._wake_r.fileno(), zmq.POLLIN)
@@ -199,23 +211,23 @@ class BrokerServer:
         moment, and each EAGAIN costs an exception.
         """
         core = self.core
-        sockets = list(self.sockets.items())
+        endpoints = [(sock, handle, routed) for _, _, sock, handle, routed in self.endpoints]
         readable = wire.readable
         while True:
             got = 0
-            for port, sock in sockets:
+            for sock, handle, routed in endpoints:
                 if readable(sock):
-                    got += self._drain(port, sock)
+                    got += self._drain(sock, handle, routed)
             if not got:
                 return
             now = self.clock()
             if now >= core.next_deadline():
                 core.on_timer(now)
 
-    def _drain(self, port: Port, sock: zmq.Socket[Any]) -> int:
-        """Handle up to CHUNK waiting messages, then send what they produced."""
+    def _drain(self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True) -> int:
+        """Handle up to CHUNK waiting messages, then send what they produced.
+        ``routed``: a ROUTER, whose first frame is the sender's identity."""
         now = self.clock()
-        handle = port.handle
         readable = wire.readable
         recv = wire.recv
         n = 0
@@ -223,9 +235,14 @@ class BrokerServer:
             frames = recv(sock)
             n += 1
             try:
-                back = handle(frames[0], frames[1:], now)
-                if back is not None:
-                    wire.send(sock, [frames[0], *back])
+                if routed:
+                    back = handle(frames[0], frames[1:], now)
+                    if back is not None:
+                        wire.send(sock, [frames[0], *back])
+                else:
+                    back = handle(b"", frames, now)
+                    if back is not None:
+                        wire.send(sock, back)
             except zmq.ZMQError:
                 self.dropped_sends += 1
             except Exception:  # a bug must not take the broker down
@@ -252,6 +269,9 @@ class BrokerServer:
             for effect in batch:
                 ref: Any = effect.client if type(effect) in _TO_CLIENT else effect.peer  # type: ignore[union-attr]
                 port = ref.port
+                if port.multi_socket:
+                    self._send_routed(port, effect)
+                    continue
                 try:
                     frames = port.encode(effect)
                     if frames is not None:
@@ -268,6 +288,21 @@ class BrokerServer:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     port.unroutable(ref.identity, self.clock())
+
+    def _send_routed(self, port: Port, effect: Any) -> None:
+        """An effect of a multi-socket port, on the socket it names."""
+        routed = port.encode_routed(effect)
+        if routed is None:
+            return
+        name, frames = routed
+        try:
+            wire.send(self.named[(port, name)], frames)
+        except zmq.Again:
+            port.unsent(effect, self.clock())
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            port.unroutable(frames[0], self.clock())
 
     def _commit(self) -> None:
         """Write the loop turn's journal operations in one transaction. If that
@@ -345,7 +380,7 @@ class BrokerServer:
     def close(self) -> None:
         if self._signals_installed:
             signal.set_wakeup_fd(-1)
-        for sock in self.sockets.values():
+        for _, _, sock, _, _ in self.endpoints:
             sock.close(linger=0)
         self._wake_r.close()
         self._wake_w.close()

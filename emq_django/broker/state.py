@@ -83,6 +83,9 @@ class Peer:
     trace_name: str | None = None  # its "jm" in the trace log, once known
     port: Port | None = None  # the port it came in by: what is said to it goes out there
     gone: bool = False  # dropped by the core
+    # seconds it has to answer each delivery, else the attempt failed (PZQ's ack
+    # time-out); 0: no limit
+    lease: float = 0.0
 
     @property
     def role(self) -> str:
@@ -128,6 +131,7 @@ class Queue:
         "weights",
         "servers",
         "in_flight",
+        "max_age",
     )
 
     def __init__(self, name: str) -> None:
@@ -139,6 +143,7 @@ class Queue:
         self.weights: list[int] = []
         self.servers: dict[Peer, int] = {}
         self.in_flight = 0
+        self.max_age = 0.0  # seconds; older waiting jobs are dropped (0: never)
 
     def push(self, job: Job) -> None:
         self.pending.append(job)

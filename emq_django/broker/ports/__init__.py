@@ -13,14 +13,24 @@ from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.ports.mdp import MajordomoPort
 from emq_django.broker.ports.monitor import MonitorPort
+from emq_django.broker.ports.pzq import PzqPort
 
 # (setting with the bind address, port class); workers first: their replies give
 # credit back, so the server reads them before new jobs
 PORTS: tuple[tuple[str, type[Port]], ...] = (
     ("BACKEND_BIND", EmqpWorkerPort),
     ("MDP_BIND", MajordomoPort),
+    ("PZQ_RECEIVE_BIND", PzqPort),
     ("FRONTEND_BIND", EmqpClientPort),
     ("MONITOR_BIND", MonitorPort),
 )
 
-__all__ = ["PORTS", "EmqpClientPort", "EmqpWorkerPort", "MajordomoPort", "MonitorPort", "Port"]
+__all__ = [
+    "PORTS",
+    "EmqpClientPort",
+    "EmqpWorkerPort",
+    "MajordomoPort",
+    "MonitorPort",
+    "Port",
+    "PzqPort",
+]

@@ -5,14 +5,23 @@ A port decodes the messages its socket receives (``handle``) into calls on
 touches no socket: the server owns them, binds one per port with the options
 ``socket_options`` gives, and sends what ``encode`` returns to the effect's
 identity on that port's socket.
+
+A port that needs several sockets (PZQ: producers, consumers, monitor) says so
+with ``socket_specs`` (a name, a zmq kind, an address and options each) and
+``multi_socket = True``; the server then reads each socket through
+``handler_for(name)`` and sends what ``encode_routed`` returns (the socket's name
+and the whole message, identity included on a ROUTER) on the named socket.
 """
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import zmq
 
 from emq_django.broker.effects import Effect
 from emq_django.broker.state import show_identity
@@ -26,6 +35,20 @@ log = logging.getLogger(__name__)
 
 ERROR_LOG_BUDGET = 100  # malformed messages logged per port, then every 10,000th
 
+# one message from a socket: (identity, frames, now) -> frames to send straight back
+Handler = Callable[[bytes, Sequence[bytes], float], "list[bytes] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class SocketSpec:
+    """One socket a port owns. On a ROUTER the server passes the first frame as the
+    identity; on any other kind the identity is ``b""`` and the frames are whole."""
+
+    name: str
+    kind: int
+    address: str
+    options: SocketOptions
+
 
 class Port(ABC):
     """One protocol on one socket. ``name`` shows in logs and counters."""
@@ -33,6 +56,8 @@ class Port(ABC):
     name = "port"
     # its clients get partial results whatever their request said (Majordomo)
     always_streams = False
+    # several sockets: effects go out through ``encode_routed``, not ``encode``
+    multi_socket = False
 
     def __init__(self, core: BrokerCore, address: str = "") -> None:
         self.core = core
@@ -42,6 +67,27 @@ class Port(ABC):
     def socket_options(self) -> SocketOptions:
         """ROUTER_MANDATORY: an unroutable peer raises instead of a silent drop."""
         return SocketOptions(router_mandatory=True)
+
+    def configure(self, settings: Any) -> None:  # noqa: B027 (most ports need nothing)
+        """Read what the port needs beyond its address from the settings."""
+
+    def socket_specs(self) -> list[SocketSpec]:
+        """The sockets to bind: one ROUTER on ``address`` unless overridden."""
+        return [SocketSpec(self.name, zmq.ROUTER, self.address, self.socket_options())]
+
+    def handler_for(self, socket: str) -> Handler:
+        """What reads the socket named ``socket`` (of ``socket_specs``)."""
+        return self.handle
+
+    def encode_routed(self, effect: Effect) -> tuple[str, list[bytes]] | None:
+        """A multi-socket port's ``encode``: the socket's name and the whole message
+        (the identity first on a ROUTER), or None."""
+        return None
+
+    def unsent(self, effect: Effect, now: float) -> None:
+        """The socket would have blocked on ``effect`` (multi-socket ports): it was
+        not sent."""
+        self.core.counters["unroutable"] += 1
 
     @abstractmethod
     def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
