@@ -226,13 +226,17 @@ class BrokerServer:
 
     def _drain(self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True) -> int:
         """Handle up to CHUNK waiting messages, then send what they produced.
-        ``routed``: a ROUTER, whose first frame is the sender's identity."""
+        ``routed``: a ROUTER, whose first frame is the sender's identity. Reads until
+        EAGAIN: asking ZMQ_EVENTS before each message would cost a mailbox check per
+        message under load (``_drain_all`` asks once, before coming here)."""
         now = self.clock()
-        readable = wire.readable
         recv = wire.recv
         n = 0
-        while n < CHUNK and readable(sock):
-            frames = recv(sock)
+        while n < CHUNK:
+            try:
+                frames = recv(sock)
+            except zmq.Again:
+                break
             n += 1
             try:
                 if routed:
@@ -264,6 +268,8 @@ class BrokerServer:
             if last or now >= self._trace_due or len(tracer.lines) >= TRACE_MAX_EVENTS:
                 self.tracer.write(tracer.take())
                 self._trace_due = now + TRACE_WRITE_INTERVAL
+        sockets = self.sockets
+        send = wire.send
         while core.out:
             batch, core.out = core.out, []
             for effect in batch:
@@ -275,7 +281,7 @@ class BrokerServer:
                 try:
                     frames = port.encode(effect)
                     if frames is not None:
-                        wire.send(self.sockets[port], [ref.identity, *frames])
+                        send(sockets[port], [ref.identity, *frames])
                 except zmq.Again:
                     self.dropped_sends += 1
                     if self.dropped_sends % 1000 == 1:
