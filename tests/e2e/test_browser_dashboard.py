@@ -136,7 +136,12 @@ def test_dashboard_live_in_browser(
     )
     assert made.returncode == 0, made.stderr
 
-    recorder = {"EMQ_RECORDER": "emq_django.results.recorder.DatabaseRecorder"}
+    recorder = {
+        "EMQ_RECORDER": "emq_django.results.recorder.DatabaseRecorder",
+        # the recorder process waits for a quiet machine (up to this long) before it
+        # writes: in a busy test run the history would still be empty at the end
+        "EMQ_RECORDER_MAX_DELAY": "1",
+    }
     broker = start_broker(emq_processes, env)
     jm = start_jm(emq_processes, "browser-jm", concurrency=2, extra_env=recorder)
     web_port = free_tcp_port()
@@ -212,9 +217,13 @@ def test_dashboard_live_in_browser(
         producer.stopped.set()
         producer.join(5)
 
-    # the job history filled, and its admin page shows it
-    browser.get(f"{base}/admin/emq_results/jobresult/")  # logged in already
-    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    # the job history filled, and its admin page shows it (written within the
+    # recorder's delay, so reload until the rows are there)
+    def history_rows() -> list[Any]:
+        browser.get(f"{base}/admin/emq_results/jobresult/")  # logged in already
+        return browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+
+    rows = wait_until(history_rows, "the job history's rows in the admin", 20, [jm, web])
     assert rows, "the job history is empty"
     assert "spine_tasks.add" in browser.find_element(By.ID, "result_list").text
     browser.save_screenshot(str(ARTIFACTS / "job-history.png"))
