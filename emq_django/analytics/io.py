@@ -24,7 +24,6 @@ from emq_django.analytics.transforms import EVENT_SCHEMA, clean_events
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
-    "spark.sql.shuffle.partitions": "8",
     "spark.ui.showConsoleProgress": "false",
     # Percentiles per minute are exact; one group never holds more than a
     # minute of one task's jobs.
@@ -54,6 +53,24 @@ def build_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+# Shuffle partitions per byte of trace read in one batch (unless the session was
+# given spark.sql.shuffle.partitions): Spark's default of 200 is far too many for
+# a local[2] run over a few MB, and 8 too few for gigabytes.
+BYTES_PER_PARTITION = 128 << 20
+MAX_PARTITIONS = 200
+
+
+def tune_partitions(spark: SparkSession, trace_bytes: int) -> None:
+    """Shuffle partitions for a batch of ``trace_bytes``: one per 128 MB, at least
+    the default parallelism; left alone when the session's conf sets them."""
+    key = "spark.sql.shuffle.partitions"
+    if spark.sparkContext.getConf().contains(key):
+        return
+    floor = spark.sparkContext.defaultParallelism
+    wanted = max(floor, min(MAX_PARTITIONS, -(-trace_bytes // BYTES_PER_PARTITION)))
+    spark.conf.set(key, str(wanted))
 
 
 def read_events(spark: SparkSession, paths: Sequence[Path | str]) -> DataFrame:
