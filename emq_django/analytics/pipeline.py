@@ -117,14 +117,15 @@ class Analyzer:
         open jobs' events all come from that cache, and the metrics from the cached
         job facts, not from Parquet written and read back in the same run."""
         cfg = self.config
-        events = io.window_events(events, cfg.since, cfg.until).withColumn("_new", F.lit(True))
+        events = io.window_events(events, cfg.since, cfg.until).select(*transforms.FACT_COLUMNS)
+        events = events.withColumn("_new", F.lit(True))
         with self._lock:
             batch = self.checkpoint.batch + 1
             old_open = self.checkpoint.open_dir
         all_events = events
         if old_open and (self.out / old_open).is_dir():
             carried = self.spark.read.parquet(str(self.out / old_open))
-            carried = carried.select(*transforms.EVENT_COLUMNS).withColumn("_new", F.lit(False))
+            carried = carried.select(*transforms.FACT_COLUMNS).withColumn("_new", F.lit(False))
             all_events = events.unionByName(carried)
         all_events = all_events.persist()
         try:
@@ -133,7 +134,12 @@ class Analyzer:
             all_events.unpersist()
 
     def _process(self, all_events: DataFrame, batch: int, old_open: str) -> BatchResult:
-        jobs = transforms.job_facts(all_events.drop("_new")).persist()
+        events = all_events.drop("_new")
+        # The first pass over the trace: it fills the cache, and the dictionary
+        # then reaches each of job_facts' look-ups as a local relation.
+        words = transforms.string_dictionary(events).collect()
+        dictionary = self.spark.createDataFrame(words, "h long, s string")
+        jobs = transforms.job_facts(events, dictionary).persist()
         try:
             return self._process_jobs(all_events, jobs, batch, old_open)
         finally:

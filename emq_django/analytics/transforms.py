@@ -58,6 +58,9 @@ EVENT_SCHEMA = StructType(
     ]
 )
 EVENT_COLUMNS = [f.name for f in EVENT_SCHEMA.fields]
+# What the job and attempt facts read (a dispatch's wait_us is e2e_us - run_us,
+# a retry's delay_us no metric uses): what the pipeline caches and carries over.
+FACT_COLUMNS = [c for c in EVENT_COLUMNS if c not in ("wait_us", "delay_us")]
 
 
 def clean_events(raw: DataFrame) -> DataFrame:
@@ -124,10 +127,15 @@ def _hash(column: str) -> Column:
     return F.when(F.col(column).isNotNull(), F.xxhash64(F.col(column)))
 
 
-def _dictionary(events: DataFrame) -> DataFrame:
-    """(h, s): every distinct string of ``_STRINGS`` with its hash (a few hundred rows)."""
-    pairs = F.array(*[F.struct(_hash(c).alias("h"), F.col(c).alias("s")) for c in _STRINGS])
-    return events.select(F.inline(pairs)).where(F.col("s").isNotNull()).distinct()
+def string_dictionary(events: DataFrame) -> DataFrame:
+    """(h, s): every distinct string of ``_STRINGS`` with its hash (a few hundred
+    rows). ``job_facts`` looks its hashes up there; collect it first (and hand it
+    over as a local DataFrame) to scan the events for it once, not once per column."""
+    # The distinct combinations first: a hash aggregate keyed by the four strings,
+    # which stays tiny (queues x tasks x job managers x errors that occur together).
+    combos = events.select(*_STRINGS).distinct()
+    words = combos.select(F.explode(F.array(*_STRINGS)).alias("s")).where(F.col("s").isNotNull())
+    return words.distinct().select(F.xxhash64("s").alias("h"), "s")
 
 
 def _job_codes(events: DataFrame) -> DataFrame:
@@ -159,7 +167,7 @@ def _decode(jobs: DataFrame, dictionary: DataFrame, column: str, name: str) -> D
     return jobs.join(lookup, column, "left")
 
 
-def job_facts(events: DataFrame) -> DataFrame:
+def job_facts(events: DataFrame, dictionary: DataFrame | None = None) -> DataFrame:
     """One row per job id.
 
     ``outcome`` is the final event (succeeded, failed, timed_out, dead_lettered),
@@ -168,9 +176,11 @@ def job_facts(events: DataFrame) -> DataFrame:
     ``e2e_us - run_us``: that attempt's dispatch minus the enqueue, which is the
     ``wait_us`` the broker wrote on that dispatch (so it needs no other event).
     ``queue`` and ``task``: the broker writes the same on every event of a job;
-    should they differ, the one with the highest hash is taken.
+    should they differ, the one with the highest hash is taken. ``dictionary``:
+    ``string_dictionary(events)`` (by default, computed here).
     """
-    dictionary = _dictionary(events)
+    if dictionary is None:
+        dictionary = string_dictionary(events)
     jobs = _job_codes(events)
     for column, name in (
         ("_queue", "queue"),
