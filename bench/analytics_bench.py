@@ -2,17 +2,19 @@
 
     .venv/bin/python bench/analytics_bench.py --events 10000000 --master 'local[2]'
 
-Writes synthetic hourly trace files (emq_django.analytics.synth), then runs one
+Writes synthetic hourly trace files (emq_django.analytics.synth) once into
+``--dir/trace`` (reused by later runs with the same arguments), then, in one Spark
+session: a bare read and count of those files (explicit schema), one
 ``emq_analyze`` batch over them (the same ``Analyzer`` the command runs: JSON ->
-job facts -> Parquet -> metrics -> a scratch SQLite database), then a rerun with
-nothing new. Memory is the resident set of this process and every child (the
-Spark JVM), sampled every 0.2 s; the peak of their sum is reported.
+job facts -> metrics -> Parquet and a scratch SQLite database), the bare read and
+count again, a read that parses every field (context only), and a rerun with
+nothing new. The ratio is the pipeline's time over the mean of the two bare
+reads: the machine is shared, so compare only ratios from one run. Memory is the
+resident set of this process and every child (the Spark JVM), sampled every
+0.2 s; the peak of their sum is reported.
 
-Measured here (2 cores, others' work running, load average about 3), 9,986,029
-events (3,257,328 jobs, 4 hourly files, 1.67 GB), local[2]:
-  --driver-memory 4g: 186 s, 53,600 events/s, peak RSS 4.8 GB (JVM 4.7 GB)
-  --driver-memory 2g: 174 s, 57,500 events/s, peak RSS 2.7 GB (JVM 2.6 GB)
-The JVM grows to the heap it is given; 2g is enough. A rerun with nothing new: 0 s.
+Before this issue's changes (commit 2a086bb), on 998,210 events (one 167 MB file),
+local[2], 2g, load average 8-13: 480 s against a bare read of 24 s (19.8x).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -66,20 +70,66 @@ class PeakRss:
             self._stop.wait(self.interval)
 
 
+def synth_trace(trace: Path, events: int, rate: float) -> tuple[int, int, int]:
+    """The synthetic trace in ``trace``, written once: a later run with the same
+    arguments reuses it (``_synth.json`` records them). Returns (events, jobs, bytes)."""
+    from emq_django.analytics.synth import SynthConfig, generate, write_trace
+
+    jobs = int(events / EVENTS_PER_JOB)
+    marker = trace / "_synth.json"
+    wanted = {"jobs": jobs, "rate": rate, "seed": 1}
+    if marker.exists():
+        doc = json.loads(marker.read_text())
+        if doc["config"] == wanted:
+            print(f"synth: reusing {trace} ({doc['events']} events)")
+            return doc["events"], jobs, doc["bytes"]
+    shutil.rmtree(trace, ignore_errors=True)
+    t0 = time.monotonic()
+    counts = write_trace(
+        generate(SynthConfig(jobs=jobs, start=1_772_359_200.0, rate=rate, seed=1)), trace
+    )
+    n = sum(counts.values())
+    size = sum(p.stat().st_size for p in trace.glob("trace-*.jsonl"))
+    marker.write_text(json.dumps({"config": wanted, "events": n, "bytes": size}))
+    print(
+        f"synth: {n} events of {jobs} jobs, {len(counts)} files, {size / 1e9:.2f} GB, "
+        f"{time.monotonic() - t0:.0f} s"
+    )
+    return n, jobs, size
+
+
+def bare_read(spark: Any, trace: Path) -> tuple[float, int]:
+    """Seconds for a bare Spark read and count of the trace files (the same
+    explicit schema as the pipeline, no cleaning), and the count."""
+    from emq_django.analytics.transforms import EVENT_SCHEMA
+
+    paths = [str(p) for p in sorted(trace.glob("trace-*.jsonl"))]
+    t0 = time.monotonic()
+    n = spark.read.schema(EVENT_SCHEMA).json(paths).count()
+    return time.monotonic() - t0, n
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=10_000_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rate", type=float, default=300.0, help="jobs/s in the trace")
-    parser.add_argument("--driver-memory", default="4g")
-    parser.add_argument("--dir", help="work directory (default: a temporary one)")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument(
+        "--dir", help="work directory; its trace is kept and reused (default: a temporary one)"
+    )
+    parser.add_argument("--event-log", help="write Spark's event log here (for the history UI)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="emq-analytics-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    db = work / "bench.sqlite3"
+    db.unlink(missing_ok=True)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    os.environ["DATABASE_URL"] = f"sqlite:///{work / 'bench.sqlite3'}"
+    os.environ["DATABASE_URL"] = f"sqlite:///{db}"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import django
 
@@ -88,57 +138,73 @@ def main() -> int:
 
     from emq_django.analytics.io import build_session
     from emq_django.analytics.pipeline import AnalyzeConfig, Analyzer
-    from emq_django.analytics.synth import SynthConfig, generate, write_trace
+    from emq_django.analytics.transforms import EVENT_SCHEMA
 
     call_command("migrate", verbosity=0)
     trace = work / "trace"
-    jobs = int(args.events / EVENTS_PER_JOB)
-    t0 = time.monotonic()
-    counts = write_trace(
-        generate(SynthConfig(jobs=jobs, start=1_772_359_200.0, rate=args.rate, seed=1)), trace
-    )
-    events = sum(counts.values())
-    size = sum(p.stat().st_size for p in trace.iterdir())
-    synth_s = time.monotonic() - t0
-    print(
-        f"synth: {events} events of {jobs} jobs, {len(counts)} files, {size / 1e9:.2f} GB, "
-        f"{synth_s:.0f} s"
-    )
+    events, jobs, size = synth_trace(trace, args.events, args.rate)
 
+    conf = {"spark.driver.memory": args.driver_memory, "spark.ui.enabled": "false"}
+    if args.event_log:
+        Path(args.event_log).mkdir(parents=True, exist_ok=True)
+        conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log}
+    load_before = os.getloadavg()
     with PeakRss() as mem:
         t0 = time.monotonic()
-        spark = build_session(
-            args.master, {"spark.driver.memory": args.driver_memory, "spark.ui.enabled": "false"}
-        )
+        spark = build_session(args.master, conf)
         startup_s = time.monotonic() - t0
-        config = AnalyzeConfig(trace_dir=trace, output=work / "out")
+        # Neither figure includes the JVM's warm-up (its JIT) on the JSON reader.
+        smallest = min(trace.glob("trace-*.jsonl"), key=lambda p: p.stat().st_size)
+        spark.read.json(str(smallest)).write.format("noop").mode("overwrite").save()
+        # The bare read before and after the pipeline: the machine is shared, so
+        # the ratio is taken to their mean, and each is shown.
+        bare_before, bare_n = bare_read(spark, trace)
+        print(f"bare read and count: {bare_n} lines in {bare_before:.1f} s")
+        config = AnalyzeConfig(trace_dir=trace, output=out)
         t0 = time.monotonic()
         result = Analyzer(spark, config).run_once()
         run_s = time.monotonic() - t0
+        print(f"pipeline: {result.describe()}")
+        bare_after, _ = bare_read(spark, trace)
+        print(f"bare read and count again: {bare_after:.1f} s")
+        # For context, not the ratio: reading every field of every line, no more.
+        paths = [str(p) for p in sorted(trace.glob("trace-*.jsonl"))]
+        t0 = time.monotonic()
+        spark.read.schema(EVENT_SCHEMA).json(paths).write.format("noop").mode("overwrite").save()
+        parse_s = time.monotonic() - t0
+        print(f"bare read with every field parsed: {parse_s:.1f} s")
         t0 = time.monotonic()
         rerun = Analyzer(spark, config).run_once()
         rerun_s = time.monotonic() - t0
         spark.stop()
+    bare_s = (bare_before + bare_after) / 2
     figures = {
         "events": events,
         "jobs": jobs,
         "trace_bytes": size,
         "master": args.master,
+        "driver_memory": args.driver_memory,
         "spark_startup_s": round(startup_s, 1),
+        "bare_read_count_s": [round(bare_before, 1), round(bare_after, 1)],
         "run_s": round(run_s, 1),
+        "ratio_to_bare": round(run_s / bare_s, 2),
+        "bare_parse_all_s": round(parse_s, 1),
         "events_per_s": round(events / run_s),
         "peak_rss_total_mb": mem.peak_total // 2**20,
         "peak_rss_jvm_mb": mem.peak_jvm // 2**20,
-        "driver_memory": args.driver_memory,
         "rerun_s": round(rerun_s, 2),
         "rerun_events": rerun.events,
         "finished_jobs": result.finished_jobs,
         "db_rows": result.db_rows,
         "cpus": os.cpu_count(),
-        "load_avg_1m_after": os.getloadavg()[0],
+        "load_avg_before": [round(x, 2) for x in load_before],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
     }
-    print(result.describe())
     print(json.dumps(figures, indent=1))
+    print(
+        f"pipeline {run_s:.1f} s, bare read and count {bare_s:.1f} s "
+        f"(mean of {bare_before:.1f} and {bare_after:.1f}): {run_s / bare_s:.2f}x"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0

@@ -6,7 +6,8 @@ Output layout (every table partitioned by ``date``, the UTC date of its minute):
 - ``task_minute/``, ``queue_minute/``, ``jm_minute/``, ``failures/``,
   ``slowest_tasks/``: metrics, the dates a batch touched recomputed and
   overwritten (dynamic partition overwrite);
-- ``_open/batch-N/``: events of the jobs still open after batch N;
+- ``_open/batch-N/``: events of the jobs still open after batch N (the columns
+  the facts read, ``transforms.FACT_COLUMNS``);
 - ``_checkpoint.json``: see ``checkpoint``.
 """
 
@@ -24,8 +25,12 @@ from emq_django.analytics.transforms import EVENT_SCHEMA, clean_events
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
-    "spark.sql.shuffle.partitions": "8",
     "spark.ui.showConsoleProgress": "false",
+    # percentile_approx runs in an object hash aggregate, which Spark turns into a
+    # sort of every row beyond 128 groups per task; a day has a few thousand
+    # queue x task x minute groups, and their digests together hold no more than
+    # the task's own values.
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536",
     # Percentiles per minute are exact; one group never holds more than a
     # minute of one task's jobs.
     "spark.sql.adaptive.enabled": "true",
@@ -54,6 +59,24 @@ def build_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+# Shuffle partitions per byte of trace read in one batch (unless the session was
+# given spark.sql.shuffle.partitions): Spark's default of 200 is far too many for
+# a local[2] run over a few MB, and 8 too few for gigabytes.
+BYTES_PER_PARTITION = 128 << 20
+MAX_PARTITIONS = 200
+
+
+def tune_partitions(spark: SparkSession, trace_bytes: int) -> None:
+    """Shuffle partitions for a batch of ``trace_bytes``: one per 128 MB, at least
+    the default parallelism; left alone when the session's conf sets them."""
+    key = "spark.sql.shuffle.partitions"
+    if spark.sparkContext.getConf().contains(key):
+        return
+    floor = spark.sparkContext.defaultParallelism
+    wanted = max(floor, min(MAX_PARTITIONS, -(-trace_bytes // BYTES_PER_PARTITION)))
+    spark.conf.set(key, str(wanted))
 
 
 def read_events(spark: SparkSession, paths: Sequence[Path | str]) -> DataFrame:

@@ -3,12 +3,17 @@
 One batch:
 1. the checkpoint plans the new byte ranges of the trace files;
 2. their events, plus the saved events of the jobs still open, become job facts;
-3. finished jobs and finished attempts are appended to ``jobs/`` and ``attempts/``;
-   the events of jobs still open are saved for the next batch (dropped once
+3. the events of jobs still open are saved for the next batch (dropped once
    ``open_job_ttl`` older than the newest event: the rest of them was lost);
-4. every date that received a finished job or attempt is recomputed from those
-   tables and overwritten in the metric tables and the Django models;
+4. every date that received a finished job or attempt is recomputed from the
+   stored ``jobs/`` and ``attempts/`` rows of that date plus this batch's (still in
+   memory) and overwritten in the metric tables; then this batch's finished jobs
+   and attempts are appended to ``jobs/`` and ``attempts/``, and the metric rows of
+   those dates replace the Django models' rows;
 5. the checkpoint records the new offsets.
+
+The trace is parsed once per batch: its events are cached, and the job facts
+(one hash aggregate), the attempts and the open jobs' events come from that cache.
 
 A batch with no new bytes does nothing. ``follow`` copies new bytes into an inbox
 directory that a Structured Streaming query reads; each micro-batch is step 2-4.
@@ -32,6 +37,10 @@ from emq_django.analytics import io, transforms
 from emq_django.analytics.checkpoint import Checkpoint, stage, stage_all
 
 log = logging.getLogger(__name__)
+
+# Open jobs are usually a few (those in flight at the end of the trace): their ids
+# are broadcast to pick out their events; beyond this many, Spark joins.
+BROADCAST_OPEN_JOBS = 500_000
 
 METRIC_TABLES = ("task_minute", "queue_minute", "jm_minute", "failures", "slowest_tasks")
 
@@ -89,6 +98,7 @@ class Analyzer:
         staging = self.out / "_staging" / f"batch-{self.checkpoint.batch + 1}"
         try:
             paths = stage(sources, staging)
+            io.tune_partitions(self.spark, sum(s.end - s.start for s in sources))
             result = self.process(io.read_events(self.spark, paths))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -101,55 +111,75 @@ class Analyzer:
         return result
 
     def process(self, events: DataFrame) -> BatchResult:
-        """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs."""
+        """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs.
+
+        The events are parsed once and cached: the job facts, the attempts and the
+        open jobs' events all come from that cache, and the metrics from the cached
+        job facts, not from Parquet written and read back in the same run."""
         cfg = self.config
-        events = io.window_events(events, cfg.since, cfg.until)
+        events = io.window_events(events, cfg.since, cfg.until).select(*transforms.FACT_COLUMNS)
+        events = events.withColumn("_new", F.lit(True))
         with self._lock:
             batch = self.checkpoint.batch + 1
             old_open = self.checkpoint.open_dir
         all_events = events
         if old_open and (self.out / old_open).is_dir():
             carried = self.spark.read.parquet(str(self.out / old_open))
-            all_events = events.unionByName(carried.select(*transforms.EVENT_COLUMNS))
+            carried = carried.select(*transforms.FACT_COLUMNS).withColumn("_new", F.lit(False))
+            all_events = events.unionByName(carried)
         all_events = all_events.persist()
         try:
-            return self._process(events, all_events, batch, old_open)
+            return self._process(all_events, batch, old_open)
         finally:
             all_events.unpersist()
 
-    def _process(
-        self, events: DataFrame, all_events: DataFrame, batch: int, old_open: str
-    ) -> BatchResult:
-        stats = all_events.agg(F.count(F.lit(1)).alias("n"), F.max("ts").alias("max_ts")).first()
-        assert stats is not None
-        result = BatchResult(events=int(stats["n"]))
-        if not result.events:
-            return result
-        jobs = transforms.job_facts(all_events).persist()
+    def _process(self, all_events: DataFrame, batch: int, old_open: str) -> BatchResult:
+        events = all_events.drop("_new")
+        # The first pass over the trace: it fills the cache, and the dictionary
+        # then reaches each of job_facts' look-ups as a local relation.
+        words = transforms.string_dictionary(events).collect()
+        dictionary = self.spark.createDataFrame(words, "h long, s string")
+        jobs = transforms.job_facts(events, dictionary).persist()
         try:
-            counts = {
-                r["done"]: r["n"]
-                for r in jobs.groupBy(F.col("outcome").isNotNull().alias("done"))
-                .agg(F.count(F.lit(1)).alias("n"))
-                .collect()
-            }
-            result.finished_jobs = int(counts.get(True, 0))
-            cutoff = int(stats["max_ts"]) - int(self.config.open_job_ttl * 1_000_000)
-            still_open = jobs.where(F.col("outcome").isNull() & (F.col("last_ts") >= cutoff))
-            new_open = f"_open/batch-{batch}"
-            open_events = all_events.join(still_open.select("job"), "job", "left_semi")
-            open_events.write.mode("overwrite").parquet(str(self.out / new_open))
-            result.open_jobs = int(counts.get(False, 0))
-            finished = jobs.where(F.col("outcome").isNotNull())
-            attempts = transforms.attempt_facts(events)
-            io.append(finished, self.out / "jobs")
-            io.append(attempts, self.out / "attempts")
-            dates = finished.select("date").union(attempts.select("date")).distinct().collect()
+            return self._process_jobs(all_events, jobs, batch, old_open)
         finally:
             jobs.unpersist()
-        result.dates = sorted(r["date"] for r in dates if r["date"] is not None)
+
+    def _process_jobs(
+        self, all_events: DataFrame, jobs: DataFrame, batch: int, old_open: str
+    ) -> BatchResult:
+        summary = jobs.agg(
+            F.sum("events").alias("n"),
+            F.max("last_ts").alias("max_ts"),
+            F.count("outcome").alias("finished"),
+            F.count(F.lit(1)).alias("jobs"),
+            F.collect_set("date").alias("dates"),
+        ).first()
+        assert summary is not None
+        result = BatchResult(events=int(summary["n"] or 0))
+        if not result.events:
+            return result
+        result.finished_jobs = int(summary["finished"])
+        result.open_jobs = int(summary["jobs"]) - result.finished_jobs
+        cutoff = int(summary["max_ts"]) - int(self.config.open_job_ttl * 1_000_000)
+        still_open = jobs.where(F.col("outcome").isNull() & (F.col("last_ts") >= cutoff))
+        open_ids = still_open.select("job")
+        if result.open_jobs <= BROADCAST_OPEN_JOBS:
+            open_ids = F.broadcast(open_ids)
+        new_open = f"_open/batch-{batch}"
+        open_events = all_events.join(open_ids, "job", "left_semi").drop("_new")
+        open_events.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
+        finished = jobs.where(F.col("outcome").isNotNull())
+        attempts = transforms.attempt_facts(all_events.where(F.col("_new")).drop("_new"))
+        attempt_dates = attempts.select("date").distinct().collect()
+        dates = set(summary["dates"]) | {r["date"] for r in attempt_dates}
+        result.dates = sorted(d for d in dates if d is not None)
         if result.dates:
-            result.db_rows = self.recompute(result.dates)
+            self._write_metrics(result.dates, finished, attempts)
+        io.append(finished, self.out / "jobs")
+        io.append(attempts, self.out / "attempts")
+        if result.dates and self.config.update_db:
+            result.db_rows = self._update_db(result.dates)
         with self._lock:
             self.checkpoint.batch = batch
             self.checkpoint.open_dir = new_open
@@ -159,23 +189,39 @@ class Analyzer:
         return result
 
     def recompute(self, dates: list[dt.date]) -> dict[str, int]:
-        """Recompute and overwrite the metric tables (and models) for ``dates``."""
-        jobs = io.read_dates(self.spark, self.out / "jobs", dates)
-        attempts = io.read_dates(self.spark, self.out / "attempts", dates)
+        """Recompute and overwrite the metric tables (and models) for ``dates`` from
+        the stored ``jobs/`` and ``attempts/`` tables."""
+        self._write_metrics(dates, None, None)
+        if not self.config.update_db:
+            return {}
+        return self._update_db(dates)
+
+    def _write_metrics(
+        self, dates: list[dt.date], new_jobs: DataFrame | None, new_attempts: DataFrame | None
+    ) -> None:
+        """The metric tables for ``dates``: the stored facts of those dates plus
+        ``new_jobs`` / ``new_attempts`` (this batch's, not stored yet)."""
+        jobs = _union(io.read_dates(self.spark, self.out / "jobs", dates), new_jobs)
+        attempts = _union(io.read_dates(self.spark, self.out / "attempts", dates), new_attempts)
         frames: dict[str, DataFrame] = {}
+        reused: DataFrame | None = None
         if jobs is not None:
-            jobs = transforms.dedupe_jobs(jobs)
+            if new_jobs is None or jobs is not new_jobs:
+                # Stored rows: a job finished again by a later batch is there twice.
+                jobs = reused = transforms.dedupe_jobs(jobs).persist()
             frames["task_minute"] = transforms.task_minute_metrics(jobs)
             frames["queue_minute"] = transforms.queue_minute_metrics(jobs)
             frames["failures"] = transforms.failures_by_error(jobs)
             frames["slowest_tasks"] = transforms.slowest_tasks(jobs, self.config.slowest_limit)
         if attempts is not None:
             frames["jm_minute"] = transforms.jm_minute_metrics(attempts)
-        for name, df in frames.items():
-            io.overwrite_dates(df, self.out / name)
-        if not self.config.update_db:
-            return {}
-        return self._update_db(dates)
+        try:
+            for name, df in frames.items():
+                # A few thousand rows a day: one file per date.
+                io.overwrite_dates(df.coalesce(1), self.out / name)
+        finally:
+            if reused is not None:
+                reused.unpersist()
 
     def _update_db(self, dates: list[dt.date]) -> dict[str, int]:
         from emq_django.analytics import store
@@ -209,6 +255,7 @@ class Analyzer:
         query processes each new inbox file once (its own checkpoint in ``_stream``)."""
         inbox = self.out / "_inbox"
         inbox.mkdir(parents=True, exist_ok=True)
+        io.tune_partitions(self.spark, 0)  # micro-batches are small
         stream = (
             self.spark.readStream.schema(transforms.EVENT_SCHEMA)
             .option("cleanSource", "delete")
@@ -242,3 +289,9 @@ class Analyzer:
         result = self.process(transforms.clean_events(df))
         if result.events:
             log.info("micro-batch %d: %s", batch_id, result.describe())
+
+
+def _union(stored: DataFrame | None, new: DataFrame | None) -> DataFrame | None:
+    if stored is None or new is None:
+        return new if stored is None else stored
+    return stored.unionByName(new.select(*stored.columns))

@@ -34,5 +34,10 @@ EVENT_RANK = {
 }
 
 PERCENTILES = (0.5, 0.95, 0.99)
+# percentile_approx's accuracy: the value returned for percentile p of n values
+# is one of those values, whose rank is within n / PERCENTILE_ACCURACY of p * n.
+# A group of fewer values (a minute of one task holds far fewer) gets the value of
+# rank ceil(p * n) itself, not an interpolation between two neighbours.
+PERCENTILE_ACCURACY = 10_000
 PERCENTILE_NAMES = ("p50", "p95", "p99")
 LATENCIES = ("wait", "run", "e2e")

@@ -32,6 +32,7 @@ from emq_django.analytics.schema import (
     FINAL_EVENTS,
     FINISH_EVENTS,
     LATENCIES,
+    PERCENTILE_ACCURACY,
     PERCENTILE_NAMES,
     PERCENTILES,
     REQUEUED,
@@ -57,6 +58,9 @@ EVENT_SCHEMA = StructType(
     ]
 )
 EVENT_COLUMNS = [f.name for f in EVENT_SCHEMA.fields]
+# What the job and attempt facts read (a dispatch's wait_us is e2e_us - run_us,
+# a retry's delay_us no metric uses): what the pipeline caches and carries over.
+FACT_COLUMNS = [c for c in EVENT_COLUMNS if c not in ("wait_us", "delay_us")]
 
 
 def clean_events(raw: DataFrame) -> DataFrame:
@@ -70,39 +74,85 @@ def _minute(ts_us: Column) -> Column:
     return F.date_trunc("minute", F.timestamp_micros(ts_us))
 
 
-def _rank() -> Column:
-    rank = F.lit(None).cast("int")
-    for name, value in EVENT_RANK.items():
-        rank = F.when(F.col("event") == name, F.lit(value)).otherwise(rank)
-    return rank
+# Within one job, events are ordered by (ts, attempt, rank, name): the rank of
+# docs/trace-format.md, then the name (alphabetical, as the reference does) for
+# the outcomes that share rank 3. That order is packed into one long, the
+# *order code* ``ts << 11 | min(attempt, 63) << 5 | event code``, so that the
+# per-job aggregate keeps only fixed-width buffers (longs): Spark then runs it
+# as a hash aggregate, where structs or strings in the buffers force a sort of
+# every event. ``ts`` fits below 2**52 µs (the year 2112).
+EVENT_CODES = {
+    name: rank * 4 + sum(1 for o in EVENT_RANK if EVENT_RANK[o] == rank and o < name)
+    for name, rank in EVENT_RANK.items()
+}
+_ATTEMPT_BITS, _CODE_BITS = 6, 5
 
 
-def _order(*extra: str) -> Column:
-    """Sort key of an event within its job: time, attempt, then the kind's rank."""
-    return F.struct(
-        F.col("ts").alias("ts"),
-        F.coalesce(F.col("attempt"), F.lit(0)).alias("attempt"),
-        _rank().alias("rank"),
-        *[F.col(c).alias(c) for c in extra],
+def _code_of(column: str) -> Column:
+    """``column`` (an event name) -> its event code, null for unknown names."""
+    code = F.lit(None).cast("long")
+    for name, value in EVENT_CODES.items():
+        code = F.when(F.col(column) == name, F.lit(value).cast("long")).otherwise(code)
+    return code
+
+
+def _name_of(code: Column) -> Column:
+    """An order code -> the event name it ends with."""
+    low = code.bitwiseAND((1 << _CODE_BITS) - 1)
+    name = F.lit(None).cast("string")
+    for event, value in EVENT_CODES.items():
+        name = F.when(low == value, F.lit(event)).otherwise(name)
+    return name
+
+
+def _order_code() -> Column:
+    attempt = F.least(F.coalesce(F.col("attempt"), F.lit(0)), F.lit((1 << _ATTEMPT_BITS) - 1))
+    return (
+        F.shiftleft(F.col("ts"), _ATTEMPT_BITS + _CODE_BITS)
+        + F.shiftleft(attempt.cast("long"), _CODE_BITS)
+        + _code_of("event")
     )
 
 
-def job_facts(events: DataFrame) -> DataFrame:
-    """One row per job id.
+def _ts_of(code: Column) -> Column:
+    return F.shiftright(code, _ATTEMPT_BITS + _CODE_BITS)
 
-    ``outcome`` is the final event (succeeded, failed, timed_out, dead_lettered),
-    or null while the job is still open (its last event is anything else).
-    ``run_us`` and ``e2e_us`` come from the last finished attempt; ``wait_us`` is
-    ``e2e_us - run_us``: that attempt's dispatch minus the enqueue, which is the
-    ``wait_us`` the broker wrote on that dispatch (so it needs no other event).
-    """
-    is_finish = F.col("event").isin(list(FINISH_EVENTS))
-    grouped = events.groupBy("job").agg(
-        F.max(_order("event")).alias("_last"),
-        F.max(F.when(is_finish, _order("run_us", "total_us", "jm", "error"))).alias("_fin"),
-        F.max(F.when(F.col("event") == DEAD_LETTERED, _order("error"))).alias("_dead"),
-        F.max("queue").alias("queue"),
-        F.max("task").alias("task"),
+
+# Strings (queue, task, job manager, error) enter the aggregate as their 64-bit
+# hash and are looked up afterwards in a small dictionary of the distinct values.
+_STRINGS = ("queue", "task", "jm", "error")
+
+
+def _hash(column: str) -> Column:
+    return F.when(F.col(column).isNotNull(), F.xxhash64(F.col(column)))
+
+
+def string_dictionary(events: DataFrame) -> DataFrame:
+    """(h, s): every distinct string of ``_STRINGS`` with its hash (a few hundred
+    rows). ``job_facts`` looks its hashes up there; collect it first (and hand it
+    over as a local DataFrame) to scan the events for it once, not once per column."""
+    # The distinct combinations first: a hash aggregate keyed by the four strings,
+    # which stays tiny (queues x tasks x job managers x errors that occur together).
+    combos = events.select(*_STRINGS).distinct()
+    words = combos.select(F.explode(F.array(*_STRINGS)).alias("s")).where(F.col("s").isNotNull())
+    return words.distinct().select(F.xxhash64("s").alias("h"), "s")
+
+
+def _job_codes(events: DataFrame) -> DataFrame:
+    """One row per job, of longs only (a hash aggregate): order codes, hashes, counts."""
+    code = _order_code()
+    fin = F.when(F.col("event").isin(list(FINISH_EVENTS)), code)
+    dead = F.when(F.col("event") == DEAD_LETTERED, code)
+    return events.groupBy("job").agg(
+        F.max(code).alias("_last"),
+        F.max(fin).alias("_fin"),
+        F.max_by("run_us", fin).alias("_fin_run"),
+        F.max_by("total_us", fin).alias("_fin_total"),
+        F.max_by(_hash("jm"), fin).alias("_fin_jm"),
+        F.max_by(_hash("error"), fin).alias("_fin_error"),
+        F.max_by(_hash("error"), dead).alias("_dead_error"),
+        F.max(_hash("queue")).alias("_queue"),
+        F.max(_hash("task")).alias("_task"),
         F.max("attempt").alias("attempts"),
         F.sum(F.when(F.col("event") == RETRIED, 1).otherwise(0)).alias("retries"),
         F.sum(F.when(F.col("event") == REQUEUED, 1).otherwise(0)).alias("requeues"),
@@ -110,28 +160,58 @@ def job_facts(events: DataFrame) -> DataFrame:
         F.max("ts").alias("last_ts"),
         F.count(F.lit(1)).alias("events"),
     )
-    last_event = F.col("_last.event")
+
+
+def _decode(jobs: DataFrame, dictionary: DataFrame, column: str, name: str) -> DataFrame:
+    lookup = F.broadcast(dictionary.select(F.col("h").alias(column), F.col("s").alias(name)))
+    return jobs.join(lookup, column, "left")
+
+
+def job_facts(events: DataFrame, dictionary: DataFrame | None = None) -> DataFrame:
+    """One row per job id.
+
+    ``outcome`` is the final event (succeeded, failed, timed_out, dead_lettered),
+    or null while the job is still open (its last event is anything else).
+    ``run_us`` and ``e2e_us`` come from the last finished attempt; ``wait_us`` is
+    ``e2e_us - run_us``: that attempt's dispatch minus the enqueue, which is the
+    ``wait_us`` the broker wrote on that dispatch (so it needs no other event).
+    ``queue`` and ``task``: the broker writes the same on every event of a job;
+    should they differ, the one with the highest hash is taken. ``dictionary``:
+    ``string_dictionary(events)`` (by default, computed here).
+    """
+    if dictionary is None:
+        dictionary = string_dictionary(events)
+    jobs = _job_codes(events)
+    for column, name in (
+        ("_queue", "queue"),
+        ("_task", "task"),
+        ("_fin_jm", "jm"),
+        ("_fin_error", "_fin_err"),
+        ("_dead_error", "_dead_err"),
+    ):
+        jobs = _decode(jobs, dictionary, column, name)
+    last_event = _name_of(F.col("_last"))
     finished = last_event.isin(list(FINAL_EVENTS))
     outcome = F.when(finished, last_event)
     error = (
-        F.when(outcome == DEAD_LETTERED, F.coalesce(F.col("_dead.error"), F.col("_fin.error")))
+        F.when(outcome == DEAD_LETTERED, F.coalesce(F.col("_dead_err"), F.col("_fin_err")))
         .when(outcome == SUCCEEDED, F.lit(None).cast("string"))
-        .otherwise(F.col("_fin.error"))
+        .otherwise(F.col("_fin_err"))
     )
-    finished_ts = F.when(finished, F.col("_last.ts"))
-    return grouped.select(
+    finished_ts = F.when(finished, _ts_of(F.col("_last")))
+    return jobs.select(
         "job",
         "queue",
         F.coalesce(F.col("task"), F.lit("")).alias("task"),
-        F.col("_fin.jm").alias("jm"),
+        "jm",
         outcome.alias("outcome"),
         error.alias("error"),
         F.coalesce(F.col("attempts"), F.lit(0)).alias("attempts"),
         F.col("retries").cast("int").alias("retries"),
         F.col("requeues").cast("int").alias("requeues"),
-        (F.col("_fin.total_us") - F.col("_fin.run_us")).alias("wait_us"),
-        F.col("_fin.run_us").alias("run_us"),
-        F.col("_fin.total_us").alias("e2e_us"),
+        (F.col("_fin_total") - F.col("_fin_run")).alias("wait_us"),
+        F.col("_fin_run").alias("run_us"),
+        F.col("_fin_total").alias("e2e_us"),
         "enqueued_ts",
         finished_ts.alias("finished_ts"),
         "last_ts",
@@ -166,7 +246,7 @@ def dedupe_jobs(jobs: DataFrame) -> DataFrame:
 def _latency_percentiles() -> list[Column]:
     cols = []
     for name in LATENCIES:
-        pcts = F.percentile(F.col(f"{name}_us"), list(PERCENTILES))
+        pcts = F.percentile_approx(F.col(f"{name}_us"), list(PERCENTILES), PERCENTILE_ACCURACY)
         cols.append(pcts.alias(f"_{name}"))
     return cols
 
@@ -197,7 +277,8 @@ def _minute_metrics(jobs: DataFrame, keys: list[str]) -> DataFrame:
 def task_minute_metrics(jobs: DataFrame) -> DataFrame:
     """Per queue x task x minute: jobs, succeeded, failed (every outcome but
     succeeded), timed_out, retried (jobs with a retry), throughput (jobs / 60 s),
-    run_total_us, and ``{wait,run,e2e}_{p50,p95,p99}_us`` (exact, interpolated)."""
+    run_total_us, and ``{wait,run,e2e}_{p50,p95,p99}_us`` (approximate: see
+    ``PERCENTILE_ACCURACY``)."""
     return _minute_metrics(jobs, ["queue", "task"])
 
 
@@ -236,7 +317,7 @@ def slowest_tasks(jobs: DataFrame, limit: int = 20) -> DataFrame:
     per_task = done.groupBy("date", "queue", "task").agg(
         F.count(F.lit(1)).alias("jobs"),
         F.avg("run_us").alias("run_mean_us"),
-        F.percentile(F.col("run_us"), list(PERCENTILES)).alias("_run"),
+        F.percentile_approx(F.col("run_us"), list(PERCENTILES), PERCENTILE_ACCURACY).alias("_run"),
         F.max("run_us").alias("run_max_us"),
     )
     ranked = per_task.select(
