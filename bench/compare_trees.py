@@ -1,0 +1,83 @@
+"""The spine's drain rate and round trip in two source trees, in alternating pairs.
+
+    .venv/bin/python bench/compare_trees.py BEFORE_DIR AFTER_DIR [--pairs 6] [--tasks 20000]
+
+Each pair runs ``bench/run.py --only emq`` of BEFORE_DIR, then of AFTER_DIR (each
+tree's own code: run.py puts its tree first on PYTHONPATH), so that a machine
+whose speed drifts affects both alike (e.g. a commit before a redesign and after
+it, checked out as two git worktrees). Prints each pair, the medians, and
+after/before ratios of the drain rate, the round trip p50 and the CPU per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def one_run(tree: str, tasks: int, latency_tasks: int) -> dict[str, float]:
+    python = os.path.join(tree, ".venv", "bin", "python")
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [
+            python if os.path.exists(python) else sys.executable,
+            os.path.join(tree, "bench", "run.py"),
+            "--only",
+            "emq",
+            "--repeat",
+            "1",
+            "--tasks",
+            str(tasks),
+            "--latency-tasks",
+            str(latency_tasks),
+            "--json",
+            out.name,
+        ]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=tree)
+        result = json.load(open(out.name))["results"]["emq"]
+    if "drain_per_s" not in result:
+        raise SystemExit(f"the emq run in {tree} failed: {result}")
+    return {
+        "drain": result["drain_per_s"],
+        "rtt_p50_ms": result["rtt_p50_ms"],
+        "cpu": result["cpu_us_per_task"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--tasks", type=int, default=20000)
+    ap.add_argument("--latency-tasks", type=int, default=1000)
+    opts = ap.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    print("pair | before drain/s  rtt p50  µs/job | after drain/s  rtt p50  µs/job")
+    for i in range(opts.pairs):
+        a = one_run(opts.before, opts.tasks, opts.latency_tasks)
+        b = one_run(opts.after, opts.tasks, opts.latency_tasks)
+        runs["before"].append(a)
+        runs["after"].append(b)
+        print(
+            f"{i + 1:4d} | {a['drain']:13,.0f} {a['rtt_p50_ms']:8.3f} {a['cpu']:7.0f} | "
+            f"{b['drain']:12,.0f} {b['rtt_p50_ms']:8.3f} {b['cpu']:7.0f}",
+            flush=True,
+        )
+    print("\nmedians            before      after  after/before")
+    for key in ("drain", "rtt_p50_ms", "cpu"):
+        a = statistics.median(r[key] for r in runs["before"])
+        b = statistics.median(r[key] for r in runs["after"])
+        print(f"{key:12s} {a:12,.3f} {b:10,.3f} {b / a:10.1%}")
+    pair_ratios = sorted(
+        b["drain"] / a["drain"] for a, b in zip(runs["before"], runs["after"], strict=True)
+    )
+    print(f"drain after/before of single pairs: {', '.join(f'{r:.1%}' for r in pair_ratios)}")
+
+
+if __name__ == "__main__":
+    main()
