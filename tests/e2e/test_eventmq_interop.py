@@ -34,7 +34,7 @@ from tests.e2e import interop_tasks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.interop, pytest.mark.timeout(60)]
 
-eventmq = pytest.importorskip("eventmq", reason="eventmq==0.3.13 is installed by `make venv`")
+eventmq = pytest.importorskip("eventmq", reason="make test installs eventmq==0.3.13")
 
 TASKS_MODULE = interop_tasks.__name__  # "tests.e2e.interop_tasks"
 PROTOCOL = b"eMQP/1.0"

@@ -33,7 +33,7 @@ from tests.e2e.scheduler_support import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.interop, pytest.mark.timeout(90)]
 
-eventmq = pytest.importorskip("eventmq", reason="eventmq==0.3.13 is installed by `make venv`")
+eventmq = pytest.importorskip("eventmq", reason="make test installs eventmq==0.3.13")
 
 PROTOCOL = b"eMQP/1.0"
 

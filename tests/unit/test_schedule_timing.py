@@ -158,7 +158,7 @@ def test_schedule_key_depends_on_the_call_only() -> None:
 
 
 def test_schedule_key_against_eventmq_itself() -> None:
-    scheduler = pytest.importorskip("eventmq.scheduler", reason="eventmq==0.3.13 (make venv)")
+    scheduler = pytest.importorskip("eventmq.scheduler", reason="make test installs eventmq")
     pytest.importorskip("redis", reason="EventMQ's scheduler module imports redis")
     body = json.dumps(
         [
