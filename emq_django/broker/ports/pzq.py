@@ -130,7 +130,14 @@ class PzqPort(Port):
 
     def socket_specs(self) -> list[SocketSpec]:
         specs = [
-            SocketSpec(RECEIVE, zmq.ROUTER, self.address, SocketOptions(router_mandatory=True)),
+            # answers wait here for producers with thousands in flight: at libzmq's
+            # default HWM (1000) a full pipe dropped confirmations (EAGAIN)
+            SocketSpec(
+                RECEIVE,
+                zmq.ROUTER,
+                self.address,
+                SocketOptions(sndhwm=100_000, router_mandatory=True),
+            ),
             SocketSpec(SEND, zmq.DEALER, self.send_address, SocketOptions(identity=b"pzq")),
         ]
         if self.monitor_address:
