@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from emq_django.broker.effects import Effect
-from emq_django.broker.state import show_identity
+from emq_django.broker.state import Peer, show_identity
 from emq_django.exceptions import ProtocolError
 from emq_django.transport import SocketOptions
 
@@ -99,9 +99,23 @@ class Port(ABC):
         """The frames that carry ``effect`` on this wire (without the identity), or
         None when the effect means nothing here."""
 
+    def known_peers(self) -> dict[bytes, Peer]:
+        """The peers this port knows, by identity (its workers, its schedulers)."""
+        return {}
+
     def unroutable(self, identity: bytes, now: float) -> None:
         """The socket could not route to ``identity``: that peer is gone."""
-        self.core.counters["unroutable"] += 1
+        peer = self.known_peers().get(identity)
+        if peer is None:
+            self.core.counters["unroutable"] += 1
+        else:
+            self.core.peer_unreachable(peer, now)
+
+    def forget(self, peer: Peer) -> None:
+        """The core dropped ``peer`` (its ``Forget`` effect): the identity is free."""
+        peers = self.known_peers()
+        if peers.get(peer.identity) is peer:
+            del peers[peer.identity]
 
     def count_malformed(self, identity: bytes, exc: ProtocolError, answered: bool) -> None:
         """Count (and, within a budget, log) a message ``decode`` refused."""

@@ -113,12 +113,8 @@ class EmqpClientPort(Port):
     def _ignore(self, identity: bytes, cmd: F.Command, now: float) -> None:
         pass
 
-    def unroutable(self, identity: bytes, now: float) -> None:
-        peer = self.schedulers.get(identity)
-        if peer is None:
-            self.core.counters["unroutable"] += 1
-        else:
-            self.core.peer_unreachable(peer, now)
+    def known_peers(self) -> dict[bytes, Peer]:
+        return self.schedulers
 
     # ---- out ------------------------------------------------------------------------
 
@@ -139,9 +135,7 @@ class EmqpClientPort(Port):
         if kind is Goodbye:
             return F.Kbye(self.new_id()).encode()
         if kind is Forget:
-            peer: Peer = e.peer
-            if self.schedulers.get(peer.identity) is peer:
-                del self.schedulers[peer.identity]
+            self.forget(e.peer)
         return None
 
     def _answer(self, effect: Answer) -> list[bytes] | None:

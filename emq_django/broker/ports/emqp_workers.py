@@ -136,12 +136,8 @@ class EmqpWorkerPort(Port):
     def _ignore(self, peer: Peer, cmd: F.Command, now: float) -> None:
         pass
 
-    def unroutable(self, identity: bytes, now: float) -> None:
-        peer = self.peers.get(identity)
-        if peer is None:
-            self.core.counters["unroutable"] += 1
-        else:
-            self.core.peer_unreachable(peer, now)
+    def known_peers(self) -> dict[bytes, Peer]:
+        return self.peers
 
     # ---- out ------------------------------------------------------------------------
 
@@ -164,9 +160,7 @@ class EmqpWorkerPort(Port):
         if kind is Refuse:
             return F.Error(self.new_id(), e.msgid, e.reason, e.code).encode()
         if kind is Forget:
-            peer: Peer = e.peer
-            if self.peers.get(peer.identity) is peer:
-                del self.peers[peer.identity]
+            self.forget(e.peer)
         return None
 
 

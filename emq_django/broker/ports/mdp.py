@@ -139,12 +139,8 @@ class MajordomoPort(Port):
         self.core.out.append(Goodbye(worker))
         self.core.worker_gone(worker, now, why)
 
-    def unroutable(self, identity: bytes, now: float) -> None:
-        worker = self.workers.get(identity)
-        if worker is None:
-            self.core.counters["unroutable"] += 1
-        else:
-            self.core.peer_unreachable(worker, now)
+    def known_peers(self) -> dict[bytes, Peer]:
+        return self.workers
 
     # ---- out ------------------------------------------------------------------------
 
@@ -170,9 +166,7 @@ class MajordomoPort(Port):
         if kind is Goodbye:
             return mdp.worker_disconnect(e.peer.meta["framing"])
         if kind is Forget:
-            peer: Peer = e.peer
-            if self.workers.get(peer.identity) is peer:
-                del self.workers[peer.identity]
+            self.forget(e.peer)
         return None  # Acknowledge: Majordomo has no ACK
 
     def _answer(self, effect: Answer) -> list[bytes]:
