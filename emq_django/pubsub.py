@@ -94,7 +94,7 @@ class _Publisher:
         if getattr(local, "pid", None) != os.getpid() or local.url != url:
             if getattr(local, "pid", None) == os.getpid():
                 local.sock.close()  # another address now (settings changed)
-            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
             sock.linger = 5000  # an exiting process still sends what it published
             sock.sndtimeo = 5000
             sock.connect(url)
@@ -327,7 +327,7 @@ class Subscription:
             if deadline is not None and now >= deadline:
                 return None
             wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
-            for sock, _ in self.poller.poll(max(wait, 0.0) * 1000 + 1):
+            for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
                 self._heard = time.monotonic()
                 while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     frames = sock.recv_multipart()

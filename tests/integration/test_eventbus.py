@@ -68,6 +68,9 @@ def test_sync_then_live_updates_with_prefix_match(start_broker: Callable[..., Br
     status = broker.status()
     assert status["topics"]["topics"]["/orders/9"]["last_seq"] == 8
     assert status["topics"]["ports"]["eventbus"]["collected"] == 8
+    assert status["topics"]["ports"]["eventbus"]["subscribers"] == 1
+    lines = broker.ask_monitor(b"MONITOR").decode().splitlines()
+    assert "topics.last_seq: 8" in lines and "topics.eventbus.subscribers: 1" in lines
     producer.close()
     client.close()
 
