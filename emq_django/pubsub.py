@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT = 5.0  # seconds without a SYNCEND before asking again (a restarted broker)
 MAX_BUFFERED = 100_000  # live events held while a snapshot is asked for; then dropped
 LATEST = 2**62  # SYNCSTART above every event: only the current sequence comes back
+# an answer with this many SYNCs may be a page of a longer replay (the broker's
+# MAX_SYNC): ask again at once rather than after idle_check
+PAGE_HINT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,8 @@ class CloneState:
         self.last = since if since is not None else -1  # -1: ask for the current one
         self.syncing_since: float | None = None  # when the outstanding SYNCSTART left
         self.started = False  # the first SYNCSTART went out
+        self.answer_syncs = 0  # SYNCs in the answer being read
+        self.more = False  # the last answer may have been a page: ask again
         self.buffer: list[Event] = []
         self.gaps = 0  # jumps in the live sequence filled from the snapshot
         self.syncs = 0
@@ -166,6 +171,8 @@ class CloneState:
 
     def syncstart(self, now: float) -> list[bytes]:
         self.started = True
+        self.more = False
+        self.answer_syncs = 0
         self.syncing_since = now
         self.syncs += 1
         return eventbus.syncstart(self.prefixes, LATEST if self.last < 0 else self.last)
@@ -173,7 +180,7 @@ class CloneState:
     def needs_sync(self, now: float, idle: float, idle_check: float) -> bool:
         if self.syncing_since is not None:
             return now - self.syncing_since >= SYNC_TIMEOUT  # lost (a broker restart)
-        return not self.started or idle >= idle_check
+        return not self.started or self.more or idle >= idle_check
 
     def on_live(self, frames: Sequence[bytes]) -> list[Event]:
         event = self._decode(eventbus.decode_event, frames)
@@ -202,6 +209,7 @@ class CloneState:
         if isinstance(item, Event):
             if self.syncing_since is not None:
                 self.syncing_since = time.monotonic()  # the answer is coming
+                self.answer_syncs += 1
             if item.seq > self.last and self.last >= 0 and matches(item.topic, self.prefixes):
                 self.last = item.seq
                 self.from_snapshot += 1
@@ -219,6 +227,7 @@ class CloneState:
             self.last = item
         self.last = max(self.last, item)
         self.syncing_since = None
+        self.more = self.answer_syncs >= PAGE_HINT
         return self._drain_buffer()
 
     def _drain_buffer(self) -> list[Event]:
