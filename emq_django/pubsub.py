@@ -21,6 +21,7 @@ asks too, so a lost last event, or a broker restart, is noticed. Use
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -91,6 +92,18 @@ class _Publisher:
 
     def __init__(self) -> None:
         self.local = threading.local()
+        # every thread's socket, so a thread that ends does not leave its socket
+        # to the garbage collector; closed at exit (sending what waits, up to linger)
+        self.sockets: list[tuple[int, zmq.Socket[Any]]] = []  # (pid, socket)
+        self.lock = threading.Lock()
+        atexit.register(self.close_all)
+
+    def close_all(self) -> None:
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for pid, sock in sockets:
+            if pid == os.getpid() and not sock.closed:  # never a parent's, after a fork
+                sock.close()
 
     def socket(self, url: str) -> zmq.Socket[Any]:
         local = self.local
@@ -101,6 +114,8 @@ class _Publisher:
             sock.linger = 5000  # an exiting process still sends what it published
             sock.sndtimeo = 5000
             sock.connect(url)
+            with self.lock:
+                self.sockets.append((os.getpid(), sock))
             local.sock, local.url, local.pid = sock, url, os.getpid()
         sock_: zmq.Socket[Any] = local.sock
         return sock_
