@@ -318,6 +318,9 @@ class Subscription:
         self.poller.register(self.snapshot, zmq.POLLIN)
         self._ready: list[Event] = []
         self._heard = time.monotonic()
+        # the first snapshot request leaves now: with since=None, "live" means the
+        # events the broker numbers after it answers this request
+        self.snapshot.send_multipart(self.state.syncstart(self._heard))
 
     @property
     def last(self) -> int:
@@ -366,7 +369,9 @@ def subscribe(
     prefixes: str | Sequence[str] = "", since: int | None = None, **kw: Any
 ) -> Subscription:
     """Events under ``prefixes`` (a prefix or several; ``""``: all): those above
-    ``since`` that the broker keeps, then live ones; ``since=None``: live ones only."""
+    ``since`` that the broker keeps, then live ones; ``since=None``: live ones only,
+    those numbered after the broker answers the subscription's first snapshot
+    request (sent at once; pass a sequence number to be sure of where it starts)."""
     return Subscription([prefixes] if isinstance(prefixes, str) else list(prefixes), since, **kw)
 
 

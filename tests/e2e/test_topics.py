@@ -171,7 +171,9 @@ def test_a_live_subscription_goes_on_across_a_broker_restart(
     the restart is a jump (or the idle check asks), and the snapshot fills in."""
     env = emq_client_env
     broker = start(emq_processes, env)
-    with emq.subscribe("/live/", since=None, idle_check=0.5) as sub:
+    # since=0 on a new broker: every event, whenever the first SYNCEND comes (with
+    # since=None the events numbered before it would not count as live ones)
+    with emq.subscribe("/live/", since=0, idle_check=0.5) as sub:
         wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
         for i in range(100):
             emq.publish("/live/a", i)
@@ -195,7 +197,7 @@ def test_a_subscriber_behind_its_pub_buffer_fills_the_gap_from_the_snapshot(
     n = 2000
     payload = "x" * 16000  # 32 MB in all: more than the loopback buffers hold
     # no idle check: the jump in the sequence must be what sends it to the snapshot
-    with emq.subscribe("/flood/", None, rcvhwm=10, rcvbuf=4096, idle_check=60) as sub:
+    with emq.subscribe("/flood/", 0, rcvhwm=10, rcvbuf=4096, idle_check=60) as sub:
         # the first event: the subscription is live (and its SYNCEND read)
         wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
         emq.publish("/flood/0", {"i": 0, "pad": payload})
