@@ -232,14 +232,10 @@ class CloneState:
             return []
         if item is None:
             return []
-        if 0 <= item < self.last:
-            log.warning(
-                "the broker's sequence (%d) is below the last seen (%d): its event store "
-                "was reset; going on from its sequence",
-                item,
-                self.last,
-            )
-            self.last = item
+        # a SYNCEND below ``last`` is the answer to an older request (one asked
+        # again after SYNC_TIMEOUT): it covers nothing new. (A broker whose event
+        # store was started anew is not followed down: its events are skipped
+        # until its sequence passes ``last``.)
         self.last = max(self.last, item)
         self.syncing_since = None
         self.more = self.answer_syncs >= PAGE_HINT

@@ -73,3 +73,14 @@ def test_malformed_frames_are_dropped_and_counted() -> None:
 def test_received_unpacks_messagepack() -> None:
     event = received(Event(1, "/a", msgpack.packb({"k": [1]}), "p", b"\x01" * 16, 2.0))
     assert event.data == {"k": [1]} and event.uuid == "01010101-0101-0101-0101-010101010101"
+
+
+def test_the_late_answer_to_a_repeated_request_neither_lowers_last_nor_repeats() -> None:
+    state = CloneState(["/a/"], since=0)
+    state.syncstart(0.0)
+    state.syncstart(6.0)  # no answer within SYNC_TIMEOUT: asked again
+    assert seqs(state.on_snapshot(sync(1)) + state.on_snapshot(eventbus.syncend(b"/a/", 1))) == [1]
+    assert seqs(state.on_live(live(2)) + state.on_live(live(3))) == [2, 3]
+    # the second answer, late: the same event and an older sequence
+    assert state.on_snapshot(sync(1)) == [] and state.on_snapshot(eventbus.syncend(b"/a/", 1)) == []
+    assert state.last == 3 and seqs(state.on_live(live(4))) == [4]
