@@ -23,35 +23,37 @@ MAX_TOPIC = 255  # bytes, as the broker's topic space allows
 
 
 def figures(monitor: dict[str, Any]) -> dict[str, Any]:
-    """The topic figures of a ``MONITOR JSON`` document, in the page's shape:
-    ``{"last_seq", "topics": [{topic, last_seq, events, events_per_s}], "ports":
-    [{port, subscribers}]}``; empty lists from a broker without topics."""
+    """The topic figures of a ``MONITOR JSON`` document (its ``topics`` section, from
+    ``TopicSpace.stats()`` plus the ports' subscribers) in the page's shape:
+    ``{"available", "last_seq", "topics": [{topic, last_seq, events, events_per_s,
+    last_ts}], "ports": [{port, subscribers}]}``; ``available`` is False for a
+    broker without a topic space."""
     section = monitor.get("topics")
     if not isinstance(section, dict):
         return {"available": False, "last_seq": None, "topics": [], "ports": []}
     rows = []
-    per_topic = section.get("topics", {})
-    if isinstance(per_topic, dict):
-        for name, stats in per_topic.items():
-            if not isinstance(stats, dict):
-                continue
+    per_topic = section.get("topics")
+    for name, stats in (per_topic if isinstance(per_topic, dict) else {}).items():
+        if isinstance(stats, dict):
             rows.append(
                 {
                     "topic": str(name),
                     "last_seq": stats.get("last_seq"),
-                    "events": stats.get("events"),
-                    "events_per_s": stats.get("events_per_s", stats.get("rate")),
+                    "events": stats.get("published"),  # since the broker started
+                    "events_per_s": stats.get("events_per_s"),
+                    "last_ts": stats.get("last_ts"),
                 }
             )
     rows.sort(key=lambda r: r["topic"])
     ports = []
-    subscribers = section.get("subscribers", {})
-    if isinstance(subscribers, dict):
-        for port, count in sorted(subscribers.items()):
-            ports.append({"port": str(port), "subscribers": count})
+    per_port = section.get("ports")
+    for name, stats in sorted((per_port if isinstance(per_port, dict) else {}).items()):
+        count = stats.get("subscribers") if isinstance(stats, dict) else stats
+        ports.append({"port": str(name), "subscribers": count if isinstance(count, int) else 0})
     return {
         "available": True,
         "last_seq": section.get("last_seq"),
+        "published": section.get("published"),
         "topics": rows,
         "ports": ports,
     }
