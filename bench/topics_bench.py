@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import struct
 import subprocess
@@ -408,6 +409,41 @@ async def _reset_jetstream() -> None:
     await nc.close()
 
 
+def start_profile(pid: int, path: str) -> subprocess.Popen[bytes]:
+    """py-spy on the broker, sampling until SIGINT; folded stacks to ``path``."""
+    spy = os.path.join(os.path.dirname(PYTHON), "py-spy")
+    argv = [spy, "record", "-p", str(pid), "-f", "raw", "-o", path, "-r", "200", "--nonblocking"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached
+    return proc
+
+
+def profile_top(path: str, n: int = 25) -> str:
+    """The functions the broker spent its samples in: self and inclusive shares."""
+    from collections import Counter
+
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not count.isdigit():
+                continue
+            k = int(count)
+            frames = stack.split(";")
+            samples += k
+            own[frames[-1]] += k
+            for frame in set(frames):
+                total[frame] += k
+    if not samples:
+        return f"{path}: no samples"
+    out = [f"{path}: {samples} samples; self %, inclusive %, function"]
+    for frame, k in own.most_common(n):
+        out.append(f"{100 * k / samples:5.1f} {100 * total[frame] / samples:5.1f}  {frame}")
+    return "\n".join(out)
+
+
 def one_phase(
     system: str, phase: str, opts: argparse.Namespace, env: dict[str, str], servers: ServerSet
 ) -> dict[str, Any]:
@@ -497,6 +533,11 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(SYSTEMS))
     parser.add_argument("--json", default="")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="py-spy the broker during emq's throughput phases; collapsed stacks to this path",
+    )
     # a subscriber's or the publisher's process
     parser.add_argument("--role", choices=("sub", "pub"), help=argparse.SUPPRESS)
     parser.add_argument("--system", help=argparse.SUPPRESS)
@@ -538,7 +579,14 @@ def main() -> None:
             order = systems if r % 2 == 0 else systems[::-1]  # alternating
             for phase in ("thr", "lat"):
                 for system in order:
+                    spy = None
+                    if opts.profile and system == "emq" and phase == "thr":
+                        spy = start_profile(broker[0].pid, opts.profile + f".{r + 1}")
                     res = one_phase(system, phase, opts, env, servers)
+                    if spy is not None:
+                        spy.send_signal(signal.SIGINT)  # py-spy writes what it has
+                        spy.wait(timeout=60)
+                        print(profile_top(opts.profile + f".{r + 1}"), flush=True)
                     loads.append(os.getloadavg()[0])
                     results[system][phase].append(res)
                     print(f"round {r + 1} {system:9} {phase}: {res}", flush=True)
