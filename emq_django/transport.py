@@ -27,6 +27,7 @@ class SocketOptions:
     sndhwm: int | None = None
     rcvhwm: int | None = None
     router_mandatory: bool = False  # EHOSTUNREACH instead of a silent drop
+    xpub_verboser: bool = False  # an XPUB passes on every (un)subscription
 
 
 def make_socket(context: Context, kind: int, options: SocketOptions | None = None) -> Socket:
@@ -42,6 +43,8 @@ def make_socket(context: Context, kind: int, options: SocketOptions | None = Non
         sock.rcvhwm = opts.rcvhwm
     if opts.router_mandatory:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if opts.xpub_verboser:
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
     return sock
 
 
