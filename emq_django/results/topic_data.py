@@ -1,14 +1,17 @@
 """An event's payload as the Topics page shows it: decoded by its content type.
 
-MessagePack and JSON become indented JSON text; UTF-8 text stays text; anything
-else is shown as hex. A payload that does not decode as its content type says
-so instead of failing the page (a publisher may mislabel what it sends).
+MessagePack and JSON become compact JSON text (a line per event on the page);
+UTF-8 text stays text; anything else is shown as hex. A payload that does not
+decode as its content type says so instead of failing the page (a publisher may
+mislabel what it sends).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import msgpack
 
 MAX_SHOWN = 4096  # characters of one event's decoded data on the page
 MSGPACK = "application/msgpack"
@@ -39,12 +42,10 @@ def decode(data: bytes, content_type: str) -> dict[str, str]:
     note = ""
     if kind in (MSGPACK, "application/x-msgpack"):
         try:
-            import msgpack
-
             value = msgpack.unpackb(data, raw=False, strict_map_key=False)
             return {
                 "as": "msgpack",
-                "text": _shown(json.dumps(_jsonable(value), indent=1)),
+                "text": _shown(json.dumps(_jsonable(value), ensure_ascii=False)),
                 "note": "",
             }
         except Exception as exc:  # noqa: BLE001  (any malformed payload: say so, show it raw)
@@ -52,7 +53,8 @@ def decode(data: bytes, content_type: str) -> dict[str, str]:
     elif kind == JSON or kind.endswith("+json"):
         try:
             value = json.loads(data)
-            return {"as": "json", "text": _shown(json.dumps(value, indent=1)), "note": ""}
+            text = json.dumps(value, ensure_ascii=False)
+            return {"as": "json", "text": _shown(text), "note": ""}
         except ValueError as exc:
             note = f"not JSON ({type(exc).__name__})"
     try:

@@ -18,6 +18,7 @@ from django.test import Client
 
 from emq_django.results.topics_page import figures
 from tests.conftest import free_tcp_port, free_tcp_ports
+from tests.eventbus_client import BusClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PAGE = "/admin/emq_results/dashboard/topics/"
@@ -80,10 +81,15 @@ def broker(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         context.term()
 
 
-def publish(topic: str, value: Any, **kwargs: Any) -> int:
-    import emq_django as emq
+@pytest.fixture
+def bus(broker: str) -> Iterator[BusClient]:
+    """A producer on the broker's Event BUS collector (the spec-written test client)."""
+    from emq_django.conf import cached_settings
 
-    return emq.publish(topic, value, **kwargs).seq  # type: ignore[attr-defined,no-any-return]
+    s = cached_settings()
+    client = BusClient(s.BUS_SNAPSHOT_BIND, s.BUS_PUBLISH_BIND, s.BUS_COLLECT_BIND)
+    yield client
+    client.close()
 
 
 def wait_for(check: Any, what: str, timeout: float = 10.0) -> Any:
@@ -105,11 +111,13 @@ def test_topics_page_is_for_staff_only(broker: str) -> None:
     assert c.get(DATA).status_code == 302
 
 
-def test_figures_and_latest_events_from_a_live_broker(staff: Client, broker: str) -> None:
+def test_figures_and_latest_events_from_a_live_broker(staff: Client, bus: BusClient) -> None:
     page = staff.get(PAGE).content.decode()
     assert "<title>Topics" in page and 'id="emq-topic-table"' in page
-    seqs = [publish("orders/new", {"order": n, "items": ["tea"] * n}) for n in range(5)]
-    seqs.append(publish("audit", {"who": "alice"}))
+    for n in range(5):
+        bus.publish("orders/new", {"order": n, "items": ["tea"] * n}, producer="shop")
+    bus.publish("audit", {"who": "alice"})
+    seqs = [1, 2, 3, 4, 5, 6]  # a new broker numbers from 1; one producer keeps its order
     doc = wait_for(
         lambda: (d := staff.get(DATA).json())["ok"] and d["last_seq"] == seqs[-1] and d,
         "the events in the figures",
@@ -125,6 +133,7 @@ def test_figures_and_latest_events_from_a_live_broker(staff: Client, broker: str
     assert [e["seq"] for e in latest["events"]] == seqs[:5]
     last = latest["events"][-1]
     assert last["as"] == "msgpack" and last["content_type"] == "application/msgpack"
+    assert last["producer"] == "shop"
     assert json.loads(last["text"]) == {"order": 4, "items": ["tea"] * 4}
     assert staff.get(DATA, {"topic": "nothing/here"}).json()["latest"]["events"] == []
     assert staff.get(DATA, {"topic": " spaced "}).json()["latest"]["error"] == "not a topic name"

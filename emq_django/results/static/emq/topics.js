@@ -89,9 +89,9 @@
     fillTable("emq-port-table", d.ports.map(function (p) { return [p.port, p.subscribers]; }));
     if (d.latest) {
       var err = $("emq-latest-error");
-      err.hidden = !d.latest.error;
+      err.style.display = d.latest.error ? "" : "none";
       err.textContent = d.latest.error || "";
-      fillTable("emq-latest", d.latest.events.map(function (e) {
+      fillTable("emq-latest", d.latest.events.slice().reverse().map(function (e) {
         return [e.seq, e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : null, e.producer, e.content_type || e.as, e.size, dataCell(e)];
       }), "no events kept for this topic");
     }
