@@ -122,6 +122,7 @@ class Tally:
                 "first_ns": self.first_ns,
                 "last_ns": self.last_ns,
                 "lags": self.lags,
+                "cpu_s": time.process_time(),
             }
         )
 
@@ -208,7 +209,9 @@ def _emq_subscriber(topic: str, tally: Tally, deadline: float) -> None:
 
 
 def _emq_raw_subscriber(topic: str, tally: Tally, deadline: float, env: dict[str, str]) -> None:
-    """pyzmq alone on the Event BUS PUB socket: frames [topic, ..., data] (the data last)."""
+    """pyzmq and msgpack alone on the Event BUS publisher socket: a BROADCAST is
+    [topic, seq, producer, timestamp, uuid, MessagePack data]."""
+    import msgpack
     import zmq
 
     sock = zmq.Context.instance().socket(zmq.SUB)
@@ -219,7 +222,7 @@ def _emq_raw_subscriber(topic: str, tally: Tally, deadline: float, env: dict[str
     def get(timeout: float) -> bytes | None:
         if not sock.poll(int(timeout * 1000)):
             return None
-        return sock.recv_multipart()[-1]
+        return msgpack.unpackb(sock.recv_multipart()[-1])  # type: ignore[no-any-return]
 
     _loop(get, tally, deadline)
     sock.close(linger=0)
@@ -264,7 +267,17 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
         def flush() -> None:
             pass
 
-    else:  # emq, emq-raw: the same publisher
+    elif system == "emq-raw":
+        send = _bus_sender(topic)
+
+        def send_many(n: int) -> None:
+            for seq in range(n):
+                send(payload(seq))
+
+        def flush() -> None:
+            pass  # the bus never acknowledges; the subscribers' counts end the phase
+
+    else:
         import django
 
         django.setup()
@@ -291,7 +304,35 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
     else:
         paced(opts.events, opts.rate, lambda seq: send(payload(seq)))
     flush()
-    ctl.report.send_json({"kind": "published", "start_ns": start, "end_ns": time.monotonic_ns()})
+    ctl.report.send_json(
+        {
+            "kind": "published",
+            "start_ns": start,
+            "end_ns": time.monotonic_ns(),
+            "cpu_s": time.process_time(),
+        }
+    )
+
+
+def _bus_sender(topic: str) -> Callable[[bytes], None]:
+    """An Event BUS producer (DEALER to the collector): PUB frames, MessagePack data."""
+    import uuid
+    from datetime import UTC, datetime
+
+    import msgpack
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(os.environ["EMQ_BUS_COLLECT_BIND"])
+    head = [topic.encode(), b"", b"topics-bench"]
+
+    def send(data: bytes) -> None:
+        stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        sock.send_multipart(
+            [*head, stamp.encode(), str(uuid.uuid4()).encode(), msgpack.packb(data)]
+        )
+
+    return send
 
 
 def paced(n: int, rate: float, send: Callable[[int], None]) -> None:
@@ -341,7 +382,14 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
             else:
                 await js.publish(topic, payload(seq), stream=JS_STREAM)
             due = max(due + gap, time.monotonic() - gap)
-    ctl.report.send_json({"kind": "published", "start_ns": start, "end_ns": time.monotonic_ns()})
+    ctl.report.send_json(
+        {
+            "kind": "published",
+            "start_ns": start,
+            "end_ns": time.monotonic_ns(),
+            "cpu_s": time.process_time(),
+        }
+    )
     await nc.close()
 
 
@@ -409,6 +457,27 @@ async def _reset_jetstream() -> None:
     await nc.close()
 
 
+def peer_pids(system: str) -> list[int]:
+    """The peer's server process (a system service: read only)."""
+    from bench.procs import find_system_pids
+
+    return find_system_pids("redis-server" if system == "redis" else "nats-server")
+
+
+def server_cpu(server: list[Any]) -> float:
+    """User+system CPU seconds so far of the broker (a Server) or a peer's PIDs."""
+    import psutil
+
+    total = 0.0
+    for s in server:
+        try:
+            t = psutil.Process(s if isinstance(s, int) else s.pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def start_profile(pid: int, path: str) -> subprocess.Popen[bytes]:
     """py-spy on the broker, sampling until SIGINT; folded stacks to ``path``."""
     spy = os.path.join(os.path.dirname(PYTHON), "py-spy")
@@ -431,7 +500,8 @@ def profile_top(path: str, n: int = 25) -> str:
             if not count.isdigit():
                 continue
             k = int(count)
-            frames = stack.split(";")
+            # "func (file:line)" -> "func (file)": shares per function, not per line
+            frames = [f.rsplit(":", 1)[0] + ")" if f.endswith(")") else f for f in stack.split(";")]
             samples += k
             own[frames[-1]] += k
             for frame in set(frames):
@@ -510,6 +580,11 @@ def one_phase(
         "elapsed_s": round(elapsed, 3),
         "publish_s": round((published["end_ns"] - published["start_ns"]) / 1e9, 3),
     }
+    # CPU per event, whole processes (start-up and warm-up included, the same for all)
+    result["sub_cpu_us_per_event"] = round(
+        sum(d["cpu_s"] for d in done.values()) / max(delivered, 1) * 1e6, 1
+    )
+    result["pub_cpu_us_per_event"] = round(published["cpu_s"] / n * 1e6, 1)
     if phase == "thr":
         result["events_per_s"] = round(delivered / opts.subscribers / elapsed, 1)
     else:
@@ -580,9 +655,14 @@ def main() -> None:
             for phase in ("thr", "lat"):
                 for system in order:
                     spy = None
-                    if opts.profile and system == "emq" and phase == "thr":
+                    if opts.profile and system.startswith("emq") and phase == "thr":
                         spy = start_profile(broker[0].pid, opts.profile + f".{r + 1}")
+                    server = broker if system.startswith("emq") else peer_pids(system)
+                    cpu0 = server_cpu(server)
                     res = one_phase(system, phase, opts, env, servers)
+                    cpu = server_cpu(server) - cpu0
+                    res["server_cpu_s"] = round(cpu, 3)
+                    res["server_cpu_us_per_event"] = round(cpu / res["events"] * 1e6, 1)
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)  # py-spy writes what it has
                         spy.wait(timeout=60)
