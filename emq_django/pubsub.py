@@ -21,6 +21,7 @@ asks too, so a lost last event, or a broker restart, is noticed. Use
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT = 5.0  # seconds without a SYNCEND before asking again (a restarted broker)
 MAX_BUFFERED = 100_000  # live events held while a snapshot is asked for; then dropped
 LATEST = 2**62  # SYNCSTART above every event: only the current sequence comes back
+# an answer with this many SYNCs may be a page of a longer replay (the broker's
+# MAX_SYNC): ask again at once rather than after idle_check
+PAGE_HINT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +92,30 @@ class _Publisher:
 
     def __init__(self) -> None:
         self.local = threading.local()
+        # every thread's socket, so a thread that ends does not leave its socket
+        # to the garbage collector; closed at exit (sending what waits, up to linger)
+        self.sockets: list[tuple[int, zmq.Socket[Any]]] = []  # (pid, socket)
+        self.lock = threading.Lock()
+        atexit.register(self.close_all)
+
+    def close_all(self) -> None:
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for pid, sock in sockets:
+            if pid == os.getpid() and not sock.closed:  # never a parent's, after a fork
+                sock.close()
 
     def socket(self, url: str) -> zmq.Socket[Any]:
         local = self.local
         if getattr(local, "pid", None) != os.getpid() or local.url != url:
             if getattr(local, "pid", None) == os.getpid():
                 local.sock.close()  # another address now (settings changed)
-            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
             sock.linger = 5000  # an exiting process still sends what it published
             sock.sndtimeo = 5000
             sock.connect(url)
+            with self.lock:
+                self.sockets.append((os.getpid(), sock))
             local.sock, local.url, local.pid = sock, url, os.getpid()
         sock_: zmq.Socket[Any] = local.sock
         return sock_
@@ -157,6 +175,8 @@ class CloneState:
         self.last = since if since is not None else -1  # -1: ask for the current one
         self.syncing_since: float | None = None  # when the outstanding SYNCSTART left
         self.started = False  # the first SYNCSTART went out
+        self.answer_syncs = 0  # SYNCs in the answer being read
+        self.more = False  # the last answer may have been a page: ask again
         self.buffer: list[Event] = []
         self.gaps = 0  # jumps in the live sequence filled from the snapshot
         self.syncs = 0
@@ -166,6 +186,8 @@ class CloneState:
 
     def syncstart(self, now: float) -> list[bytes]:
         self.started = True
+        self.more = False
+        self.answer_syncs = 0
         self.syncing_since = now
         self.syncs += 1
         return eventbus.syncstart(self.prefixes, LATEST if self.last < 0 else self.last)
@@ -173,7 +195,7 @@ class CloneState:
     def needs_sync(self, now: float, idle: float, idle_check: float) -> bool:
         if self.syncing_since is not None:
             return now - self.syncing_since >= SYNC_TIMEOUT  # lost (a broker restart)
-        return not self.started or idle >= idle_check
+        return not self.started or self.more or idle >= idle_check
 
     def on_live(self, frames: Sequence[bytes]) -> list[Event]:
         event = self._decode(eventbus.decode_event, frames)
@@ -202,6 +224,7 @@ class CloneState:
         if isinstance(item, Event):
             if self.syncing_since is not None:
                 self.syncing_since = time.monotonic()  # the answer is coming
+                self.answer_syncs += 1
             if item.seq > self.last and self.last >= 0 and matches(item.topic, self.prefixes):
                 self.last = item.seq
                 self.from_snapshot += 1
@@ -219,6 +242,7 @@ class CloneState:
             self.last = item
         self.last = max(self.last, item)
         self.syncing_since = None
+        self.more = self.answer_syncs >= PAGE_HINT
         return self._drain_buffer()
 
     def _drain_buffer(self) -> list[Event]:
@@ -294,6 +318,9 @@ class Subscription:
         self.poller.register(self.snapshot, zmq.POLLIN)
         self._ready: list[Event] = []
         self._heard = time.monotonic()
+        # the first snapshot request leaves now: with since=None, "live" means the
+        # events the broker numbers after it answers this request
+        self.snapshot.send_multipart(self.state.syncstart(self._heard))
 
     @property
     def last(self) -> int:
@@ -327,7 +354,7 @@ class Subscription:
             if deadline is not None and now >= deadline:
                 return None
             wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
-            for sock, _ in self.poller.poll(max(wait, 0.0) * 1000 + 1):
+            for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
                 self._heard = time.monotonic()
                 while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     frames = sock.recv_multipart()
@@ -342,7 +369,9 @@ def subscribe(
     prefixes: str | Sequence[str] = "", since: int | None = None, **kw: Any
 ) -> Subscription:
     """Events under ``prefixes`` (a prefix or several; ``""``: all): those above
-    ``since`` that the broker keeps, then live ones; ``since=None``: live ones only."""
+    ``since`` that the broker keeps, then live ones; ``since=None``: live ones only,
+    those numbered after the broker answers the subscription's first snapshot
+    request (sent at once; pass a sequence number to be sure of where it starts)."""
     return Subscription([prefixes] if isinstance(prefixes, str) else list(prefixes), since, **kw)
 
 

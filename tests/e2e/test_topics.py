@@ -164,6 +164,31 @@ def test_offline_subscriber_gets_exactly_the_10000_events_across_a_broker_restar
     assert [e.seq for e in got] == list(range(2, 10002))
 
 
+def test_a_live_subscription_goes_on_across_a_broker_restart(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    """The SUB and snapshot sockets reconnect by themselves; the first event after
+    the restart is a jump (or the idle check asks), and the snapshot fills in."""
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    # since=0 on a new broker: every event, whenever the first SYNCEND comes (with
+    # since=None the events numbered before it would not count as live ones)
+    with emq.subscribe("/live/", since=0, idle_check=0.5) as sub:
+        wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
+        for i in range(100):
+            emq.publish("/live/a", i)
+        first = take(sub, 100)
+        assert emq_processes.stop(broker) == 0
+        broker = start(emq_processes, env)
+        for i in range(100, 200):
+            emq.publish("/live/b", i)
+        second = take(sub, 100)
+        assert sub.next(timeout=1.5) is None
+    got = first + second
+    assert [e.data for e in got] == list(range(200))
+    assert [e.seq for e in got] == list(range(1, 201))
+
+
 def test_a_subscriber_behind_its_pub_buffer_fills_the_gap_from_the_snapshot(
     emq_client_env: dict[str, str], emq_processes: EmqProcesses
 ) -> None:
@@ -172,7 +197,7 @@ def test_a_subscriber_behind_its_pub_buffer_fills_the_gap_from_the_snapshot(
     n = 2000
     payload = "x" * 16000  # 32 MB in all: more than the loopback buffers hold
     # no idle check: the jump in the sequence must be what sends it to the snapshot
-    with emq.subscribe("/flood/", None, rcvhwm=10, rcvbuf=4096, idle_check=60) as sub:
+    with emq.subscribe("/flood/", 0, rcvhwm=10, rcvbuf=4096, idle_check=60) as sub:
         # the first event: the subscription is live (and its SYNCEND read)
         wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
         emq.publish("/flood/0", {"i": 0, "pad": payload})

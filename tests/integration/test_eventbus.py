@@ -11,6 +11,7 @@ import zmq
 from django.db import transaction
 
 import emq_django as emq
+from emq_django.broker.ports.eventbus import EventBusPort
 from tests.eventbus_client import BusClient
 from tests.integration import test_broker_server as base
 from tests.integration.test_broker_server import Broker, wait_until
@@ -68,8 +69,15 @@ def test_sync_then_live_updates_with_prefix_match(start_broker: Callable[..., Br
     status = broker.status()
     assert status["topics"]["topics"]["/orders/9"]["last_seq"] == 8
     assert status["topics"]["ports"]["eventbus"]["collected"] == 8
+    assert status["topics"]["ports"]["eventbus"]["subscribers"] == 1
+    lines = broker.ask_monitor(b"MONITOR").decode().splitlines()
+    assert "topics.last_seq: 8" in lines and "topics.eventbus.subscribers: 1" in lines
     producer.close()
     client.close()
+    wait_until(  # a subscriber that goes away is counted out (XPUB_VERBOSER)
+        lambda: broker.status()["topics"]["ports"]["eventbus"]["subscribers"] == 0,
+        "the subscription to go",
+    )
 
 
 def test_malformed_messages_on_all_three_sockets_are_counted(
@@ -146,3 +154,29 @@ def test_publish_on_commit_publishes_after_the_commit_and_never_on_rollback(
         assert sub.next(timeout=0.5) is None
         with pytest.raises(ValueError):
             emq.publish_on_commit("", 1, url=url)  # refused at once, not at commit time
+
+
+def test_a_long_replay_comes_in_pages_and_subscribe_reads_them_all(
+    start_broker: Callable[..., Broker],
+) -> None:
+    broker = start_broker()
+    port = next(p for p in broker.server.ports if isinstance(p, EventBusPort))
+    port.max_sync = 3  # set before any SYNCSTART; read by the broker thread only after
+    producer = bus(broker)
+    for i in range(7):
+        producer.publish("/page/x", i)
+    wait_until(lambda: broker.status()["topics"]["last_seq"] == 7, "7 events")
+    client = bus(broker)
+    events, upto = client.sync("/page/", since=0)
+    assert [e.seq for e in events] == [1, 2, 3] and upto == 3  # a page
+    s = broker.server.settings
+    with emq.subscribe(
+        "/page/",
+        0,
+        snapshot_url=s.BUS_SNAPSHOT_BIND,
+        publish_url=s.BUS_PUBLISH_BIND,
+        idle_check=0.2,
+    ) as sub:
+        got = [sub.next(timeout=10.0) for _ in range(7)]
+        assert [e.data for e in got if e is not None] == list(range(7))
+        assert sub.next(timeout=0.5) is None

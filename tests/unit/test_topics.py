@@ -128,6 +128,9 @@ def test_journal_keeps_events_and_the_sequence_goes_on_after_a_restart(
         assert [e.seq for e in events] == [1, 2, 3, 6]
         assert events[0].data == b"0" and events[0].content_type == "application/msgpack"
         assert core2.topics.stats()["topics"]["/users/b"]["last_seq"] == 5
+        assert [e.seq for e in core2.topics.latest("/orders/a", 2)] == [3, 6]
+        publish(core2, "/orders/a")  # 7, not committed yet: latest sees it too
+        assert [e.seq for e in core2.topics.latest("/orders/a", 2)] == [6, 7]
     finally:
         again.close()
 

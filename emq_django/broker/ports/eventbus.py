@@ -6,7 +6,8 @@ default); the wire is ``protocol/eventbus.py``:
 
 - snapshot (ROUTER): ``SYNCSTART`` gets one ``SYNC`` per kept event above the
   sequence asked for, on the subtrees asked for, then ``SYNCEND`` with the
-  broker's current sequence (the Clone pattern's state request);
+  broker's current sequence (the Clone pattern's state request); at most
+  ``MAX_SYNC`` SYNCs, after which SYNCEND carries the last one's sequence;
 - publisher (XPUB, which a PUB's subscribers cannot tell apart): every event of
   the topic space, from whichever port it came in by, as it is numbered. Its
   subscription messages are how the port counts subscriptions; anything else a
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT, PUBLISH, COLLECT = "bus-snapshot", "bus-publish", "bus-collect"
 SNAPSHOT_HWM = 1_000_000  # a snapshot's SYNCs wait here for a slow client
+# SYNCs in one answer: a longer replay is answered in pages (the SYNCEND then
+# carries the page's last sequence, and the client asks again from there), so one
+# request cannot make the broker build millions of messages in a loop turn
+MAX_SYNC = 100_000
 
 
 class EventBusPort(Port):
@@ -50,6 +55,7 @@ class EventBusPort(Port):
         self.publish_address = "tcp://127.0.0.1:5557"
         self.collect_address = "tcp://127.0.0.1:5558"
         self.publish_hwm = 10_000
+        self.max_sync = MAX_SYNC
         self.subscriptions: dict[bytes, int] = {}  # topic filter -> subscriptions
         self.figures = {
             "syncs": 0,  # SYNCSTARTs answered
@@ -124,10 +130,13 @@ class EventBusPort(Port):
         client = ClientRef(self, identity)
         out = self.core.out
         n = 0
-        for event in self.core.topics.since(request.subtrees, request.seq):
+        upto = self.core.topics.last_seq
+        for event in self.core.topics.since(request.subtrees, request.seq, self.max_sync):
             out.append(Send(client, eventbus.sync(event, eventbus.as_msgpack(event))))
             n += 1
-        out.append(Send(client, eventbus.syncend(request.spec, self.core.topics.last_seq)))
+            if n >= self.max_sync:
+                upto = event.seq  # a page: the client asks again from here
+        out.append(Send(client, eventbus.syncend(request.spec, upto)))
         self.figures["syncs"] += 1
         self.figures["synced_events"] += n
         return None
