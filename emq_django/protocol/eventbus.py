@@ -82,7 +82,7 @@ def decode_seq(raw: bytes) -> int:
     raise ProtocolError(f"bad sequence number {raw[:32]!r}: expected ASCII decimal")
 
 
-_second: list[Any] = [None, b""]  # the last whole second encoded, and its text
+_second: list[Any] = [None, b""]  # the last whole second encoded, and its text (bytes)
 
 
 def encode_ts(ts: float) -> bytes:
@@ -98,7 +98,8 @@ def encode_ts(ts: float) -> bytes:
     if _second[0] != sec:
         when = datetime.fromtimestamp(sec, UTC)
         _second[0], _second[1] = sec, when.strftime("%Y-%m-%dT%H:%M:%S.").encode()
-    return _second[1] + b"%03dZ" % (micro // 1000)
+    text: bytes = _second[1]
+    return text + b"%03dZ" % (micro // 1000)
 
 
 def decode_ts(raw: bytes) -> float | None:

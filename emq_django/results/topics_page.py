@@ -44,7 +44,7 @@ def figures(monitor: dict[str, Any]) -> dict[str, Any]:
                     "last_ts": stats.get("last_ts"),
                 }
             )
-    rows.sort(key=lambda r: r["topic"])
+    rows.sort(key=lambda r: str(r["topic"]))
     ports = []
     per_port = section.get("ports")
     for name, stats in sorted((per_port if isinstance(per_port, dict) else {}).items()):
