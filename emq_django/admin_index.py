@@ -1,5 +1,5 @@
-"""One "emq" section on the admin index: Dashboard, Jobs, Schedules, Metrics and
-Dead letters, in that order, instead of one section per emq app.
+"""One "emq" section on the admin index: Dashboard, Jobs, Schedules, Metrics, Dead
+letters and Topics, in that order, instead of one section per emq app.
 
 Installed on ``admin.site`` when the results app is ready (``install``): it wraps
 the site's ``get_app_list`` (the index and the navigation sidebar), leaving each
@@ -31,14 +31,15 @@ HIDDEN = {
 }
 
 
-def _dead_letters_entry() -> dict[str, Any] | None:
+def _page_entry(name: str, url_name: str) -> dict[str, Any] | None:
+    """An entry for one of the dashboard's pages that have no model of their own."""
     try:
-        url = reverse("admin:emq_dead_letters")
+        url = reverse(url_name)
     except NoReverseMatch:
         return None
     return {
-        "name": "Dead letters",
-        "object_name": "DeadLetters",
+        "name": name,
+        "object_name": name.replace(" ", ""),
         "model": None,
         "perms": {"view": True},
         "admin_url": url,
@@ -62,9 +63,12 @@ def group(app_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
             elif key not in HIDDEN:
                 rest.append(entry)
     models = [shown[name] for name in SHOWN.values() if name in shown]
-    dead = _dead_letters_entry() if "Dashboard" in shown else None
-    if dead is not None:
-        models.insert(min(len(models), 4), dead)
+    if "Dashboard" in shown:
+        pages = (("Dead letters", "admin:emq_dead_letters"), ("Topics", "admin:emq_topics"))
+        for at, (name, url_name) in enumerate(pages, start=4):
+            entry = _page_entry(name, url_name)
+            if entry is not None:
+                models.insert(min(len(models), at), entry)
     section = {
         "name": "emq",
         "app_label": "emq_results",

@@ -108,8 +108,17 @@ class Journal:
         db = self.db
         try:
             db.execute("BEGIN")
+            events: list[tuple[Any, ...]] = []  # runs of events: one executemany
             for op in ops:
+                if op[0] == "event":
+                    events.append(_event_row(op))
+                    continue
+                if events:
+                    db.executemany(INSERT_EVENT, events)
+                    events = []
                 _APPLY[op[0]](db, op)
+            if events:
+                db.executemany(INSERT_EVENT, events)
             db.execute("COMMIT")
             self.commits += 1
         except (sqlite3.Error, KeyError, ValueError, TypeError) as exc:
@@ -251,23 +260,20 @@ def _prune_done(db: sqlite3.Connection, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
 
 
-def _event(db: sqlite3.Connection, op: JournalOp) -> None:
+INSERT_EVENT = (
+    "INSERT INTO events (seq, topic, rule, producer, uuid, ts, content_type, headers, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _event_row(op: JournalOp) -> tuple[Any, ...]:
     _, e, rule = op
-    db.execute(
-        "INSERT INTO events (seq, topic, rule, producer, uuid, ts, content_type, headers, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            e.seq,
-            e.topic,
-            rule,
-            e.producer,
-            e.uuid,
-            e.ts,
-            e.content_type,
-            json.dumps(e.headers) if e.headers else "",
-            e.data,
-        ),
-    )
+    headers = json.dumps(e.headers) if e.headers else ""
+    return (e.seq, e.topic, rule, e.producer, e.uuid, e.ts, e.content_type, headers, e.data)
+
+
+def _event(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute(INSERT_EVENT, _event_row(op))
 
 
 def _prune_events(db: sqlite3.Connection, op: JournalOp) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,7 @@ from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer
 
 if TYPE_CHECKING:
     from emq_django.broker.core import BrokerCore
+    from emq_django.broker.topics import Event
 
 
 def _show(identity: bytes) -> str:
@@ -125,6 +127,20 @@ def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) ->
         "dead_letters": len(core.life.dead),
         "delayed": len(core.life.delayed),
         "in_flight": len(core.inflight),
+    }
+
+
+def event_doc(event: Event) -> dict[str, Any]:
+    """One kept event for ``TOPIC LATEST``: its data in base64 (JSON carries no bytes)."""
+    return {
+        "seq": event.seq,
+        "topic": event.topic,
+        "ts": event.ts,
+        "producer": event.producer,
+        "uuid": event.uuid.hex(),
+        "content_type": event.content_type,
+        "headers": [list(h) for h in event.headers],
+        "data": base64.b64encode(event.data).decode("ascii"),
     }
 
 

@@ -1,5 +1,6 @@
-"""Admin pages without a table: the live dashboard and the broker's dead letters,
-and the one "emq" section of the admin index that lists them with the rest."""
+"""Admin pages without a table: the live dashboard, the topics and the broker's
+dead letters, and the one "emq" section of the admin index that lists them with
+the rest."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results import actions, dashboard
+from emq_django.results import actions, dashboard, topics_page
 from emq_django.results.models import Dashboard
 
 
 @admin.register(Dashboard)
 class DashboardAdmin(admin.ModelAdmin):
-    """The live dashboard and the dead letters; staff only."""
+    """The live dashboard, the topics and the dead letters; staff only."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
@@ -40,6 +41,8 @@ class DashboardAdmin(admin.ModelAdmin):
         return [
             path("", view(self.changelist_view), name="emq_results_dashboard_changelist"),
             path("data/", view(self.data_view), name="emq_dashboard_data"),
+            path("topics/", view(self.topics_view), name="emq_topics"),
+            path("topics/data/", view(self.topics_data_view), name="emq_topics_data"),
             path("deadletters/", view(self.dead_letters_view), name="emq_dead_letters"),
             path(
                 "deadletters/do/",
@@ -63,6 +66,24 @@ class DashboardAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             return JsonResponse({"error": "staff only"}, status=403)
         return JsonResponse(dashboard.data())
+
+    def topics_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Topics",
+            "monitor_url": dashboard.monitor_url(),
+            "poll_ms": dashboard.POLL_MS,
+            "topic": request.GET.get("topic", ""),
+            "latest_n": topics_page.LATEST,
+        }
+        return TemplateResponse(request, "emq/topics.html", context)
+
+    def topics_data_view(self, request: HttpRequest) -> JsonResponse:
+        if not self.has_view_permission(request):
+            return JsonResponse({"error": "staff only"}, status=403)
+        return JsonResponse(topics_page.data(request.GET.get("topic", "")))
 
     def dead_letters_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):

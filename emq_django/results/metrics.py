@@ -78,6 +78,7 @@ def render(state: dict[str, Any]) -> str:
     lines += _metric(
         "emq_schedulers", "gauge", "Connected schedulers.", [("", len(doc.get("schedulers", [])))]
     )
+    lines += _topic_metrics(doc)
     if state.get("dead_letters") is not None:
         lines += _metric(
             "emq_dead_letters", "gauge", "Dead-lettered jobs.", [("", state["dead_letters"])]
@@ -92,6 +93,40 @@ def render(state: dict[str, Any]) -> str:
             "emq_journal_jobs", "gauge", "Jobs in the journal.", [("", journal["jobs"])]
         )
     return "\n".join(lines) + "\n"
+
+
+def _topic_metrics(doc: dict[str, Any]) -> list[str]:
+    """The Topics page's figures: per topic, and subscribers per port."""
+    from emq_django.results.topics_page import figures
+
+    fig = figures(doc)
+    if not fig["available"]:
+        return []
+    lines = list(
+        _metric(
+            "emq_topics_last_seq",
+            "gauge",
+            "The broker's last event sequence number (all topics).",
+            [("", fig["last_seq"] or 0)],
+        )
+    )
+    topics = fig["topics"]
+    for field, name, kind, help_ in (
+        ("last_seq", "emq_topic_last_seq", "gauge", "Last sequence number of the topic."),
+        ("events", "emq_topic_events_total", "counter", "Events published on the topic."),
+        ("events_per_s", "emq_topic_events_per_second", "gauge", "Events/s on the topic now."),
+    ):
+        samples = [
+            (f'{{topic="{_label(t["topic"])}"}}', t[field]) for t in topics if t[field] is not None
+        ]
+        lines += _metric(name, kind, help_, samples)
+    lines += _metric(
+        "emq_port_subscribers",
+        "gauge",
+        "Topic subscribers connected to each port.",
+        [(f'{{port="{_label(p["port"])}"}}', p["subscribers"]) for p in fig["ports"]],
+    )
+    return lines
 
 
 def authorized(request: HttpRequest) -> bool:

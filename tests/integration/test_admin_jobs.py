@@ -348,7 +348,7 @@ def test_admin_index_has_one_emq_section(staff: Client) -> None:
         assert gone not in page, gone
     section = page[page.index('class="app-emq_results') :]
     section = section[: section.index("</table>")]
-    names = ["Dashboard", "Jobs", "Schedules", "Metrics", "Dead letters"]
+    names = ["Dashboard", "Jobs", "Schedules", "Metrics", "Dead letters", "Topics"]
     at = [section.index(f">{name}</a>") for name in names]
     assert at == sorted(at), section
 

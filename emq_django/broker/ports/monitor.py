@@ -4,7 +4,9 @@ A REQ (or DEALER with an empty delimiter) sends one line and gets one answer:
 
 - ``MONITOR``: ``key: value`` lines; ``MONITOR JSON``: the whole status document;
 - ``CANCEL <job id>...``: the ids by what happened (JSON);
-- ``DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]`` (JSON).
+- ``DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]`` (JSON);
+- ``TOPIC LATEST <n> <topic>``: the topic's latest ``n`` events kept (at most
+  ``MAX_LATEST``), oldest first, their data in base64 (JSON); the admin's Topics page.
 
 Anything else is answered ``ERROR ...`` and counted.
 """
@@ -21,9 +23,10 @@ from emq_django.broker.ports.base import Port
 from emq_django.transport import SocketOptions
 
 MAX_REQUEST = 65536
+MAX_LATEST = 100
 UNKNOWN = (
-    b"ERROR unknown command; send MONITOR, MONITOR JSON, CANCEL <id>... or "
-    b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]"
+    b"ERROR unknown command; send MONITOR, MONITOR JSON, CANCEL <id>..., "
+    b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...] or TOPIC LATEST <n> <topic>"
 )
 
 
@@ -67,8 +70,25 @@ class MonitorPort(Port):
             result = self._dead_letters(words[1:], now)
             if result is not None:
                 return monitor.as_json(result)
+        if command == b"TOPIC LATEST":
+            answer = self._latest(request)
+            if answer is not None:
+                return answer
         self.core.counters["protocol_errors"] += 1
         return UNKNOWN
+
+    def _latest(self, request: bytes) -> bytes | None:
+        parts = request.split(maxsplit=3)
+        if len(parts) != 4 or not parts[2].isdigit():
+            return None
+        try:
+            topic = parts[3].decode("utf-8")
+        except UnicodeDecodeError:
+            self.core.counters["protocol_errors"] += 1
+            return b"ERROR a topic is UTF-8"
+        n = min(int(parts[2]), MAX_LATEST)
+        events = self.core.topics.latest(topic, n) if n else []
+        return monitor.as_json({"topic": topic, "events": [monitor.event_doc(e) for e in events]})
 
     def _dead_letters(self, words: list[bytes], now: float) -> dict[str, Any] | None:
         core = self.core
