@@ -79,6 +79,10 @@ def start_emq(servers: ServerSet, port: int) -> int:
         EMQ_BACKEND_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_MONITOR_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_MDP_BIND=f"tcp://127.0.0.1:{port}",
+        # PZQ stays on, as by default, on private ports
+        EMQ_PZQ_RECEIVE_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_PZQ_SEND_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_PZQ_MONITOR_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_JOURNAL_PATH="",
         EMQ_TRACE_DIR="",
     )
