@@ -1,7 +1,7 @@
 """Majordomo echo through our broker and through majortomo's own, in one run.
 
     .venv/bin/python bench/mdp_bench.py [--requests 40000] [--round-trips 2000]
-        [--clients 2] [--window 100] [--workers 2] [--worker-sockets 8]
+        [--clients 2] [--window 400] [--workers 4] [--worker-sockets 8]
         [--pairs 3] [--only emq,majortomo] [--json FILE]
 
 For each broker: start it on a fresh loopback port, start ``--workers`` worker
@@ -18,12 +18,19 @@ broker), then, with majortomo's framing on plain DEALERs:
   --clients`` requests with up to ``--window`` outstanding: replies per second
   over all of them, from the first send to the last reply.
 
-A Majordomo worker holds one request at a time, and one Python client can only
-send and read so fast: with one client and two workers the broker waited on
-them (its CPU was far from busy). The table therefore gives, for the pipelined
-phase, each role's CPU per request (user+sys, psutil; clients measure their
-own) and the broker's busy share of the wall time: near 100% means the broker
-was the bottleneck, as it should be.
+A Majordomo worker holds one request at a time, so the requests in flight at
+the workers are at most the number of worker sockets, and every request crosses
+six threads' wake-ups (client, broker, worker, each with its libzmq I/O thread).
+On a shared, loaded machine each wake-up can wait milliseconds for a CPU, and
+throughput is then bound by latency, not by the broker: with one client (window
+200) and two one-socket workers both brokers gave 1,000-2,000 requests/s with
+the broker mostly idle. Defaults that keep the broker fed: 2 clients x 400
+outstanding, 4 worker processes x 8 worker sockets (32 workers). For the
+pipelined phase the table gives each role's CPU per request (user+sys, psutil;
+clients measure their own), the broker's busy share of the wall time, and its
+share spent runnable but waiting for a CPU (/proc/PID/schedstat, other
+people's load): busy + waiting near 100% means the broker was the bottleneck;
+the rest is time it had nothing to read.
 
 The brokers run in alternation, ``--pairs`` times, so that a machine whose speed
 drifts affects both alike; the table gives the medians and the ratios.
@@ -317,8 +324,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40_000)
     parser.add_argument("--round-trips", type=int, default=2_000)
     parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--window", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--window", type=int, default=400)
+    parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--worker-sockets", type=int, default=8)
     parser.add_argument("--worker-kind", choices=("raw", "majortomo"), default="raw")
     parser.add_argument("--pairs", type=int, default=3)
