@@ -12,7 +12,8 @@ broker is what is measured; ``majortomo``: the released peer's own
 broker), then, with majortomo's framing on plain DEALERs:
 
 - round trip: ``--round-trips`` sequential requests from this process, each
-  answered before the next is sent: p50 and p99 in ms;
+  answered before the next is sent, to each broker in turn (both stacks run
+  at once for this phase: A B, B A, ...): p50 and p99 in ms;
 - pipelined: ``--clients`` client processes (this file with ``--client``),
   started together once each has had an echo, each sending ``--requests /
   --clients`` requests with up to ``--window`` outstanding: replies per second
@@ -32,8 +33,9 @@ share spent runnable but waiting for a CPU (/proc/PID/schedstat, other
 people's load): busy + waiting near 100% means the broker was the bottleneck;
 the rest is time it had nothing to read.
 
-The brokers run in alternation, ``--pairs`` times, so that a machine whose speed
-drifts affects both alike; the table gives the medians and the ratios.
+The pipelined phases run in alternation (the order swapped every pair),
+``--pairs`` times, so that a machine whose speed drifts affects both alike; the
+table gives the medians and the ratios.
 """
 
 from __future__ import annotations
@@ -103,14 +105,16 @@ BROKERS: dict[str, Callable[[ServerSet, int], int]] = {
 }
 
 
-def start_workers(servers: ServerSet, url: str, args: argparse.Namespace) -> list[int]:
+def start_workers(
+    servers: ServerSet, url: str, args: argparse.Namespace, tag: str = ""
+) -> list[int]:
     if args.worker_kind == "majortomo":
         argv = [PYTHON, "-m", "majortomo.echo", "-b", url, "-n", SERVICE.decode(), "worker"]
     else:
         worker = os.path.join(REPO, "bench", "mdp_echo_worker.py")
         argv = [PYTHON, worker, url, SERVICE.decode(), str(args.worker_sockets)]
     return [
-        servers.start(f"echo-worker-{i}", "workers", argv, base_env()).pid
+        servers.start(f"{tag}-echo-worker-{i}", "workers", argv, base_env()).pid
         for i in range(args.workers)
     ]
 
@@ -158,15 +162,18 @@ def wait_ready(sock: zmq.Socket[Any], timeout: float = 90.0) -> None:
     raise RuntimeError(f"no echo within {timeout:.0f} s")
 
 
+def one_round_trip(sock: zmq.Socket[Any], i: int) -> float:
+    """Seconds from sending request ``i`` to its reply (checked)."""
+    started = time.perf_counter()
+    send_request(sock, b"%d" % i)
+    frames = recv_reply(sock)
+    elapsed = time.perf_counter() - started
+    assert frames[2] == mdp.FINAL and frames[3] == b"%d" % i, frames
+    return elapsed
+
+
 def round_trips(sock: zmq.Socket[Any], n: int) -> list[float]:
-    times = []
-    for i in range(n):
-        started = time.perf_counter()
-        send_request(sock, b"%d" % i)
-        frames = recv_reply(sock)
-        times.append(time.perf_counter() - started)
-        assert frames[2] == mdp.FINAL and frames[3] == b"%d" % i, frames
-    return times
+    return [one_round_trip(sock, i) for i in range(n)]
 
 
 def pipelined(sock: zmq.Socket[Any], n: int, window: int) -> None:
@@ -280,29 +287,47 @@ def run_queue_wait(pid: int) -> float:
 # ---- the runs -----------------------------------------------------------------------
 
 
-def measure(name: str, args: argparse.Namespace, logs: str) -> dict[str, float]:
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
+def measure_pair(
+    names: list[str], args: argparse.Namespace, logs: str, pair: int
+) -> dict[str, dict[str, float]]:
+    """One round: every broker up with its own workers at once; the round trips
+    interleaved one request at a time (A B, then B A, ...), so that both see the
+    machine's load of the same moment; then each pipelined phase in turn, the
+    order swapped every pair, the other stack idle meanwhile."""
+    stacks: dict[str, tuple[str, int, list[int]]] = {}
+    socks: dict[str, tuple[zmq.Context[Any], zmq.Socket[Any]]] = {}
     servers = ServerSet(logs)
     try:
-        broker = BROKERS[name](servers, port)
-        workers = start_workers(servers, url, args)
-        ctx, sock = connect(url)
-        try:
-            wait_ready(sock)
-            round_trips(sock, 200)  # warm-up
-            times = sorted(round_trips(sock, args.round_trips))
-        finally:
+        for name in names:
+            port = free_port()
+            url = f"tcp://127.0.0.1:{port}"
+            broker = BROKERS[name](servers, port)
+            stacks[name] = (url, broker, start_workers(servers, url, args, name))
+        for name in names:
+            socks[name] = connect(stacks[name][0])
+            wait_ready(socks[name][1])
+            round_trips(socks[name][1], 200)  # warm-up
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for i in range(args.round_trips):
+            for name in names if i % 2 == 0 else names[::-1]:
+                times[name].append(one_round_trip(socks[name][1], i))
+        figures: dict[str, dict[str, float]] = {}
+        for name in names if pair % 2 == 0 else names[::-1]:
+            url, broker, workers = stacks[name]
+            figures[name] = run_clients(url, args, {"broker": [broker], "workers": workers})
+    finally:
+        for ctx, sock in socks.values():
             sock.close()
             ctx.term()
-        figures = run_clients(url, args, {"broker": [broker], "workers": workers})
-    finally:
         servers.stop_all()
-    return {
-        "p50_ms": statistics.median(times) * 1000,
-        "p99_ms": times[int(len(times) * 0.99)] * 1000,
-        **figures,
-    }
+    for name in names:
+        ordered = sorted(times[name])
+        figures[name] = {
+            "p50_ms": statistics.median(ordered) * 1000,
+            "p99_ms": ordered[int(len(ordered) * 0.99)] * 1000,
+            **figures[name],
+        }
+    return figures
 
 
 def show(figures: dict[str, float]) -> str:
@@ -342,10 +367,10 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mdp-bench-") as logs:
         for pair in range(args.pairs):
+            measured = measure_pair(names, args, logs, pair)
             for name in names:
-                figures = measure(name, args, logs)
-                runs[name].append(figures)
-                print(f"pair {pair + 1} {name:10s} {show(figures)}", flush=True)
+                runs[name].append(measured[name])
+                print(f"pair {pair + 1} {name:10s} {show(measured[name])}", flush=True)
     load = os.getloadavg()
     sockets = f" x {args.worker_sockets} sockets" if args.worker_kind == "raw" else ""
     print(
