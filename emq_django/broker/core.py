@@ -822,7 +822,8 @@ class BrokerCore:
 
     def _ack(self, client: ClientRef, msgid: bytes) -> None:
         self.counters["acked"] += 1
-        self.out.append(Acknowledge(client, msgid))
+        if client.port.acknowledges:  # not Majordomo's
+            self.out.append(Acknowledge(client, msgid))
 
     def refuse(
         self, client: ClientRef, msgid: bytes, code: str, reason: str, quiet: bool = False

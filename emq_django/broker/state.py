@@ -86,24 +86,21 @@ class Peer:
     # seconds it has to answer each delivery, else the attempt failed (PZQ's ack
     # time-out); 0: no limit
     lease: float = 0.0
+    # ``role`` and ``manager``, worked out once from ``meta`` (which a port fills
+    # before the peer joins and nothing changes after): every dispatch reads them
+    role: str = field(init=False, default=ROLE_PLAIN)
+    manager: str | None = field(init=False, default=None)
 
-    @property
-    def role(self) -> str:
+    def __post_init__(self) -> None:
         role = self.meta.get("role")
-        return role if role in (ROLE_MANAGER, ROLE_SLOT) else ROLE_PLAIN
-
-    @property
-    def manager(self) -> str | None:
-        """Which run of which job manager this peer belongs to (None for plain ones).
-
-        The name plus its ``incarnation``: a job manager restarted under the same
-        ``--name`` must not vouch for the dead processes of the one before.
-        """
+        self.role = role if role in (ROLE_MANAGER, ROLE_SLOT) else ROLE_PLAIN
+        # Which run of which job manager this peer belongs to (None for plain ones):
+        # the name plus its ``incarnation``, as a job manager restarted under the
+        # same ``--name`` must not vouch for the dead processes of the one before.
         name = self.manager_name
-        if name is None:
-            return None
         incarnation = self.meta.get("incarnation")
-        return f"{name}@{incarnation}" if incarnation else name
+        if name is not None:
+            self.manager = f"{name}@{incarnation}" if incarnation else name
 
     @property
     def manager_name(self) -> str | None:

@@ -21,6 +21,12 @@ its own opaque token for the job (a worker never sees the real client).
 
 Every frame list here excludes the ROUTER identity. ``decode()`` raises
 ``ProtocolError`` (with the reason and the frames) for anything else.
+
+``decode`` runs twice per request in the broker (the client's REQUEST, the
+worker's FINAL), so the messages are plain slot classes (a frozen dataclass's
+``__init__`` sets each field through ``object.__setattr__``, several times the
+cost), a worker's PARTIAL/FINAL in majortomo's framing is told apart first, and
+service names already checked are remembered (their bytes map to their text).
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ PONG = b"PONG"
 
 MAX_SERVICE_LENGTH = 255
 MAX_ID_LENGTH = 255
+MAX_KNOWN_SERVICES = 4096  # service names remembered once checked; others are checked each time
+_known_services: dict[bytes, str] = {}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClientRequest:
     framing: str
     service: str
@@ -63,13 +71,13 @@ class ClientRequest:
     body: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkerReady:
     framing: str
     service: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkerReply:
     framing: str
     final: bool
@@ -78,12 +86,12 @@ class WorkerReply:
     body: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkerHeartbeat:
     framing: str  # DRAFT: a PING, to be answered with a PONG
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkerDisconnect:
     framing: str
 
@@ -101,18 +109,25 @@ def decode(frames: Sequence[bytes]) -> Message:
 
 
 def _decode_majortomo(frames: Sequence[bytes]) -> Message:
-    if len(frames) < 3:
+    n = len(frames)
+    if n < 3:
         raise ProtocolError("a Majordomo message has a header and a command", frames)
-    header, command, rest = frames[1], frames[2], frames[3:]
+    header, command = frames[1], frames[2]
+    if header == WORKER:
+        if (command == FINAL or command == PARTIAL) and n >= 5 and frames[4] == b"":
+            # the hot path: '' MDPW02 FINAL address '' body...
+            address = frames[3]
+            if 0 < len(address) <= MAX_ID_LENGTH:
+                return WorkerReply(MAJORTOMO, command == FINAL, address, b"", tuple(frames[5:]))
+        return _decode_worker(MAJORTOMO, command, frames[3:], frames)
     if header == CLIENT:
         if command != REQUEST:
             raise ProtocolError(f"unknown client command {command!r}", frames)
-        if not rest:
+        if n < 4:
             raise ProtocolError("a REQUEST names its service", frames)
-        return ClientRequest(MAJORTOMO, _service(rest[0], frames), b"", tuple(rest[1:]))
-    if header != WORKER:
-        raise ProtocolError(f"unknown protocol header {bytes(header[:16])!r}", frames)
-    return _decode_worker(MAJORTOMO, command, rest, frames)
+        service = _known_services.get(frames[3]) or _service(frames[3], frames)
+        return ClientRequest(MAJORTOMO, service, b"", tuple(frames[4:]))
+    raise ProtocolError(f"unknown protocol header {bytes(header[:16])!r}", frames)
 
 
 def _decode_draft(frames: Sequence[bytes]) -> Message:
@@ -123,7 +138,8 @@ def _decode_draft(frames: Sequence[bytes]) -> Message:
         if len(rest) < 2:
             raise ProtocolError("a REQUEST has a service and a request id", frames)
         request_id = _id(rest[1], frames)
-        return ClientRequest(DRAFT, _service(rest[0], frames), request_id, tuple(rest[2:]))
+        service = _known_services.get(rest[0]) or _service(rest[0], frames)
+        return ClientRequest(DRAFT, service, request_id, tuple(rest[2:]))
     if header != WORKER:
         raise ProtocolError(f"unknown protocol header {bytes(header[:16])!r}", frames)
     if command == PING:
@@ -170,6 +186,8 @@ def _service(raw: bytes, frames: Sequence[bytes]) -> str:
         raise ProtocolError("a service name is UTF-8 text", frames) from None
     if not name.isprintable():
         raise ProtocolError("a service name is printable text", frames)
+    if len(_known_services) < MAX_KNOWN_SERVICES:
+        _known_services[bytes(raw)] = name
     return name
 
 

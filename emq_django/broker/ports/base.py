@@ -59,6 +59,9 @@ class Port(ABC):
     always_streams = False
     # several sockets: effects go out through ``encode_routed``, not ``encode``
     multi_socket = False
+    # its wire has an ACK for an accepted request: else the core makes no
+    # Acknowledge effect for its clients (one object and one encode per job saved)
+    acknowledges = True
 
     def __init__(self, core: BrokerCore, address: str = "") -> None:
         self.core = core

@@ -65,6 +65,7 @@ _HEADERS: Headers = parse_headers(
 class MajordomoPort(Port):
     name = "majordomo"
     always_streams = True  # PARTIAL/FINAL: every client takes partials
+    acknowledges = False  # Majordomo has no ACK
 
     def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
         super().__init__(core, address)
@@ -167,7 +168,7 @@ class MajordomoPort(Port):
             return mdp.worker_disconnect(e.peer.meta["framing"])
         if kind is Forget:
             self.forget(e.peer)
-        return None  # Acknowledge: Majordomo has no ACK
+        return None
 
     def _answer(self, effect: Answer) -> list[bytes]:
         framing, service = effect.client.extra
