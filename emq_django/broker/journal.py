@@ -5,6 +5,16 @@ its dispatch), and leaves the journal on its final outcome: it is then kept as
 ``done`` (without its body) for the de-duplication window, so that a client that
 resends a job after a broker crash does not run it twice. At start-up the broker
 reloads what is left.
+
+A commit is durable once it is in the WAL (``synchronous=NORMAL``: survives a
+broker crash; ``FULL``: also a power cut). Copying the WAL back into the database
+(a checkpoint, with its fsyncs) is not needed for that, so it runs on a thread of
+its own, with its own connection, instead of inside a loop turn's commit: the
+broker keeps reading and answering while the disk catches up (SQLite releases
+the GIL while it works). Once the WAL is past ``WAL_RESTART_BYTES`` and a checkpoint
+has nearly caught up, the next commit copies the rest and restarts the WAL (the
+checkpointer cannot: it would wait for the writer); only if the WAL still
+outgrows ``WAL_LIMIT_BYTES`` does a commit wait for a whole checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +49,10 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, queue, seq);
 
 # (op, args...) tuples the broker core queues; see Journal.apply
 JournalOp = tuple[Any, ...]
+
+CHECKPOINT_PAGES = 1000  # WAL pages (SQLite's own autocheckpoint default) before one
+WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL this big is restarted once caught up with
+WAL_LIMIT_BYTES = 256 * 1024 * 1024  # past this a commit waits for a full checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +92,21 @@ class Journal:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={sync.upper()}")
+            self.db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
             self.db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
         self.commits = 0
         self.errors = 0
+        self.checkpoints = 0
+        self._wal = Path(f"{self.path}-wal")
+        self._due = threading.Event()
+        self._stop = False
+        self._restart = False  # set by the checkpointer: restart the WAL after a commit
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, args=(sync,), name="emq-journal-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
 
     def apply(self, ops: list[JournalOp]) -> None:
         """Write ``ops`` in one transaction; raises ``JournalError`` and rolls back."""
@@ -99,6 +124,51 @@ class Journal:
             except sqlite3.Error:
                 pass
             raise JournalError(f"journal {self.path}: {exc}") from exc
+        self._due.set()
+        if self._restart or (self.commits % 64 == 0 and _size(self._wal) > WAL_LIMIT_BYTES):
+            self._restart = False
+            self._checkpoint_now()
+
+    def _checkpoint_loop(self, sync: str) -> None:
+        """Checkpoint after each burst of commits, on a connection of this thread:
+        PASSIVE never blocks the broker's writes; the WAL is reused from its start
+        once a checkpoint has caught up with it."""
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA synchronous={sync.upper()}")
+        except sqlite3.Error as exc:
+            log.error("journal %s: no checkpointer (%s); the WAL will grow", self.path, exc)
+            return
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stop:
+                    return
+                try:
+                    _, wal_pages, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self.checkpoints += 1
+                except sqlite3.Error as exc:
+                    log.warning("journal %s: checkpoint failed: %s", self.path, exc)
+                    time.sleep(1.0)
+                    continue
+                if wal_pages - copied < CHECKPOINT_PAGES and _size(self._wal) > WAL_RESTART_BYTES:
+                    self._restart = True  # nearly all copied: the writer restarts the WAL
+                if wal_pages < CHECKPOINT_PAGES:
+                    time.sleep(0.05)  # let a few more commits gather first
+        finally:
+            db.close()
+
+    def _checkpoint_now(self) -> None:
+        """Copy what is left of the WAL back and write it from its start again: on
+        the writer's connection, between two commits, so that no writer is waited
+        for (the checkpointer has copied nearly all of it already, unless the WAL
+        is past its limit)."""
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            self.checkpoints += 1
+        except sqlite3.Error as exc:
+            log.warning("journal %s: checkpoint failed: %s", self.path, exc)
 
     def load(self) -> list[StoredJob]:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
@@ -138,11 +208,22 @@ class Journal:
             "size_bytes": size,
             "jobs": counts,
             "commits": self.commits,
+            "checkpoints": self.checkpoints,
             "errors": self.errors,
         }
 
     def close(self) -> None:
-        self.db.close()
+        self._stop = True
+        self._due.set()
+        self._checkpointer.join(timeout=10)
+        self.db.close()  # the last connection to close checkpoints what is left
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _put(db: sqlite3.Connection, op: JournalOp) -> None:

@@ -217,18 +217,23 @@ class BrokerServer:
             got = 0
             for sock, handle, routed in endpoints:
                 if readable(sock):
-                    got += self._drain(sock, handle, routed)
+                    got += self._drain(sock, handle, routed, flush=False)
             if not got:
                 return
+            self._flush()  # one journal commit per pass over the sockets, not per socket
             now = self.clock()
             if now >= core.next_deadline():
                 core.on_timer(now)
 
-    def _drain(self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True) -> int:
-        """Handle up to CHUNK waiting messages, then send what they produced.
-        ``routed``: a ROUTER, whose first frame is the sender's identity. Reads until
-        EAGAIN: asking ZMQ_EVENTS before each message would cost a mailbox check per
-        message under load (``_drain_all`` asks once, before coming here)."""
+    def _drain(
+        self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True, flush: bool = True
+    ) -> int:
+        """Handle up to CHUNK waiting messages, then (``flush``) send what they
+        produced. ``routed``: a ROUTER, whose first frame is the sender's identity.
+        Reads until EAGAIN: asking ZMQ_EVENTS before each message would cost a
+        mailbox check per message under load (``_drain_all`` asks once, before
+        coming here, and flushes once per pass: producers' messages and consumers'
+        acks of the same pass share one journal transaction)."""
         now = self.clock()
         recv = wire.recv
         n = 0
@@ -252,7 +257,7 @@ class BrokerServer:
             except Exception:  # a bug must not take the broker down
                 self.internal_errors += 1
                 log.exception("internal error handling a message from %r", frames[0][:32])
-        if n:
+        if n and flush:
             self._flush()
         return n
 
