@@ -25,6 +25,8 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, queue, seq);
 # (op, args...) tuples the broker core queues; see Journal.apply
 JournalOp = tuple[Any, ...]
 
-CHECKPOINT_PAGES = 1000  # WAL pages (SQLite's own autocheckpoint default) before one
+CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restart
 WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL this big is restarted once caught up with
 WAL_LIMIT_BYTES = 256 * 1024 * 1024  # past this a commit waits for a full checkpoint
 
@@ -113,8 +115,13 @@ class Journal:
         db = self.db
         try:
             db.execute("BEGIN")
-            for op in ops:
-                _APPLY[op[0]](db, op)
+            for kind, run in groupby(ops, key=_kind):
+                many = _MANY.get(kind)
+                if many is not None:  # a run of puts or dones: one call for them all
+                    db.executemany(many[0], map(many[1], run))
+                else:
+                    for op in run:
+                        _APPLY[kind](db, op)
             db.execute("COMMIT")
             self.commits += 1
         except (sqlite3.Error, KeyError, ValueError, TypeError) as exc:
@@ -154,8 +161,7 @@ class Journal:
                     continue
                 if wal_pages - copied < CHECKPOINT_PAGES and _size(self._wal) > WAL_RESTART_BYTES:
                     self._restart = True  # nearly all copied: the writer restarts the WAL
-                if wal_pages < CHECKPOINT_PAGES:
-                    time.sleep(0.05)  # let a few more commits gather first
+                time.sleep(0.2)  # let commits gather: a page rewritten often is copied once
         finally:
             db.close()
 
@@ -226,15 +232,22 @@ def _size(path: Path) -> int:
         return 0
 
 
+PUT = (
+    "INSERT INTO jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
+    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+    " state = excluded.state, attempts = excluded.attempts,"
+    " run_after = excluded.run_after, updated_at = excluded.updated_at"
+)
+DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
+
+
 def _put(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute(PUT, _put_params(op))
+
+
+def _put_params(op: JournalOp) -> tuple[Any, ...]:
     _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
-    db.execute(
-        "INSERT INTO jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
-        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
-        " state = excluded.state, attempts = excluded.attempts,"
-        " run_after = excluded.run_after, updated_at = excluded.updated_at",
-        (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now),
-    )
+    return (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now)
 
 
 def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
@@ -247,10 +260,12 @@ def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
 
 
 def _done(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute(DONE, _done_params(op))
+
+
+def _done_params(op: JournalOp) -> tuple[Any, ...]:
     _, job_id, now = op
-    db.execute(
-        "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?", (now, job_id)
-    )
+    return (now, job_id)
 
 
 def _delete(db: sqlite3.Connection, op: JournalOp) -> None:
@@ -260,6 +275,11 @@ def _delete(db: sqlite3.Connection, op: JournalOp) -> None:
 def _prune_done(db: sqlite3.Connection, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
 
+
+_kind = itemgetter(0)
+
+# the two operations every message makes, run by executemany (statement, parameters)
+_MANY = {"put": (PUT, _put_params), "done": (DONE, _done_params)}
 
 _APPLY = {
     "put": _put,
