@@ -12,12 +12,21 @@ from typing import Any
 
 import zmq
 
+_open: list[zmq.Socket[Any]] = []  # closed by close_all() (a test's teardown)
+
 
 def connect(ctx: zmq.Context[Any], kind: int, url: str) -> zmq.Socket[Any]:
     sock = ctx.socket(kind)
     sock.linger = 0
     sock.connect(url)
+    _open.append(sock)
     return sock
+
+
+def close_all() -> None:
+    """Close every socket made here (an unclosed one warns when collected)."""
+    while _open:
+        _open.pop().close(linger=0)
 
 
 class Producer:

@@ -18,20 +18,16 @@ import zmq
 
 from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
-from tests.pzq_client import Consumer, Delivery, Producer, connect
+from tests.pzq_client import Consumer, Delivery, Producer, close_all, connect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
 # ---- raw sockets (the producer and consumer are in tests/pzq_client.py) ----------
 
-_open: list[zmq.Socket[Any]] = []  # closed by the ``ctx`` fixture
-
 
 def _socket(ctx: zmq.Context[Any], kind: int, url: str) -> zmq.Socket[Any]:
-    sock = connect(ctx, kind, url)
-    _open.append(sock)
-    return sock
+    return connect(ctx, kind, url)  # closed by the ``ctx`` fixture
 
 
 def pzq_monitor(env: dict[str, str]) -> dict[str, str]:
@@ -68,9 +64,8 @@ def emq_monitor(env: dict[str, str], request: bytes) -> Any:
 def ctx() -> Iterator[zmq.Context[Any]]:
     context: zmq.Context[Any] = zmq.Context()
     yield context
-    while _open:
-        _open.pop().close(linger=0)
-    context.destroy(linger=0)  # the clients' sockets too
+    close_all()
+    context.destroy(linger=0)
 
 
 def start_pzq_broker(
