@@ -46,7 +46,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, queue, seq);
+-- partial indexes: a message that is put and then done touches neither the
+-- spilled one nor, until it is done, the done one
+CREATE INDEX IF NOT EXISTS jobs_spilled ON jobs (queue, seq) WHERE state = 'spilled';
+CREATE INDEX IF NOT EXISTS jobs_done ON jobs (updated_at) WHERE state = 'done';
+DROP INDEX IF EXISTS jobs_state;
 """
 
 # (op, args...) tuples the broker core queues; see Journal.apply

@@ -264,3 +264,32 @@ def test_rows_committed_before_a_crash_are_there_without_a_checkpoint(tmp_path: 
         assert len(copy.load()) == 500
     finally:
         copy.close()
+
+
+def test_a_journal_with_the_old_state_index_gets_the_partial_ones(tmp_path: Path) -> None:
+    """Journals written before the partial indexes open with their rows, and with
+    the index every message used to update twice replaced."""
+    path = tmp_path / "journal.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(
+        "CREATE TABLE jobs (seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE,"
+        " queue TEXT NOT NULL, headers BLOB NOT NULL, body BLOB, state TEXT NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, run_after REAL NOT NULL DEFAULT 0,"
+        " enqueued_at REAL NOT NULL, error TEXT NOT NULL DEFAULT '',"
+        " updated_at REAL NOT NULL);"
+        " CREATE INDEX jobs_state ON jobs (state, queue, seq);"
+    )
+    db.execute(
+        "INSERT INTO jobs (id, queue, headers, body, state, enqueued_at, updated_at)"
+        " VALUES (x'61', 'q', x'', x'62', 'spilled', 1, 1)"
+    )
+    db.commit()
+    db.close()
+    journal = Journal(path)
+    try:
+        names = {row[0] for row in journal.db.execute("SELECT name FROM sqlite_master")}
+        assert "jobs_state" not in names and {"jobs_spilled", "jobs_done"} <= names
+        assert [row.id for row in journal.load_spilled("q", 10)] == [b"a"]
+    finally:
+        journal.close()
