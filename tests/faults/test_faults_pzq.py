@@ -140,7 +140,9 @@ def test_pzq_broker_killed_mid_stream_loses_no_confirmed_message(
         f"[pzq-broker] duplicates: {len(redelivered)} done before the kill and again "
         f"after it (acks not yet journaled; the earliest done {kill_t - earliest:.2f} s "
         f"before the kill), {len(set(verdict.duplicates) & resent)} "
-        "stored twice (answer lost at the kill, the producer sent it again)"
+        "stored twice (answer lost at the kill, the producer sent it again), "
+        f"{len(set(verdict.duplicates) - redelivered - resent)} delivered before the kill "
+        "and done after it (still in a consumer's queue)"
     )
     assert verdict.accepted == MESSAGES
     assert_clean(verdict)
