@@ -5,6 +5,16 @@ its dispatch), and leaves the journal on its final outcome: it is then kept as
 ``done`` (without its body) for the de-duplication window, so that a client that
 resends a job after a broker crash does not run it twice. At start-up the broker
 reloads what is left.
+
+A commit is durable once it is in the WAL (``synchronous=NORMAL``: survives a
+broker crash; ``FULL``: also a power cut). Copying the WAL back into the database
+(a checkpoint, with its fsyncs) is not needed for that, so it runs on a thread of
+its own, with its own connection, instead of inside a loop turn's commit: the
+broker keeps reading and answering while the disk catches up (SQLite releases
+the GIL while it works). Once the WAL is past ``WAL_RESTART_BYTES`` and a checkpoint
+has nearly caught up, the next commit copies the rest and restarts the WAL (the
+checkpointer cannot: it would wait for the writer); only if the WAL still
+outgrows ``WAL_LIMIT_BYTES`` does a commit wait for a whole checkpoint.
 """
 
 from __future__ import annotations
@@ -13,8 +23,11 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +52,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, queue, seq);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY,        -- the broker's one event sequence
     topic TEXT NOT NULL,
@@ -54,10 +66,19 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_topic ON events (topic, seq);
 CREATE INDEX IF NOT EXISTS events_rule ON events (rule, seq);
 CREATE TABLE IF NOT EXISTS topic_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+-- partial indexes: a message that is put and then done touches neither the
+-- spilled one nor, until it is done, the done one
+CREATE INDEX IF NOT EXISTS jobs_spilled ON jobs (queue, seq) WHERE state = 'spilled';
+CREATE INDEX IF NOT EXISTS jobs_done ON jobs (updated_at) WHERE state = 'done';
+DROP INDEX IF EXISTS jobs_state;
 """
 
 # (op, args...) tuples the broker core queues; see Journal.apply
 JournalOp = tuple[Any, ...]
+
+CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restart
+WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL this big is restarted once caught up with
+WAL_LIMIT_BYTES = 256 * 1024 * 1024  # past this a commit waits for a full checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,28 +118,34 @@ class Journal:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={sync.upper()}")
+            self.db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
             self.db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
         self.commits = 0
         self.errors = 0
+        self.checkpoints = 0
+        self._wal = Path(f"{self.path}-wal")
+        self._due = threading.Event()
+        self._stop = False
+        self._restart = False  # set by the checkpointer: restart the WAL after a commit
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, args=(sync,), name="emq-journal-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
 
     def apply(self, ops: list[JournalOp]) -> None:
         """Write ``ops`` in one transaction; raises ``JournalError`` and rolls back."""
         db = self.db
         try:
             db.execute("BEGIN")
-            events: list[tuple[Any, ...]] = []  # runs of events: one executemany
-            for op in ops:
-                if op[0] == "event":
-                    events.append(_event_row(op))
-                    continue
-                if events:
-                    db.executemany(INSERT_EVENT, events)
-                    events = []
-                _APPLY[op[0]](db, op)
-            if events:
-                db.executemany(INSERT_EVENT, events)
+            for kind, run in groupby(ops, key=_kind):
+                many = _MANY.get(kind)
+                if many is not None:  # a run of puts or dones: one call for them all
+                    db.executemany(many[0], map(many[1], run))
+                else:
+                    for op in run:
+                        _APPLY[kind](db, op)
             db.execute("COMMIT")
             self.commits += 1
         except (sqlite3.Error, KeyError, ValueError, TypeError) as exc:
@@ -128,6 +155,50 @@ class Journal:
             except sqlite3.Error:
                 pass
             raise JournalError(f"journal {self.path}: {exc}") from exc
+        self._due.set()
+        if self._restart or (self.commits % 64 == 0 and _size(self._wal) > WAL_LIMIT_BYTES):
+            self._restart = False
+            self._checkpoint_now()
+
+    def _checkpoint_loop(self, sync: str) -> None:
+        """Checkpoint after each burst of commits, on a connection of this thread:
+        PASSIVE never blocks the broker's writes; the WAL is reused from its start
+        once a checkpoint has caught up with it."""
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA synchronous={sync.upper()}")
+        except sqlite3.Error as exc:
+            log.error("journal %s: no checkpointer (%s); the WAL will grow", self.path, exc)
+            return
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stop:
+                    return
+                try:
+                    _, wal_pages, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self.checkpoints += 1
+                except sqlite3.Error as exc:
+                    log.warning("journal %s: checkpoint failed: %s", self.path, exc)
+                    time.sleep(1.0)
+                    continue
+                if wal_pages - copied < CHECKPOINT_PAGES and _size(self._wal) > WAL_RESTART_BYTES:
+                    self._restart = True  # nearly all copied: the writer restarts the WAL
+                time.sleep(0.2)  # let commits gather: a page rewritten often is copied once
+        finally:
+            db.close()
+
+    def _checkpoint_now(self) -> None:
+        """Copy what is left of the WAL back and write it from its start again: on
+        the writer's connection, between two commits, so that no writer is waited
+        for (the checkpointer has copied nearly all of it already, unless the WAL
+        is past its limit)."""
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            self.checkpoints += 1
+        except sqlite3.Error as exc:
+            log.warning("journal %s: checkpoint failed: %s", self.path, exc)
 
     def load(self) -> list[StoredJob]:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
@@ -218,22 +289,40 @@ class Journal:
             "jobs": counts,
             "events": events,
             "commits": self.commits,
+            "checkpoints": self.checkpoints,
             "errors": self.errors,
         }
 
     def close(self) -> None:
-        self.db.close()
+        self._stop = True
+        self._due.set()
+        self._checkpointer.join(timeout=10)
+        self.db.close()  # the last connection to close checkpoints what is left
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+PUT = (
+    "INSERT INTO jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
+    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+    " state = excluded.state, attempts = excluded.attempts,"
+    " run_after = excluded.run_after, updated_at = excluded.updated_at"
+)
+DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
 
 
 def _put(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute(PUT, _put_params(op))
+
+
+def _put_params(op: JournalOp) -> tuple[Any, ...]:
     _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
-    db.execute(
-        "INSERT INTO jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
-        " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
-        " state = excluded.state, attempts = excluded.attempts,"
-        " run_after = excluded.run_after, updated_at = excluded.updated_at",
-        (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now),
-    )
+    return (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now)
 
 
 def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
@@ -246,10 +335,12 @@ def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
 
 
 def _done(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute(DONE, _done_params(op))
+
+
+def _done_params(op: JournalOp) -> tuple[Any, ...]:
     _, job_id, now = op
-    db.execute(
-        "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?", (now, job_id)
-    )
+    return (now, job_id)
 
 
 def _delete(db: sqlite3.Connection, op: JournalOp) -> None:
@@ -311,6 +402,15 @@ def _prune_events(db: sqlite3.Connection, op: JournalOp) -> None:
 def _headers(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), str(v)) for k, v in json.loads(raw)) if raw else ()
 
+
+_kind = itemgetter(0)
+
+# the two operations every message makes, run by executemany (statement, parameters)
+_MANY = {
+    "put": (PUT, _put_params),
+    "done": (DONE, _done_params),
+    "event": (INSERT_EVENT, _event_row),
+}
 
 _APPLY = {
     "event": _event,

@@ -224,13 +224,18 @@ class BrokerServer:
             if reader is None:  # the wake-up pipe: a signal
                 self._clear_wakeups()
             else:
-                self._drain(sock, *reader)
+                self._drain(sock, *reader, flush=False)
+        self._flush()  # one journal commit per round, not per socket
 
-    def _drain(self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True) -> int:
-        """Handle up to CHUNK waiting messages, then send what they produced.
-        ``routed``: a ROUTER, whose first frame is the sender's identity. Reads until
-        EAGAIN: asking ZMQ_EVENTS before each message would cost a mailbox check per
-        message under load (the poll has said that one waits)."""
+    def _drain(
+        self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True, flush: bool = True
+    ) -> int:
+        """Handle up to CHUNK waiting messages, then (``flush``) send what they
+        produced. ``routed``: a ROUTER, whose first frame is the sender's identity.
+        Reads until EAGAIN: asking ZMQ_EVENTS before each message would cost a
+        mailbox check per message under load (the poll has said that one waits).
+        ``_drain_ready`` flushes once per round instead: producers' messages and
+        consumers' acks of the same round share one journal transaction."""
         now = self.clock()
         recv = wire.recv
         n = 0
@@ -254,7 +259,7 @@ class BrokerServer:
             except Exception:  # a bug must not take the broker down
                 self.internal_errors += 1
                 log.exception("internal error handling a message from %r", frames[0][:32])
-        if n:
+        if n and flush:
             self._flush()
         return n
 

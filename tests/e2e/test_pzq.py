@@ -1,6 +1,6 @@
-"""The PZQ port end to end: a producer and a consumer written here from the
-document (specs/pzq-sockets-and-formats.txt) with plain pyzmq, through a real
-broker process: ack, nack, ack time-outs, dead letters, MONITOR, expiry, a
+"""The PZQ port end to end: a producer and a consumer written from the document
+(specs/pzq-sockets-and-formats.txt; tests/pzq_client.py) with plain pyzmq, through a
+real broker process: ack, nack, ack time-outs, dead letters, MONITOR, expiry, a
 restart with unacknowledged messages, malformed input, and volume."""
 
 from __future__ import annotations
@@ -18,67 +18,16 @@ import zmq
 
 from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
+from tests.pzq_client import Consumer, Delivery, Producer, close_all, connect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-# ---- a producer and a consumer, from the document ---------------------------------
-
-_open: list[zmq.Socket[Any]] = []  # closed by the ``ctx`` fixture
+# ---- raw sockets (the producer and consumer are in tests/pzq_client.py) ----------
 
 
 def _socket(ctx: zmq.Context[Any], kind: int, url: str) -> zmq.Socket[Any]:
-    sock = ctx.socket(kind)
-    sock.linger = 0
-    sock.connect(url)
-    _open.append(sock)
-    return sock
-
-
-class Producer:
-    """A DEALER on the receive socket: ``[id, '', body...]``, answered ``[id, '1'|'0',
-    '', text]``."""
-
-    def __init__(self, ctx: zmq.Context[Any], url: str) -> None:
-        self.sock = _socket(ctx, zmq.DEALER, url)
-
-    def send(self, msg_id: bytes, *body: bytes) -> None:
-        self.sock.send_multipart([msg_id, b"", *body])
-
-    def answers(self, n: int, timeout: float = 20.0) -> dict[bytes, tuple[bytes, bytes]]:
-        got: dict[bytes, tuple[bytes, bytes]] = {}
-        deadline = time.monotonic() + timeout
-        while len(got) < n:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{len(got)} of {n} answers"
-            if self.sock.poll(int(left * 1000)):
-                frames = self.sock.recv_multipart()
-                delimiter = frames.index(b"", 1)
-                got[frames[0]] = (frames[1], b"".join(frames[delimiter + 1 :]))
-        return got
-
-
-class Delivery:
-    def __init__(self, frames: list[bytes]) -> None:
-        self.pzq_id, self.msg_id, sent, timeout = frames[:4]
-        self.sent_us, self.timeout_us = int(sent), int(timeout)
-        delimiter = frames.index(b"", 4)
-        self.body = frames[delimiter + 1 :]
-
-
-class Consumer:
-    """A ROUTER connected to the send socket; acks ``[pzq id, msg id, '1'|'0']``."""
-
-    def __init__(self, ctx: zmq.Context[Any], url: str) -> None:
-        self.sock = _socket(ctx, zmq.ROUTER, url)
-
-    def recv(self, timeout: float = 10.0) -> Delivery | None:
-        if not self.sock.poll(int(timeout * 1000)):
-            return None
-        return Delivery(self.sock.recv_multipart())
-
-    def ack(self, d: Delivery, ok: bool = True) -> None:
-        self.sock.send_multipart([d.pzq_id, d.msg_id, b"1" if ok else b"0"])
+    return connect(ctx, kind, url)  # closed by the ``ctx`` fixture
 
 
 def pzq_monitor(env: dict[str, str]) -> dict[str, str]:
@@ -115,8 +64,7 @@ def emq_monitor(env: dict[str, str], request: bytes) -> Any:
 def ctx() -> Iterator[zmq.Context[Any]]:
     context: zmq.Context[Any] = zmq.Context()
     yield context
-    while _open:
-        _open.pop().close(linger=0)
+    close_all()
     context.destroy(linger=0)
 
 

@@ -3,7 +3,9 @@
 Lost: accepted, never completed. Unexpected: completed, never accepted.
 Duplicated: completed more than once. A duplicate is explained when one of its
 executions overlaps a fault (it was in flight when the fault struck, so its
-REPLY could not count); any other duplicate is a defect.
+REPLY could not count), or when the scenario names it as in flight at a fault
+(``in_flight``: e.g. a PZQ message sent and not yet answered when the broker was
+killed, which its producer sends again); any other duplicate is a defect.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class History:
     def completions(self) -> Counter[str]:
         return Counter(r["key"] for r in self.records())
 
-    def verdict(self, window: float = 2.0) -> Verdict:
+    def verdict(self, window: float = 2.0, in_flight: frozenset[str] = frozenset()) -> Verdict:
         done = self.records()
         counts = Counter(r["key"] for r in done)
         duplicates = {k: n for k, n in counts.items() if n > 1}
@@ -63,7 +65,8 @@ class History:
         unexplained = {
             key: n
             for key, n in duplicates.items()
-            if not any(self._near_fault(t, window) for t in sorted(times[key])[:-1])
+            if key not in in_flight
+            and not any(self._near_fault(t, window) for t in sorted(times[key])[:-1])
             and not any(self._near_fault(t, window) for t in sorted(times[key])[1:])
         }
         return Verdict(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,87 @@ def test_a_committed_batch_survives_a_new_connection(tmp_path: Path) -> None:
         assert (row.id, row.state, row.run_after, row.attempts) == (b"a", "delayed", WALL + 30, 1)
     finally:
         second.close()
+
+
+def test_checkpoints_run_off_the_writer_and_the_wal_is_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpointer thread copies the WAL back; once it is past the restart size
+    and nearly copied, the writer's next commit restarts it: the WAL stays bounded
+    and every committed row is there after a reopen."""
+    from emq_django.broker import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "WAL_RESTART_BYTES", 256 * 1024)
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    wal = Path(f"{path}-wal")
+    biggest = 0
+    try:
+        assert journal.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        for n in range(200):
+            batch = [put(b"%d-%d" % (n, i)) for i in range(10)]
+            journal.apply([(*op[:4], b"x" * 1000, *op[5:]) for op in batch])
+            biggest = max(biggest, wal.stat().st_size)
+            if n % 20 == 0:
+                time.sleep(0.1)  # the checkpointer's turn
+        assert journal.checkpoints > 0
+        assert journal.stats()["checkpoints"] == journal.checkpoints
+    finally:
+        journal.close()
+    assert biggest < 2000 * 1100  # 2 MB of rows went through; the WAL was reused
+    again = Journal(path)
+    try:
+        assert len(again.load()) == 2000
+    finally:
+        again.close()
+
+
+def test_rows_committed_before_a_crash_are_there_without_a_checkpoint(tmp_path: Path) -> None:
+    """The WAL alone holds a commit: a copy of the files taken while the journal is
+    open (as a kill -9 leaves them) reloads every row."""
+    import shutil
+
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    try:
+        journal.apply([put(b"%d" % i) for i in range(500)])
+        crashed = tmp_path / "crashed"
+        crashed.mkdir()
+        for suffix in ("", "-wal"):
+            shutil.copy(f"{path}{suffix}", crashed / f"journal.sqlite3{suffix}")
+    finally:
+        journal.close()
+    copy = Journal(crashed / "journal.sqlite3")
+    try:
+        assert len(copy.load()) == 500
+    finally:
+        copy.close()
+
+
+def test_a_journal_with_the_old_state_index_gets_the_partial_ones(tmp_path: Path) -> None:
+    """Journals written before the partial indexes open with their rows, and with
+    the index every message used to update twice replaced."""
+    path = tmp_path / "journal.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(
+        "CREATE TABLE jobs (seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE,"
+        " queue TEXT NOT NULL, headers BLOB NOT NULL, body BLOB, state TEXT NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, run_after REAL NOT NULL DEFAULT 0,"
+        " enqueued_at REAL NOT NULL, error TEXT NOT NULL DEFAULT '',"
+        " updated_at REAL NOT NULL);"
+        " CREATE INDEX jobs_state ON jobs (state, queue, seq);"
+    )
+    db.execute(
+        "INSERT INTO jobs (id, queue, headers, body, state, enqueued_at, updated_at)"
+        " VALUES (x'61', 'q', x'', x'62', 'spilled', 1, 1)"
+    )
+    db.commit()
+    db.close()
+    journal = Journal(path)
+    try:
+        names = {row[0] for row in journal.db.execute("SELECT name FROM sqlite_master")}
+        assert "jobs_state" not in names and {"jobs_spilled", "jobs_done"} <= names
+        assert [row.id for row in journal.load_spilled("q", 10)] == [b"a"]
+    finally:
+        journal.close()
