@@ -17,7 +17,7 @@ import zmq
 from emq_django import transport
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import EmqSettings
-from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode
+from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode, mdp, pzq
 from emq_django.security.allow import KeyEntry
 from emq_django.security.keys import CurveKeys
 from emq_django.transport import SocketOptions
@@ -101,7 +101,8 @@ ROLES = {
 
 @pytest.fixture
 def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
-    front, back, mon, mdp = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(4))
+    ports = free_tcp_ports(7)
+    front, back, mon, mdp, pzq_in, pzq_out, pzq_mon = (f"tcp://127.0.0.1:{p}" for p in ports)
     server_public, server_secret = key_pair()
     pairs = {name: key_pair() for name in [*ROLES, "stranger"]}
     keys = [KeyEntry(n, pairs[n][0].decode(), frozenset(r)) for n, r in ROLES.items()]
@@ -110,7 +111,9 @@ def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
         BACKEND_BIND=back,
         MONITOR_BIND=mon,
         MDP_BIND=mdp,
-        PZQ_RECEIVE_BIND="",
+        PZQ_RECEIVE_BIND=pzq_in,
+        PZQ_SEND_BIND=pzq_out,
+        PZQ_MONITOR_BIND=pzq_mon,
         HEARTBEAT_INTERVAL=0.2,
         HEARTBEAT_LIVENESS=25,
         JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
@@ -124,7 +127,14 @@ def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
     server.bind()
     thread = threading.Thread(target=server.run, name="broker", daemon=True)
     thread.start()
-    urls = {"frontend": front, "backend": back, "monitor": mon, "majordomo": mdp}
+    urls = {
+        "frontend": front,
+        "backend": back,
+        "monitor": mon,
+        "majordomo": mdp,
+        "pzq-receive": pzq_in,
+        "pzq-send": pzq_out,
+    }
     broker = SecureBroker(server, context, urls, server_public, keys, pairs, thread)
     yield broker
     server.request_shutdown()
@@ -224,3 +234,32 @@ def test_revoked_key_is_cut_off(secure_broker: SecureBroker) -> None:
     again = b.socket(zmq.DEALER, "backend", "jm", identity=b"jm-2")
     inform(again, b"inform-2")
     assert recv_command(again, Ack, REFUSED_WAIT) is None
+
+
+def test_majordomo_roles(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    fake = b.socket(zmq.DEALER, "majordomo", "app", identity=b"fake-mdp-worker")
+    fake.send_multipart([b"", mdp.WORKER, mdp.READY, b"echo"])
+    wait_until(lambda: b.counters()["refused_forbidden"] == 1, "the client key's READY refused")
+    real = b.socket(zmq.DEALER, "majordomo", "jm", identity=b"mdp-worker")
+    real.send_multipart([b"", mdp.WORKER, mdp.READY, b"echo"])
+    wait_until(lambda: len(b.server.status()["job_managers"]) == 1, "the Majordomo worker")
+    client = b.socket(zmq.DEALER, "majordomo", "app", identity=b"mdp-client")
+    client.send_multipart([mdp.CLIENT, b"\x01", b"echo", b"req-1", b"hello"])  # draft REQUEST
+    wait_until(lambda: real.poll(0) and real.recv_multipart()[-1] == b"hello", "the request")
+    assert b.counters()["refused_forbidden"] == 1
+
+
+def test_pzq_sockets_are_curve_with_their_roles(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    intruder = b.socket(zmq.DEALER, "pzq-receive", "jm")
+    intruder.send_multipart(pzq.produce(b"m-0", [b"nope"]))
+    assert not intruder.poll(int(REFUSED_WAIT * 1000))
+    producer = b.socket(zmq.DEALER, "pzq-receive", "app")
+    producer.send_multipart(pzq.produce(b"m-1", [b"payload"]))
+    assert producer.poll(int(WAIT * 1000))
+    assert producer.recv_multipart()[:2] == [b"m-1", pzq.OK]
+    consumer = b.socket(zmq.ROUTER, "pzq-send", "jm")
+    assert consumer.poll(int(WAIT * 1000)), "no delivery to the worker-key consumer"
+    assert consumer.recv_multipart()[-1] == b"payload"
+    assert b.counters()["zap_refused_role"] >= 1
