@@ -151,6 +151,17 @@ def test_jobs_flow_end_to_end_with_curve(
     assert counters["succeeded"] == 1
     assert counters["zap_admitted"] >= 3  # the job manager's links, the client, the monitor
 
+    def last_seen(name: str) -> Any:
+        with sqlite3.connect(stack.db) as db:
+            row = db.execute(
+                "SELECT last_seen FROM emq_security_authorizedkey WHERE name = ?", (name,)
+            ).fetchone()
+        return row[0]
+
+    # written by the broker's reloader, in one batch per reload
+    wait_until(lambda: last_seen("jm") and last_seen("app"), "last seen", 3 * RELOAD + 5)
+    assert last_seen("watch") is None
+
 
 def test_fake_job_manager_with_a_client_key_gets_no_job(
     curve_client_env: CurveStack,
