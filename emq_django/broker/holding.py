@@ -89,6 +89,10 @@ class DeadLetters:
             return taken
         return [self.items.pop(i) for i in job_ids if i in self.items]
 
+    def compact(self) -> None:
+        """Rebuild the index at its present size (see ``emq_django.broker.memory``)."""
+        self.items = OrderedDict(self.items)
+
 
 class RecentIds:
     """Ids of finished jobs, remembered for ``window`` seconds (at most ``limit``),
@@ -116,3 +120,9 @@ class RecentIds:
             if now - at <= self.window:
                 return
             del self._ids[job_id]
+
+    def compact(self) -> None:
+        """Rebuild the index at its present size, with fresh copies of the ids: the
+        ones it keeps were allocated with their jobs, among objects long freed, and
+        would keep whole allocator arenas of those alive (``broker/memory.py``)."""
+        self._ids = OrderedDict((bytes(bytearray(i)), at + 0.0) for i, at in self._ids.items())

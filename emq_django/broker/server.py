@@ -27,6 +27,7 @@ from emq_django.broker import monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Refuse
 from emq_django.broker.journal import Journal, JournalError
+from emq_django.broker.memory import Reclaimer, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
@@ -115,6 +116,7 @@ class BrokerServer:
                 port.status = self.status
         self.internal_errors = 0
         self.dropped_sends = 0
+        self.reclaimer = Reclaimer()
         self._shutdown_requests = 0
         self._signals_installed = False
         self._wake_r, self._wake_w = pysocket.socketpair()
@@ -191,6 +193,8 @@ class BrokerServer:
                 return
             core.on_timer(now)
             self._flush()
+            if self.reclaimer.due(core.footprint(), now):
+                self._reclaim()
             wake = min(core.next_deadline(), deadline)
             if core.tracer is not None and core.tracer.lines:
                 wake = min(wake, self._trace_due)  # lines wait: write them when due
@@ -341,6 +345,20 @@ class BrokerServer:
         if core.life.journal_ops:
             self._commit()
 
+    def _reclaim(self) -> None:
+        """Give back the memory a drained backlog left (``broker/memory.py``)."""
+        before, started = rss_bytes(), self.clock()
+        self.core.compact()
+        trimmed = trim_heap()
+        log.info(
+            "memory given back in %.0f ms: RSS %.0f -> %.0f MB; %d jobs held%s",
+            (self.clock() - started) * 1000,
+            before / 2**20,
+            rss_bytes() / 2**20,
+            self.core.footprint(),
+            "" if trimmed else " (no malloc_trim here: the C heap keeps its free pages)",
+        )
+
     def monitor_reply(self, request: bytes) -> bytes:
         """The monitor channel's answer to ``request`` (see ``ports/monitor.py``)."""
         for port in self.ports:
@@ -359,6 +377,14 @@ class BrokerServer:
             doc["counters"]["trace_dropped"] = self.tracer.dropped
         if self.journal is not None:
             doc["journal"] = self.journal.stats()
+        life = self.core.life
+        doc["memory"] = {
+            "rss_bytes": rss_bytes(),
+            "jobs": len(life.jobs),
+            "spilled_ids": len(life.spilled_ids),
+            "recent_ids": len(life.recent),
+            "reclaims": self.reclaimer.reclaims,
+        }
         return doc
 
     def _clear_wakeups(self) -> None:
