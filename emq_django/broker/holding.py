@@ -125,4 +125,11 @@ class RecentIds:
         """Rebuild the index at its present size, with fresh copies of the ids: the
         ones it keeps were allocated with their jobs, among objects long freed, and
         would keep whole allocator arenas of those alive (``broker/memory.py``)."""
-        self._ids = OrderedDict((bytes(bytearray(i)), at + 0.0) for i, at in self._ids.items())
+        times: dict[float, float] = {}  # the ids of a loop turn share one float: keep that
+        ids: OrderedDict[bytes, float] = OrderedDict()
+        for job_id, at in self._ids.items():
+            fresh = times.get(at)
+            if fresh is None:
+                fresh = times[at] = at + 0.0
+            ids[bytes(bytearray(job_id))] = fresh
+        self._ids = ids
