@@ -31,9 +31,7 @@ CHUNK = 256  # jobs per loop turn (they share ``now``), as the server's
 
 
 def body(i: int) -> bytes:
-    return (
-        b'["run",{"callable":"idle","path":"bench.memory_tasks","args":[%d],"kwargs":{}}]' % i
-    )
+    return b'["run",{"callable":"idle","path":"bench.memory_tasks","args":[%d],"kwargs":{}}]' % i
 
 
 def main(argv: list[str]) -> int:
