@@ -22,14 +22,17 @@ MIN_DROP = 50_000  # jobs: below this a reclaim returns too little to be worth i
 INTERVAL = 5.0  # seconds: at most one reclaim this often (a compaction copies indexes)
 CHECK_EVERY = 1.0  # seconds between two looks at the count
 QUIET = 1_000  # jobs per check: moving less than this, the broker is (nearly) idle
+IDLE = "idle"  # what Reclaimer.due says: the drain is over
+DRAINING = "draining"  # ... the backlog is half way down, and still draining
 
 
 class Reclaimer:
-    """When to give memory back: when the jobs the broker holds have fallen by at
-    least ``min_drop`` from their peak since the last reclaim, and either the broker
-    is nearly idle (the count moved by less than ``quiet`` since the last check) or
-    the count is below half the peak (a long drain: the indexes are rebuilt on the
-    way down, not only at the end). At most once per ``interval`` seconds."""
+    """When to give memory back. When the broker is nearly idle (the count moved
+    by less than ``quiet`` since the last check) and the jobs it holds have fallen
+    by at least ``min_drop`` since the last such reclaim; and during a long drain,
+    each time the count is below half of its peak since the last reclaim (and
+    ``min_drop`` under it), so that memory falls on the way down too. At most once
+    per ``interval`` seconds."""
 
     def __init__(
         self,
@@ -42,28 +45,35 @@ class Reclaimer:
         self.interval = interval
         self.check_every = check_every
         self.quiet = quiet
-        self.peak = 0
+        self.peak = 0  # highest count since the last reclaim
+        self.high = 0  # highest count since the last reclaim while quiet
         self.last_count = 0
         self.next_check = float("-inf")
         self.next_allowed = float("-inf")
         self.reclaims = 0
 
-    def due(self, held: int, now: float) -> bool:
-        """Whether to reclaim now, given the ``held`` count (``BrokerCore.footprint``).
-        True also starts the count again from ``held``."""
+    def due(self, held: int, now: float) -> str | None:
+        """Whether to reclaim now, given the ``held`` count (``BrokerCore.footprint``):
+        None, ``IDLE`` (the drain is over) or ``DRAINING`` (half way down)."""
         if now < self.next_check:
-            return False
+            return None
         self.next_check = now + self.check_every
         moved, self.last_count = abs(held - self.last_count), held
         self.peak = max(self.peak, held)
-        if self.peak - held < self.min_drop or now < self.next_allowed:
-            return False
-        if moved >= self.quiet and held > self.peak // 2:
-            return False  # still draining fast: wait for the end or for half
+        self.high = max(self.high, held)
+        if now < self.next_allowed:
+            return None
+        if moved < self.quiet and self.high - held >= self.min_drop:
+            self.high = held
+            why = IDLE
+        elif self.peak - held >= self.min_drop and held <= self.peak // 2:
+            why = DRAINING
+        else:
+            return None
         self.peak = held
         self.next_allowed = now + self.interval
         self.reclaims += 1
-        return True
+        return why
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:

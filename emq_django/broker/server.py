@@ -27,7 +27,7 @@ from emq_django.broker import monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Refuse
 from emq_django.broker.journal import Journal, JournalError
-from emq_django.broker.memory import Reclaimer, rss_bytes, trim_heap
+from emq_django.broker.memory import IDLE, Reclaimer, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
@@ -193,8 +193,9 @@ class BrokerServer:
                 return
             core.on_timer(now)
             self._flush()
-            if self.reclaimer.due(core.footprint(), now):
-                self._reclaim()
+            reclaim = self.reclaimer.due(core.footprint(), now)
+            if reclaim is not None:
+                self._reclaim(reclaim)
             wake = min(core.next_deadline(), deadline)
             if core.tracer is not None and core.tracer.lines:
                 wake = min(wake, self._trace_due)  # lines wait: write them when due
@@ -345,13 +346,16 @@ class BrokerServer:
         if core.life.journal_ops:
             self._commit()
 
-    def _reclaim(self) -> None:
-        """Give back the memory a drained backlog left (``broker/memory.py``)."""
+    def _reclaim(self, why: str) -> None:
+        """Give back the memory a drained backlog left (``broker/memory.py``). The
+        de-duplication ids are copied only once the drain is over: while it goes
+        on, the jobs that finish next replace them anyway."""
         before, started = rss_bytes(), self.clock()
-        self.core.compact()
+        self.core.compact(copy_ids=why == IDLE)
         trimmed = trim_heap()
         log.info(
-            "memory given back in %.0f ms: RSS %.0f -> %.0f MB; %d jobs held%s",
+            "memory given back (%s) in %.0f ms: RSS %.0f -> %.0f MB; %d jobs held%s",
+            why,
             (self.clock() - started) * 1000,
             before / 2**20,
             rss_bytes() / 2**20,

@@ -40,7 +40,9 @@ def test_reclaimer_reclaims_at_half_the_peak_during_a_long_drain() -> None:
     assert r.due(4_999, 2.0)  # below half, although still moving fast
     assert not r.due(2_000, 3.0)  # at most once per interval
     assert r.due(1_000, 8.0)  # below half the new peak (4,999)
-    assert r.reclaims == 2
+    assert r.due(1_000, 14.0)  # the drain is over: 9,000 fewer than before it
+    assert not r.due(1_000, 20.0)
+    assert r.reclaims == 3
 
 
 def test_reclaimer_checks_at_most_once_per_check_interval() -> None:
@@ -127,3 +129,11 @@ def test_compact_of_an_empty_core_is_harmless(n: int) -> None:
     core.compact()
     assert core.footprint() == 0 and len(core.life.recent) == n
     assert not [decode(f) for _, _, f in core.out if isinstance(decode(f), Ack)]
+
+
+def test_compact_while_draining_keeps_the_ids_it_has() -> None:
+    core = drained_core(10)
+    before = list(core.life.recent._ids)
+    core.compact(copy_ids=False)
+    after = list(core.life.recent._ids)
+    assert all(a is b for a, b in zip(after, before, strict=True))
