@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from emq_django.broker.core import BrokerConfig
+from emq_django.broker.holding import RecentIds
 from emq_django.broker.memory import Reclaimer, rss_bytes, trim_heap
 from emq_django.protocol import PROTOCOL, Ack, Request, decode
 from tests.emqp_machine import BACKEND, FRONTEND
@@ -137,3 +138,44 @@ def test_compact_while_draining_keeps_the_ids_it_has() -> None:
     core.compact(copy_ids=False)
     after = list(core.life.recent._ids)
     assert all(a is b for a, b in zip(after, before, strict=True))
+
+
+def test_recent_ids_expire_after_the_window_oldest_first() -> None:
+    recent = RecentIds(window=10.0)
+    recent.add(b"a", 0.0)
+    recent.add(b"b", 5.0)
+    recent.expire(10.0)
+    assert b"a" in recent and b"b" in recent
+    recent.expire(10.5)
+    assert b"a" not in recent and b"b" in recent
+    recent.expire(100.0)
+    assert len(recent) == 0
+
+
+def test_recent_ids_keep_at_most_limit_dropping_the_oldest() -> None:
+    recent = RecentIds(window=60.0, limit=3)
+    for i in range(5):
+        recent.add(b"id-%d" % i, float(i))
+    assert [i in recent for i in (b"id-0", b"id-1", b"id-2", b"id-3", b"id-4")] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+
+
+def test_recent_id_added_again_keeps_its_place_with_the_new_time() -> None:
+    recent = RecentIds(window=10.0, limit=3)
+    recent.add(b"a", 0.0)
+    recent.add(b"b", 1.0)
+    recent.add(b"a", 8.0)  # e.g. a cancelled job's id, then its resend
+    assert len(recent) == 2
+    recent.expire(12.0)  # "a" comes first and is not due: expiry stops there
+    assert b"a" in recent and b"b" in recent
+    recent.add(b"c", 12.0)
+    recent.add(b"d", 13.0)  # over the limit: the first in order goes
+    assert b"a" not in recent and len(recent) == 3
+    recent.compact()
+    recent.expire(22.5)
+    assert b"b" not in recent and b"c" not in recent and b"d" in recent
