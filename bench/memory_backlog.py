@@ -95,6 +95,29 @@ def status(env: dict[str, str]) -> dict[str, Any]:
     return monitor_status(env["EMQ_MONITOR_URL"], timeout=10.0)
 
 
+def rss_by_kind(pid: int) -> dict[str, int]:
+    """RSS in bytes by kind of mapping: the C heap (brk), anonymous mappings of
+    1 MiB (pymalloc's arenas, on 64-bit Linux), other anonymous ones (libzmq's and
+    large allocations, threads' malloc arenas) and files (code, SQLite)."""
+    kinds: dict[str, int] = {}
+    kind = "files"
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                name = head[5] if len(head) > 5 else ""
+                if name == "[heap]":
+                    kind = "C heap"
+                elif name:
+                    kind = "files" if name.startswith("/") else name
+                else:
+                    kind = "1 MiB anon" if end - start == 1 << 20 else "other anon"
+            elif head[0] == "Rss:":
+                kinds[kind] = kinds.get(kind, 0) + int(head[1]) * 1024
+    return kinds
+
+
 def wait_up(env: dict[str, str], broker: Server) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -210,6 +233,7 @@ def main(argv: list[str]) -> int:
         drain_s, peak, drain_samples = drain(env, servers, broker, opts)
         after = tail(broker, opts.tail)
         final = status(env)
+        kinds = rss_by_kind(broker.pid)
     finally:
         servers.stop_all()
     per_job = (queued_rss - idle_rss) / opts.jobs
@@ -234,6 +258,10 @@ def main(argv: list[str]) -> int:
     for label, value in rows:
         print(f"  {label:<32} {value / MB:8.1f} MB")
     print(f"  {'bytes per queued job':<32} {per_job:8.0f} B")
+    print(
+        "  RSS by mapping at the end: "
+        + ", ".join(f"{k} {v / MB:.1f} MB" for k, v in kinds.items())
+    )
     memory = final.get("memory")
     if memory:
         print(f"  broker's own count after the drain: {memory}")
@@ -252,6 +280,7 @@ def main(argv: list[str]) -> int:
                     "drain": drain_samples,
                     "after": after,
                     "final_status": final,
+                    "rss_by_mapping": kinds,
                 },
                 f,
                 indent=1,
