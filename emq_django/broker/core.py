@@ -198,11 +198,11 @@ class BrokerCore:
         what its memory grows with in a backlog."""
         return self.life.footprint()
 
-    def compact(self, copy_ids: bool = True) -> None:
+    def compact(self) -> None:
         """Rebuild the indexes that grew with a backlog at their present size (a
-        dict keeps its largest table when emptied); ``copy_ids``: see
-        ``RecentIds.compact``. ``emq_django.broker.memory`` says when."""
-        self.life.compact(copy_ids)
+        dict keeps its largest table when emptied; see also ``RecentIds.compact``).
+        ``emq_django.broker.memory`` says when."""
+        self.life.compact()
         self.inflight = dict(self.inflight)
         self.held = dict(self.held)
         for peer in self.peers:

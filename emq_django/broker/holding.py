@@ -127,15 +127,12 @@ class RecentIds:
         while order and now - ids[order[0]] > self.window:
             del ids[order.popleft()]
 
-    def compact(self, copy_ids: bool = True) -> None:
-        """Rebuild the index at its present size; ``copy_ids``: with fresh copies of
-        the ids. The ones it keeps were allocated with their jobs, among objects
+    def compact(self) -> None:
+        """Rebuild the index at its present size, with fresh copies of the ids. The
+        ones it keeps were allocated with their jobs, among objects
         long freed, and keep whole allocator arenas of those alive: after a drain
         of a million jobs, copying them took the RSS from 179 to 80 MB (in-process
         measure, ``broker/memory.py``)."""
-        if not copy_ids:
-            self._ids = dict(self._ids)
-            return
         times: dict[float, float] = {}  # the ids of a loop turn share one float: keep that
         ids: dict[bytes, float] = {}
         for job_id in self._order:

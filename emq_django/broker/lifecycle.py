@@ -72,12 +72,12 @@ class JobLifecycle:
         with in a backlog (the recently finished ids are bounded, see RecentIds)."""
         return len(self.jobs) + len(self.spilled_ids)
 
-    def compact(self, copy_ids: bool = True) -> None:
+    def compact(self) -> None:
         """Rebuild its indexes at their present size: a dict never shrinks when its
         entries are deleted (see ``emq_django.broker.memory``)."""
         self.jobs = dict(self.jobs)
         self.spilled_ids = dict(self.spilled_ids)
-        self.recent.compact(copy_ids)
+        self.recent.compact()
         self.dead.compact()
 
     # ---- accepting ----------------------------------------------------------------

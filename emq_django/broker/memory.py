@@ -22,17 +22,17 @@ MIN_DROP = 50_000  # jobs: below this a reclaim returns too little to be worth i
 INTERVAL = 5.0  # seconds: at most one reclaim this often (a compaction copies indexes)
 CHECK_EVERY = 1.0  # seconds between two looks at the count
 QUIET = 1_000  # jobs per check: moving less than this, the broker is (nearly) idle
-IDLE = "idle"  # what Reclaimer.due says: the drain is over
-DRAINING = "draining"  # ... the backlog is half way down, and still draining
+IDLE = "idle"  # what Reclaimer.due says: the drain is over (compact, then trim)
+DRAINING = "draining"  # ... half way down a backlog still draining (trim only)
 
 
 class Reclaimer:
-    """When to give memory back. When the broker is nearly idle (the count moved
-    by less than ``quiet`` since the last check) and the jobs it holds have fallen
-    by at least ``min_drop`` since the last such reclaim; and during a long drain,
-    each time the count is below half of its peak since the last reclaim (and
-    ``min_drop`` under it), so that memory falls on the way down too. At most once
-    per ``interval`` seconds."""
+    """When to give memory back: once the jobs the broker holds have fallen to half
+    their peak or less, and by ``min_drop`` at least. ``IDLE`` when the count is
+    (nearly) still (it moved by less than ``quiet`` since the last check: the drain
+    is over, or jobs come and go at the same rate), counted from the peak before
+    the last ``IDLE``; ``DRAINING`` on the way down, counted from the last reclaim.
+    At most once per ``interval`` seconds."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class Reclaimer:
         self.high = max(self.high, held)
         if now < self.next_allowed:
             return None
-        if moved < self.quiet and self.high - held >= self.min_drop:
+        if moved < self.quiet and self.high - held >= self.min_drop and held <= self.high // 2:
             self.high = held
             why = IDLE
         elif self.peak - held >= self.min_drop and held <= self.peak // 2:
