@@ -27,12 +27,15 @@ DRAINING = "draining"  # ... half way down a backlog still draining (trim only)
 
 
 class Reclaimer:
-    """When to give memory back: once the jobs the broker holds have fallen to half
-    their peak or less, and by ``min_drop`` at least. ``IDLE`` when the count is
-    (nearly) still (it moved by less than ``quiet`` since the last check: the drain
-    is over, or jobs come and go at the same rate), counted from the peak before
-    the last ``IDLE``; ``DRAINING`` on the way down, counted from the last reclaim.
-    At most once per ``interval`` seconds."""
+    """When to give memory back, once the jobs the broker holds have fallen by
+    ``min_drop`` at least. ``DRAINING`` (trim only) each time the count is at half
+    its peak since the last reclaim or less. ``IDLE`` (compact, then trim) when
+    the count is (nearly) still (it moved by less than ``quiet`` since the last
+    check: the drain is over, or jobs come and go at the same rate) and at an
+    eighth of its peak since the last ``IDLE`` or less: a compaction copies what
+    is still held, and a broker stalled half way down (a guaranteed backlog
+    reading its journal on a loaded machine) looks still too. At most once per
+    ``interval`` seconds."""
 
     def __init__(
         self,
@@ -63,7 +66,7 @@ class Reclaimer:
         self.high = max(self.high, held)
         if now < self.next_allowed:
             return None
-        if moved < self.quiet and self.high - held >= self.min_drop and held <= self.high // 2:
+        if moved < self.quiet and self.high - held >= self.min_drop and held <= self.high // 8:
             self.high = held
             why = IDLE
         elif self.peak - held >= self.min_drop and held <= self.peak // 2:

@@ -31,9 +31,12 @@ def test_reclaimer_waits_for_the_drain_to_end() -> None:
     assert r.due(7_990, 3.0) is None  # still: 2,010 fewer, but above half
     assert r.due(7_990, 4.0) is None  # quiet (stalled?), but most of it is still held
     assert r.due(4_000, 5.0) == DRAINING  # half way down: trim only
-    assert r.due(3_990, 11.0) == IDLE  # quiet now, 6,010 under the peak before the drain
-    assert r.reclaims == 2
-    assert r.due(3_990, 20.0) is None  # nothing more went since
+    assert r.due(4_000, 11.0) is None  # still again, but 40% of the peak is held
+    assert r.due(1_000, 12.0) == DRAINING
+    assert r.due(1_000, 13.0) is None  # at most once per interval
+    assert r.due(1_000, 18.0) == IDLE  # quiet, a tenth of the peak before the drain
+    assert r.reclaims == 3
+    assert r.due(1_000, 30.0) is None  # nothing more went since
 
 
 def test_reclaimer_reclaims_at_half_the_peak_during_a_long_drain() -> None:
