@@ -96,23 +96,23 @@ def status(env: dict[str, str]) -> dict[str, Any]:
 
 
 def rss_by_kind(pid: int) -> dict[str, int]:
-    """RSS in bytes by kind of mapping: the C heap (brk), anonymous mappings of
-    1 MiB (pymalloc's arenas, on 64-bit Linux), other anonymous ones (libzmq's and
-    large allocations, threads' malloc arenas) and files (code, SQLite)."""
-    kinds: dict[str, int] = {}
+    """RSS in bytes by kind of mapping: the C heap (glibc's brk heap), anonymous
+    mappings (pymalloc's arenas, large allocations, libzmq's, the malloc arenas of
+    other threads: the kernel merges neighbours, so they cannot be told apart
+    here) and files (code, SQLite)."""
+    kinds = {"C heap": 0, "anonymous": 0, "files": 0}
     kind = "files"
     with open(f"/proc/{pid}/smaps") as f:
         for line in f:
             head = line.split()
-            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
-                start, end = (int(x, 16) for x in head[0].split("-"))
+            if not head[0].endswith(":"):  # a mapping's first line
                 name = head[5] if len(head) > 5 else ""
                 if name == "[heap]":
                     kind = "C heap"
-                elif name:
-                    kind = "files" if name.startswith("/") else name
+                elif not name:
+                    kind = "anonymous"
                 else:
-                    kind = "1 MiB anon" if end - start == 1 << 20 else "other anon"
+                    kind = "files" if name.startswith("/") else "other"
             elif head[0] == "Rss:":
                 kinds[kind] = kinds.get(kind, 0) + int(head[1]) * 1024
     return kinds
