@@ -20,6 +20,7 @@ import tracemalloc
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from emq_django.broker.core import BrokerConfig, BrokerCore  # noqa: E402
+from emq_django.broker.effects import Deliver  # noqa: E402
 from emq_django.broker.ports.emqp_clients import EmqpClientPort  # noqa: E402
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort  # noqa: E402
 from emq_django.ids import IdGenerator  # noqa: E402
@@ -82,7 +83,7 @@ def drain(core: BrokerCore, workers: EmqpWorkerPort, n: int, now: float) -> None
     workers.handle(b"w", [b"", p, b"INFORM", b"w-i", b'[[10, "memq"]]', b"worker"], now)
     workers.handle(b"w", [b"", p, b"READY", b"w-r"], now)
     for k in range(n):
-        attempt = next(e.job.attempt_id for e in core.out if type(e).__name__ == "Deliver")
+        attempt = next(e.job.attempt_id for e in core.out if isinstance(e, Deliver))
         core.out.clear()
         reply = [b"", p, b"REPLY", b"w-%d" % k, b"null", attempt, b"ok,ready"]
         workers.handle(b"w", reply, now + 1.0)
