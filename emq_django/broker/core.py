@@ -206,6 +206,23 @@ class BrokerCore:
     def drained(self) -> bool:
         return not self.inflight
 
+    # ---- memory -------------------------------------------------------------------
+
+    def footprint(self) -> int:
+        """The jobs the broker keeps (waiting, running, delayed, dead, spilled):
+        what its memory grows with in a backlog."""
+        return self.life.footprint()
+
+    def compact(self) -> None:
+        """Rebuild the indexes that grew with a backlog at their present size (a
+        dict keeps its largest table when emptied; see also ``RecentIds.compact``).
+        ``emq_django.broker.memory`` says when."""
+        self.life.compact()
+        self.inflight = dict(self.inflight)
+        self.held = dict(self.held)
+        for peer in self.peers:
+            peer.inflight = dict(peer.inflight)
+
     # ---- clients --------------------------------------------------------------------
 
     def client_request(
@@ -281,7 +298,6 @@ class BrokerCore:
         )
         if more:
             job.more = more
-        job.enqueued_wall = now + self._wall_offset
         if self.tracer is not None:
             self.tracer.enqueued(job, now)
         ready_now = not headers.run_after or headers.run_after - self._wall_offset <= now

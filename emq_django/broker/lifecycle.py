@@ -67,6 +67,19 @@ class JobLifecycle:
         """Accepted already (live, just finished, or waiting on disk)."""
         return job_id in self.jobs or job_id in self.recent or job_id in self.spilled_ids
 
+    def footprint(self) -> int:
+        """The jobs it keeps (live, and spilled ones by id): what its memory grows
+        with in a backlog (the recently finished ids are bounded, see RecentIds)."""
+        return len(self.jobs) + len(self.spilled_ids)
+
+    def compact(self) -> None:
+        """Rebuild its indexes at their present size: a dict never shrinks when its
+        entries are deleted (see ``emq_django.broker.memory``)."""
+        self.jobs = dict(self.jobs)
+        self.spilled_ids = dict(self.spilled_ids)
+        self.recent.compact()
+        self.dead.compact()
+
     # ---- accepting ----------------------------------------------------------------
 
     def keep(self, job: Job, queue_name: str, now: float, spill: bool) -> float:
@@ -223,6 +236,7 @@ class JobLifecycle:
     def _journal_put(self, job: Job, state: str) -> None:
         assert self.journal_ops is not None
         run_after = job.headers.run_after if state == "delayed" else 0.0
+        enqueued_wall = job.enqueued_at + self.wall_offset
         self.journal_ops.append(
             (
                 "put",
@@ -233,8 +247,8 @@ class JobLifecycle:
                 state,
                 job.failures,
                 run_after,
-                job.enqueued_wall,
-                job.enqueued_wall,
+                enqueued_wall,
+                enqueued_wall,
             )
         )
 
@@ -292,7 +306,6 @@ class JobLifecycle:
             now - (now + self.wall_offset - row.enqueued_at),
         )
         job.failures = row.attempts
-        job.enqueued_wall = row.enqueued_at
         return job
 
     # ---- cancelling -----------------------------------------------------------------

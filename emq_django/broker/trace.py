@@ -169,7 +169,7 @@ class JobTracer:
                 event,
                 now,
                 self.wall_offset,
-                job.trace_id or _trace_id(job),
+                job.trace[0] or _trace_id(job),
                 job.attempt,
                 where,
                 error,
@@ -181,38 +181,42 @@ class JobTracer:
         )
 
     def enqueued(self, job: Job, now: float) -> None:
+        # not kept on the job yet: a job waiting in a backlog would hold it for
+        # nothing; dispatched() keeps it for the attempt's lines
         self.lines.append(
             enqueued_line(
                 now + self.wall_offset,
-                _trace_id(job),
+                job.trace[0] or job_json(job.id),
                 job.attempt,
                 where_fields(job.headers.task, job.queue, ""),
             )
         )
 
     def dispatched(self, job: Job, now: float, peer: Peer) -> None:
-        job.trace_where = where_fields(job.headers.task, job.queue, trace_name(peer))
+        where = where_fields(job.headers.task, job.queue, trace_name(peer))
+        job.trace = (job.trace[0] or job_json(job.id), where)
         self.lines.append(
             dispatched_line(
                 now + self.wall_offset,
-                job.trace_id or _trace_id(job),
+                job.trace[0],
                 job.attempt,
-                job.trace_where,
+                where,
                 now - job.enqueued_at,
             )
         )
 
     def succeeded(self, job: Job, now: float) -> None:
-        """Its job manager is the one it was dispatched to (``trace_where``)."""
-        if not job.trace_where:  # never dispatched here (no such job yet)
+        """Its job manager is the one it was dispatched to (``Job.trace``)."""
+        trace_id, where = job.trace
+        if not where:  # never dispatched here (no such job yet)
             self.event("succeeded", job, now)
             return
         self.lines.append(
             succeeded_line(
                 now + self.wall_offset,
-                job.trace_id or _trace_id(job),
+                trace_id or _trace_id(job),
                 job.attempt,
-                job.trace_where,
+                where,
                 now - job.dispatched_at,
                 now - job.enqueued_at,
                 job.partials,
@@ -221,8 +225,9 @@ class JobTracer:
 
 
 def _trace_id(job: Job) -> str:
-    job.trace_id = job_json(job.id)
-    return job.trace_id
+    trace_id = job_json(job.id)
+    job.trace = (trace_id, job.trace[1])
+    return trace_id
 
 
 def trace_name(peer: Peer | None) -> str:

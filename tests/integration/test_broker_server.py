@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
+from emq_django.broker.memory import Reclaimer
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import EmqSettings
 from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Kbye, Reply, Request, decode
@@ -337,3 +338,39 @@ def test_idle_broker_loop_wakes_only_for_its_timers(broker: Broker) -> None:
     # a heartbeat plus 4 expiry checks per interval, a few clock reads per turn, and one
     # turn per heartbeat received; a 1 ms busy poll would make ~200 turns per interval
     assert calls / elapsed_intervals < 60, f"{calls} clock reads in {elapsed_intervals:.1f}"
+
+
+# ---- memory ------------------------------------------------------------------
+
+
+def test_broker_gives_memory_back_once_a_backlog_drained(broker: Broker) -> None:
+    # thresholds a small backlog reaches; the default ones wait for 50,000 jobs
+    broker.server.reclaimer = Reclaimer(min_drop=300, interval=0.0, check_every=0.05, quiet=50)
+    client = broker.client()
+    n = 1000
+    for i in range(n):
+        send_request(client, b"mem-%d" % i)
+    acked = {recv_command(client, Ack).ack_msgid for _ in range(n)}
+    assert len(acked) == n
+    assert broker.status()["memory"]["jobs"] == n
+
+    worker = broker.worker()
+    worker.send_multipart([b"", P, b"READY", b"r"])
+    for k in range(n):
+        job = recv_command(worker, Request)
+        worker.send_multipart([b"", P, b"REPLY", b"x%d" % k, b"null", job.msgid, b"ok,ready"])
+
+    def reclaimed() -> bool:
+        memory = broker.status()["memory"]
+        return bool(memory["reclaims"] >= 1 and memory["jobs"] == 0)
+
+    wait_until(reclaimed, "a reclaim once the backlog drained")
+    memory = broker.status()["memory"]
+    assert memory["recent_ids"] == n and memory["rss_bytes"] > 0
+    # the de-duplication window outlived the compaction: a resent job is not run again
+    send_request(client, b"mem-7")
+    assert recv_command(client, Ack).ack_msgid == b"mem-7"
+    deadline = time.monotonic() + 0.5
+    while worker.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        assert isinstance(decode(worker.recv_multipart()), Heartbeat)  # no second run
+    assert broker.status()["counters"]["duplicates"] == 1

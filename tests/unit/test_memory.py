@@ -1,0 +1,178 @@
+"""Giving memory back after a backlog: when (Reclaimer, fake clock) and what
+(BrokerCore.compact keeps every behaviour and drops the peak's tables)."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import pytest
+
+from emq_django.broker.core import BrokerConfig
+from emq_django.broker.holding import RecentIds
+from emq_django.broker.memory import DRAINING, IDLE, Reclaimer, rss_bytes, trim_heap
+from emq_django.protocol import PROTOCOL, Ack, Request, decode
+from tests.emqp_machine import BACKEND, FRONTEND
+from tests.emqp_machine import EmqpMachine as BrokerCore
+
+P = PROTOCOL
+BODY = b'["run", {"callable": "noop", "path": "pkg.tasks", "args": [1], "kwargs": {}}]'
+
+
+def reclaimer() -> Reclaimer:
+    return Reclaimer(min_drop=1000, interval=5.0, check_every=1.0, quiet=100)
+
+
+def test_reclaimer_waits_for_the_drain_to_end() -> None:
+    r = reclaimer()
+    assert not r.due(0, 0.0)
+    assert not r.due(10_000, 1.0)  # a backlog: nothing to give back
+    assert r.due(9_000, 2.0) is None  # draining, above half the peak
+    assert r.due(7_990, 3.0) is None  # still: 2,010 fewer, but above half
+    assert r.due(7_990, 4.0) is None  # quiet (stalled?), but most of it is still held
+    assert r.due(4_000, 5.0) == DRAINING  # half way down: trim only
+    assert r.due(4_000, 11.0) is None  # still again, but 40% of the peak is held
+    assert r.due(1_000, 12.0) == DRAINING
+    assert r.due(1_000, 13.0) is None  # at most once per interval
+    assert r.due(1_000, 18.0) == IDLE  # quiet, a tenth of the peak before the drain
+    assert r.reclaims == 3
+    assert r.due(1_000, 30.0) is None  # nothing more went since
+
+
+def test_reclaimer_reclaims_at_half_the_peak_during_a_long_drain() -> None:
+    r = reclaimer()
+    r.due(10_000, 0.0)
+    assert not r.due(6_000, 1.0)  # moving fast, above half
+    assert r.due(4_999, 2.0) == DRAINING  # below half, although still moving fast
+    assert not r.due(2_000, 3.0)  # at most once per interval
+    assert r.due(1_000, 8.0) == DRAINING  # below half the new peak (4,999)
+    assert r.due(1_000, 14.0) == IDLE  # the drain is over: 9,000 fewer than before it
+    assert not r.due(1_000, 20.0)
+    assert r.reclaims == 3
+
+
+def test_reclaimer_checks_at_most_once_per_check_interval() -> None:
+    r = reclaimer()
+    r.due(10_000, 0.0)
+    assert not r.due(0, 0.5)  # too soon to look
+    assert r.due(0, 1.0)
+
+
+def test_reclaimer_ignores_small_drops() -> None:
+    r = reclaimer()
+    r.due(900, 0.0)
+    assert not r.due(0, 1.0)
+    assert not r.due(0, 100.0)
+    assert r.reclaims == 0
+
+
+def test_trim_heap_where_glibc_is() -> None:
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert trim_heap() is expected
+    if sys.platform.startswith("linux"):
+        assert rss_bytes() > 0
+
+
+def drained_core(n: int) -> BrokerCore:
+    """A core that queued ``n`` jobs and ran them all on one worker."""
+    core = BrokerCore(BrokerConfig(max_pending=n + 1), now=0.0)
+    for i in range(n):
+        core.on_frontend(b"c", [b"", P, b"REQUEST", b"job-%d" % i, b"q", b"", BODY], 0.0)
+    core.on_backend(b"w", [b"", P, b"INFORM", b"w-i", b'[[10, "q"]]', b"worker"], 0.0)
+    core.on_backend(b"w", [b"", P, b"READY", b"w-r"], 0.0)
+    for k in range(n):
+        frames = [f for s, i, f in core.out if s == BACKEND and i == b"w"]
+        core.out = []
+        requests = [c for c in map(decode, frames) if isinstance(c, Request)]
+        assert len(requests) == 1, f"job {k}: {len(requests)} deliveries"
+        attempt = requests[0].msgid
+        core.on_backend(b"w", [b"", P, b"REPLY", b"w-%d" % k, b"null", attempt, b"ok,ready"], 1.0)
+    core.out = []
+    return core
+
+
+def test_compact_drops_the_backlogs_tables_and_keeps_the_dedupe_window() -> None:
+    n = 5000
+    core = drained_core(n)
+    assert not core.life.jobs and core.counters["succeeded"] == n
+    big = sys.getsizeof(core.life.jobs)
+    recent_before = list(core.life.recent._ids)
+    core.compact()
+    assert sys.getsizeof(core.life.jobs) < big // 50
+    assert core.footprint() == 0 and len(core.life.recent) == n  # kept for de-duplication
+    recent_after = list(core.life.recent._ids)
+    assert recent_after == recent_before  # the same ids, in the same order...
+    assert all(a is not b for a, b in zip(recent_after, recent_before, strict=True))  # fresh
+
+    # a client resending a finished job gets its ACK and the job does not run again
+    core.on_frontend(b"c", [b"", P, b"REQUEST", b"job-7", b"q", b"", BODY], 2.0)
+    out = core.out
+    assert [decode(f).ack_msgid for s, _, f in out if s == FRONTEND] == [b"job-7"]
+    assert not [f for s, _, f in out if s == BACKEND]
+    assert core.counters["duplicates"] == 1
+
+
+def test_compact_keeps_waiting_and_running_jobs() -> None:
+    core = BrokerCore(BrokerConfig(), now=0.0)
+    for i in range(3):
+        core.on_frontend(b"c", [b"", P, b"REQUEST", b"job-%d" % i, b"q", b"", BODY], 0.0)
+    core.on_backend(b"w", [b"", P, b"INFORM", b"w-i", b'[[10, "q"]]', b"worker"], 0.0)
+    core.on_backend(b"w", [b"", P, b"READY", b"w-r"], 0.0)
+    core.out = []
+    core.compact()
+    assert set(core.life.jobs) == {b"job-0", b"job-1", b"job-2"}
+    assert list(core.inflight) == [b"job-0#1"]
+    core.on_backend(b"w", [b"", P, b"REPLY", b"w-1", b"null", b"job-0#1", b"ok,ready"], 1.0)
+    delivered = [decode(f) for s, _, f in core.out if s == BACKEND]
+    assert [c.msgid for c in delivered if isinstance(c, Request)] == [b"job-1#1"]
+    assert core.counters["succeeded"] == 1
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_compact_of_an_empty_core_is_harmless(n: int) -> None:
+    core = drained_core(n) if n else BrokerCore(BrokerConfig(), now=0.0)
+    core.compact()
+    core.compact()
+    assert core.footprint() == 0 and len(core.life.recent) == n
+    assert not [decode(f) for _, _, f in core.out if isinstance(decode(f), Ack)]
+
+
+def test_recent_ids_expire_after_the_window_oldest_first() -> None:
+    recent = RecentIds(window=10.0)
+    recent.add(b"a", 0.0)
+    recent.add(b"b", 5.0)
+    recent.expire(10.0)
+    assert b"a" in recent and b"b" in recent
+    recent.expire(10.5)
+    assert b"a" not in recent and b"b" in recent
+    recent.expire(100.0)
+    assert len(recent) == 0
+
+
+def test_recent_ids_keep_at_most_limit_dropping_the_oldest() -> None:
+    recent = RecentIds(window=60.0, limit=3)
+    for i in range(5):
+        recent.add(b"id-%d" % i, float(i))
+    assert [i in recent for i in (b"id-0", b"id-1", b"id-2", b"id-3", b"id-4")] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+
+
+def test_recent_id_added_again_keeps_its_place_with_the_new_time() -> None:
+    recent = RecentIds(window=10.0, limit=3)
+    recent.add(b"a", 0.0)
+    recent.add(b"b", 1.0)
+    recent.add(b"a", 8.0)  # e.g. a cancelled job's id, then its resend
+    assert len(recent) == 2
+    recent.expire(12.0)  # "a" comes first and is not due: expiry stops there
+    assert b"a" in recent and b"b" in recent
+    recent.add(b"c", 12.0)
+    recent.add(b"d", 13.0)  # over the limit: the first in order goes
+    assert b"a" not in recent and len(recent) == 3
+    recent.compact()
+    recent.expire(22.5)
+    assert b"b" not in recent and b"c" not in recent and b"d" in recent
