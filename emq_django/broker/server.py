@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 
 from emq_django import transport, wire
-from emq_django.broker import monitor
+from emq_django.broker import exposure, monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Refuse
 from emq_django.broker.journal import Journal, JournalError
@@ -134,7 +134,12 @@ class BrokerServer:
                 self.sockets.setdefault(port, sock)
 
     def bind(self) -> None:
-        """Bind every port; raises ``zmq.ZMQError`` naming the address on failure."""
+        """Bind every port; raises ``zmq.ZMQError`` naming the address on failure, and
+        ``ImproperlyConfigured`` (before binding any) when one would carry plain text
+        to other machines (``broker/exposure.py``)."""
+        exposure.require_safe_binds(
+            self.settings, [(spec.name, spec.address) for _, spec, _, _, _ in self.endpoints]
+        )
         for _, spec, sock, _, _ in self.endpoints:
             try:
                 sock.bind(spec.address)
