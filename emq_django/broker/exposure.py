@@ -16,7 +16,6 @@ be loopback counts as exposed.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,18 +42,7 @@ BIND_SETTINGS = (
 
 def curve_enabled(settings: EmqSettings) -> bool:
     """Whether the broker has its CURVE secret key (``EMQ_CURVE_SECRET_KEY``)."""
-    value = getattr(settings, "CURVE_SECRET_KEY", None)
-    if value is None:  # a settings class without the CURVE fields
-        value = _raw_setting("EMQ_CURVE_SECRET_KEY")
-    return bool(str(value or "").strip())
-
-
-def _raw_setting(name: str) -> str:
-    from django.conf import settings as django_settings
-
-    if django_settings.configured and hasattr(django_settings, name):
-        return str(getattr(django_settings, name) or "")
-    return os.environ.get(name, "")
+    return bool(settings.CURVE_SECRET_KEY.strip())
 
 
 def split_host(address: str) -> tuple[str, str]:

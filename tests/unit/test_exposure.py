@@ -111,7 +111,7 @@ def test_the_server_refuses_a_plaintext_non_loopback_bind_before_binding_any(
 
 @pytest.mark.parametrize(
     "env",
-    [{"EMQ_ALLOW_PLAINTEXT": "true"}, {"EMQ_CURVE_SECRET_KEY": "/etc/emq/broker.key_secret"}],
+    [{"EMQ_ALLOW_PLAINTEXT": "true"}, {"EMQ_CURVE_SECRET_KEY": zmq.curve_keypair()[1].decode()}],
 )
 def test_allow_plaintext_or_a_curve_key_lifts_the_refusal(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
