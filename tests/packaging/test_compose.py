@@ -7,9 +7,12 @@ installed.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,10 +41,12 @@ def emq_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def generated_keys(compose: dict[str, Any]) -> dict[str, set[str]]:
-    """Key name -> roles, as the keys service generates them."""
+    """Key name -> roles, as the keys service generates them (the broker's: none)."""
     script = compose["services"]["keys"]["command"][-1]
-    assert "manage.py emq_keys generate" in script
-    return {name: set(roles.split(",")) for name, roles in re.findall(r"gen (\S+) (\S+)", script)}
+    assert 'manage.py emq_keys generate "$$@" --dir /var/lib/emq-keys' in script
+    keys = {n: set(r.split(",")) for n, r in re.findall(r"gen (\S+) --roles (\S+)", script)}
+    assert re.search(r"gen broker --server\n", script)
+    return {"broker": set(), **keys}
 
 
 def test_no_broker_port_is_published_on_the_host(compose: dict[str, Any]) -> None:
@@ -74,6 +79,7 @@ def test_every_process_has_its_own_generated_key_with_its_roles(compose: dict[st
         secrets[name] = key_name.group(1)
         assert f"emqkeys:{KEYS_DIR}:ro" in svc["volumes"], name  # read-only for all but keys
     assert len(set(secrets.values())) == len(secrets)  # no key shared by two services
+    assert keys["broker"] == set()  # its own pair, registered nowhere
     assert keys[secrets["jobmanager"]] == {"worker"}  # a job manager is no client
     assert keys[secrets["scheduler"]] == {"scheduler"}
     assert keys[secrets["producer"]] == {"client"}
@@ -114,3 +120,41 @@ def test_docker_compose_config_accepts_the_file() -> None:
         cwd=REPO_ROOT,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_keys_script_generates_and_registers_every_key_once(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """The keys service's script, run here as Compose would run it (``$$`` is
+    Compose's escaped ``$``), on SQLite and a directory of tmp_path: every key pair
+    is written and registered with its roles, and a second run changes nothing."""
+    keys_dir = tmp_path / "keys"
+    script = compose["services"]["keys"]["command"][-1].replace("$$", "$")
+    script = script.replace(KEYS_DIR, str(keys_dir)).replace("python ", f"{sys.executable} ")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMQ_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.settings",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    )
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run(sys.executable, "manage.py", "migrate", "--noinput")
+    run("sh", "-c", script)
+    listed = run(sys.executable, "manage.py", "emq_keys", "list")
+    for name, roles in generated_keys(compose).items():
+        secret = keys_dir / f"{name}.key_secret"
+        assert (keys_dir / f"{name}.key").exists() and secret.stat().st_mode & 0o777 == 0o600
+        if roles:
+            line = next(li for li in listed.splitlines() if li.startswith(f"{name} "))
+            assert set(line.split("roles=")[1].split()[0].split(",")) == roles
+            assert "enabled" in line
+    assert not any(li.startswith("broker ") for li in listed.splitlines())
+    before = {p.name: p.read_bytes() for p in keys_dir.iterdir()}
+    run("sh", "-c", script)  # a restarted stack keeps its keys
+    assert {p.name: p.read_bytes() for p in keys_dir.iterdir()} == before
