@@ -1,13 +1,14 @@
 """Tasks for tests/e2e/test_netns.py, loaded by its job manager through EMQ_IMPORTS.
 
 ``seal`` returns a digest of its argument, never the argument itself: a sniffed
-REPLY then cannot be what carries the secret, only the REQUEST can.
+REPLY then cannot be what carries the secret, only the REQUEST can. It also says
+which job manager ran it (``NETNS_JM_NAME`` in the job manager's environment).
 """
 
 from __future__ import annotations
 
 import hashlib
-import socket
+import os
 
 import emq_django as emq
 
@@ -16,5 +17,5 @@ import emq_django as emq
 def seal(secret: str) -> dict[str, str]:
     return {
         "sha256": hashlib.sha256(secret.encode()).hexdigest(),
-        "host": socket.gethostname(),
+        "jm": os.environ.get("NETNS_JM_NAME", ""),
     }

@@ -29,6 +29,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 BROKER_W, WORKER = "10.231.1.1", "10.231.1.2"  # the broker / job manager link
 BROKER_C, CLIENT = "10.231.2.1", "10.231.2.2"  # the broker / client link
@@ -119,13 +122,17 @@ class Stack:
     net: Net
     procs: EmqProcesses
     tmp: Path
+    keys: Keys
     frontend: int
     backend: int
 
     def base_env(self) -> dict[str, str]:
+        """Plain text: the CURVE settings of the test process are not passed on."""
         return {
+            "EMQ_CURVE_SECRET_KEY": "",
+            "EMQ_CURVE_SERVER_KEY": "",
             "DJANGO_SETTINGS_MODULE": "project.settings",
-            "DATABASE_URL": f"sqlite:///{self.tmp / 'db.sqlite3'}",
+            "DATABASE_URL": self.keys.database_url,
             "PYTHONPATH": str(REPO_ROOT),
             "EMQ_HEARTBEAT_INTERVAL": "0.5",
         }
@@ -160,6 +167,7 @@ class Stack:
             **self.base_env(),
             "EMQ_WORKER_URL": f"tcp://{BROKER_W}:{self.backend}",
             "EMQ_IMPORTS": "tests.e2e.netns_tasks",
+            "NETNS_JM_NAME": name,
             **env,
         }
         argv = [*self.net.run_in(self.net.worker), *manage("emq_jobmanager")]
@@ -185,22 +193,59 @@ def free_port_anywhere() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Keys:
+    """The module's database (migrated, the keys registered) and key files."""
+
+    database_url: str
+    dir: Path
+
+    def env(self, name: str) -> dict[str, str]:
+        """The CURVE settings of the process holding key ``name``."""
+        return {
+            "EMQ_CURVE_SECRET_KEY": str(self.dir / f"{name}.key_secret"),
+            "EMQ_CURVE_SERVER_KEY": str(self.dir / "broker.key"),
+        }
+
+
+@pytest.fixture(scope="module")
+def keys(net: Net, tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    """One database for the module's brokers: migrated, with the job manager's and
+    the client's public keys registered (``manage.py emq_keys generate``)."""
+    tmp = tmp_path_factory.mktemp("netns-keys")
+    keys = Keys(f"sqlite:///{tmp / 'db.sqlite3'}", tmp / "keys")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMQ_")}
+    env.update(DJANGO_SETTINGS_MODULE="project.settings", DATABASE_URL=keys.database_url)
+    for args in (
+        ["migrate", "--noinput"],
+        ["emq_keys", "generate", "broker", "--server", "--dir", str(keys.dir)],
+        ["emq_keys", "generate", "jobmanager", "--roles", "worker", "--dir", str(keys.dir)],
+        ["emq_keys", "generate", "client", "--roles", "client", "--dir", str(keys.dir)],
+    ):
+        done = subprocess.run(
+            manage(args[0]) + args[1:], cwd=REPO_ROOT, env=env, capture_output=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return keys
+
+
 @pytest.fixture
-def stack(net: Net, tmp_path: Path) -> Iterator[Stack]:
+def stack(net: Net, keys: Keys, tmp_path: Path) -> Iterator[Stack]:
     with EmqProcesses(tmp_path / "logs") as procs:
-        yield Stack(net, procs, tmp_path, free_port_anywhere(), free_port_anywhere())
+        yield Stack(net, procs, tmp_path, keys, free_port_anywhere(), free_port_anywhere())
 
 
 def secret_marker() -> str:
     return "SECRET-" + os.urandom(8).hex()
 
 
-def wait_for_results(stack: Stack, client: ManagedProcess, secret: str) -> None:
+def wait_for_results(stack: Stack, client: ManagedProcess, secret: str) -> list[dict[str, str]]:
     code = stack.procs.wait_for_exit(client, timeout=120)
     assert code == 0, client.log_tail()
     results = json.loads(client.stdout().strip().splitlines()[-1])
     expected = [hashlib.sha256(f"{secret}-{n}".encode()).hexdigest() for n in range(JOBS)]
     assert [r["sha256"] for r in results] == expected
+    return results
 
 
 def stop_sniffer(stack: Stack, sniffer: ManagedProcess, capture: Path) -> list[bytes]:
@@ -239,7 +284,7 @@ def test_plaintext_control_jobs_flow_and_the_sniffer_sees_the_arguments(stack: S
     stack.jobmanager(plain)
     secret = secret_marker()
     client = stack.client(plain, secret)
-    wait_for_results(stack, client, secret)
+    assert {r["jm"] for r in wait_for_results(stack, client, secret)} == {"jobmanager"}
     frames = stop_sniffer(stack, sniffer, capture)
     to_clients = tcp_payloads(frames, stack.frontend)
     to_workers = tcp_payloads(frames, stack.backend)
@@ -263,3 +308,37 @@ def test_without_allow_plaintext_the_broker_refuses_its_veth_addresses(stack: St
     assert stack.procs.wait_for_exit(broker, timeout=60) != 0
     assert f"tcp://{BROKER_C}:{stack.frontend}" in broker.stderr()
     assert "refusing to bind a non-loopback address without CURVE" in broker.stderr()
+
+
+# ---- CURVE ----------------------------------------------------------------------------
+
+
+def test_curve_jobs_flow_and_no_argument_crosses_in_clear_text(stack: Stack) -> None:
+    sniffer, capture = stack.sniff()
+    broker = stack.broker(stack.keys.env("broker"))
+    assert "CURVE on every port" in broker.stderr()
+    stack.jobmanager(stack.keys.env("jobmanager"))
+    secret = secret_marker()
+    client = stack.client(stack.keys.env("client"), secret)
+    assert {r["jm"] for r in wait_for_results(stack, client, secret)} == {"jobmanager"}
+    frames = stop_sniffer(stack, sniffer, capture)
+    to_clients = tcp_payloads(frames, stack.frontend)
+    to_workers = tcp_payloads(frames, stack.backend)
+    # the jobs' traffic was seen: each argument went both ways, encrypted
+    assert len(to_clients) > JOBS * len(secret) and len(to_workers) > JOBS * len(secret)
+    everything = b"".join(frames)
+    assert secret.encode() not in everything
+    assert secret.encode().hex().encode() not in everything
+
+
+def test_curve_a_job_manager_with_a_client_key_is_refused_and_gets_no_job(stack: Stack) -> None:
+    broker = stack.broker(stack.keys.env("broker"))
+    secret = secret_marker()
+    client = stack.client(stack.keys.env("client"), secret)  # its jobs wait for a worker
+    stack.jobmanager(stack.keys.env("client"), name="rogue")  # holding a client's key
+    refusal = f"(client, roles client) from {WORKER} on the port for worker"
+    stack.procs.wait_for_output(broker, refusal, timeout=60)
+    time.sleep(2)  # the rogue keeps trying while the jobs wait: were it let in, it ran them
+    assert client.alive()  # no result yet: nobody ran them
+    stack.jobmanager(stack.keys.env("jobmanager"))
+    assert {r["jm"] for r in wait_for_results(stack, client, secret)} == {"jobmanager"}

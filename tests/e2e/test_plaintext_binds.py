@@ -10,6 +10,8 @@ from emq_django.client import Client
 from emq_django.protocol.headers import format_headers
 from tests.conftest import EmqProcesses, free_tcp_ports
 
+pytestmark = pytest.mark.e2e
+
 
 def _exposed_env(allow: bool) -> dict[str, str]:
     frontend, backend = free_tcp_ports(2)
