@@ -24,6 +24,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -85,11 +86,22 @@ def _build(net: Net) -> None:
         _ip("-n", ns, "link", "set", theirs, "up")
 
 
+def _delete_orphans() -> None:
+    """Namespaces of an earlier run that was killed before its teardown (their pid
+    is gone): a run that is alive keeps its own."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    for line in listed.stdout.splitlines():
+        found = re.fullmatch(r"emqt-(\d+)-[bwc]", line.split(" ")[0])
+        if found and not Path(f"/proc/{found.group(1)}").exists():
+            subprocess.run(["ip", "netns", "del", found.group(0)], capture_output=True, timeout=30)
+
+
 @pytest.fixture(scope="module")
 def net() -> Iterator[Net]:
     reason = _why_not()
     if reason:
         pytest.skip(reason)
+    _delete_orphans()
     pid = os.getpid()
     net = Net(f"emqt-{pid}-b", f"emqt-{pid}-w", f"emqt-{pid}-c")
     try:
