@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -27,17 +28,6 @@ from emq_django.conf import EmqSettings
 LOCAL_TRANSPORTS = ("ipc", "inproc")
 HOST_TRANSPORTS = ("tcp", "ws", "wss")  # host:port addresses that may be loopback
 IFF_LOOPBACK = 0x8  # <linux/if.h>
-
-# Every setting a broker binds; a port's empty setting turns it off.
-BIND_SETTINGS = (
-    "FRONTEND_BIND",
-    "BACKEND_BIND",
-    "MONITOR_BIND",
-    "MDP_BIND",
-    "PZQ_RECEIVE_BIND",
-    "PZQ_SEND_BIND",
-    "PZQ_MONITOR_BIND",
-)
 
 
 def curve_enabled(settings: EmqSettings) -> bool:
@@ -107,14 +97,18 @@ def _resolves_to_loopback(host: str) -> bool:
 
 
 def settings_binds(settings: EmqSettings) -> list[tuple[str, str]]:
-    """``(setting name, address)`` of every address the broker would bind."""
-    binds = [(f"EMQ_{name}", getattr(settings, name)) for name in BIND_SETTINGS]
-    pzq_on = bool(settings.PZQ_RECEIVE_BIND)
-    return [
-        (name, address)
-        for name, address in binds
-        if address and (pzq_on or not name.startswith("EMQ_PZQ_"))
-    ]
+    """``(setting name, address)`` of every address the broker would bind: each
+    ``EMQ_*_BIND`` setting (so a new port's is included), less the empty ones
+    (a port turned off) and PZQ's other two when PZQ is off."""
+    binds = []
+    for f in fields(settings):
+        address = getattr(settings, f.name)
+        if not f.name.endswith("_BIND") or not address:
+            continue
+        if f.name.startswith("PZQ_") and not settings.PZQ_RECEIVE_BIND:
+            continue
+        binds.append((f"EMQ_{f.name}", address))
+    return binds
 
 
 def exposed(binds: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

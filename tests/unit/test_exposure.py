@@ -122,3 +122,16 @@ def test_allow_plaintext_or_a_curve_key_lifts_the_refusal(
     assert exposure.exposed(binds)  # still a non-loopback address
     assert exposure.plaintext_exposed(settings, binds) == []
     exposure.require_safe_binds(settings, binds)
+
+
+def test_the_system_check_judges_every_address_the_server_binds() -> None:
+    """``manage.py check`` reads the settings, the server its sockets: the same set."""
+    settings = get_settings()
+    context: zmq.Context[object] = zmq.Context()
+    server = BrokerServer(settings, context=context)
+    try:
+        bound = {spec.address for _, spec, _, _, _ in server.endpoints}
+    finally:
+        server.close()
+        context.term()
+    assert {address for _, address in exposure.settings_binds(settings)} == bound
