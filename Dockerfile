@@ -15,8 +15,14 @@ COPY project ./project
 COPY templates ./templates
 RUN pip install -e '.[postgres]'
 
-RUN useradd --create-home --uid 1000 emq && chown -R emq /app
+# The broker's journal and the CURVE keys live in named volumes mounted on these
+# directories; a new volume takes their owner, so the emq user can write there.
+RUN useradd --create-home --uid 1000 emq && chown -R emq /app \
+    && mkdir -p /var/lib/emq /var/lib/emq-keys \
+    && chown emq /var/lib/emq && chown emq /var/lib/emq-keys && chmod 700 /var/lib/emq-keys
 USER emq
 
+# The broker's ports are for the containers of its network: docker-compose.yml
+# publishes none of them on the host (only the admin, on the host's loopback).
 EXPOSE 8000 47290 47291 47293
 CMD ["python", "manage.py", "runserver", "0.0.0.0:8000"]

@@ -28,6 +28,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return []
 
 
+@register()
+def check_plaintext_binds(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """A non-loopback bind without CURVE: the broker will refuse to start
+    (``broker/exposure.py``). A warning, not an error, so that the commands that bind
+    nothing (migrate, the job manager, ...) still run with these settings."""
+    from emq_django.broker import exposure
+    from emq_django.conf import get_settings
+
+    try:
+        settings = get_settings()
+    except ImproperlyConfigured:
+        return []  # check_settings reports it
+    bad = exposure.plaintext_exposed(settings, exposure.settings_binds(settings))
+    if not bad:
+        return []
+    return [
+        Warning(
+            "The broker will not start: " + exposure.explain(bad) + ".",
+            hint="emq_broker refuses these addresses until one of the three is done.",
+            id="emq.W002",
+        )
+    ]
+
+
 def _installed(name: str) -> bool:
     from django.apps import apps
 

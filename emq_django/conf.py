@@ -31,6 +31,8 @@ class EmqSettings:
     PZQ_RECEIVE_BIND: str = "tcp://127.0.0.1:11131"  # PZQ producers; '' turns PZQ off
     PZQ_SEND_BIND: str = "tcp://127.0.0.1:11132"  # PZQ consumers connect a ROUTER here
     PZQ_MONITOR_BIND: str = "tcp://127.0.0.1:11133"  # PZQ's MONITOR; '' leaves it out
+    # plain text on a non-loopback bind, on purpose (broker/exposure.py); else CURVE
+    ALLOW_PLAINTEXT: bool = False
     PZQ_QUEUE: str = "pzq"  # the emq queue PZQ messages live in
     PZQ_ACK_TIMEOUT: float = 5.0  # seconds a consumer has to ack a delivery
     PZQ_MAX_DELIVERIES: int = 10  # then the message goes to the dead letters

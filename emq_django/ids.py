@@ -1,9 +1,18 @@
 """Message and job ids: the one generator every process uses.
 
-An id is a random prefix (12 hex digits from ``os.urandom``, drawn again in a
-forked child so that parent and child never share one) and a zero-padded hex
-counter. Unique across processes and machines without coordination, cheap (one
-``%`` format per id), and it sorts by creation within a process.
+An id is 128 bits from the operating system's CSPRNG (``os.urandom``), written
+as 32 lower-case hex digits: unguessable, so that knowing one job's id tells
+nothing about another's (a job id is what reads its result and history), and
+unique without coordination (two equal ids among 2**40 have odds below 2**-48).
+
+``os.urandom`` is a system call; one per id cost more than the old prefix and
+counter did. So the generator draws a block of ``BLOCK_IDS`` ids in one call,
+hex-encodes it once, and hands out slices: about as cheap per id as the
+counter was (``bench/id_cost.py`` measures both). A forked child drops the
+block it inherited, so that parent and child never hand out the same ids.
+
+Ids are ASCII, 32 bytes: within every protocol's id limit (eMQP and Majordomo
+255 bytes, PZQ 255) and the history tables' 100 characters.
 """
 
 from __future__ import annotations
@@ -11,50 +20,60 @@ from __future__ import annotations
 import os
 import weakref
 
-PREFIX_BYTES = 6
+ID_BYTES = 16  # 128 bits
+ID_CHARS = 2 * ID_BYTES
+BLOCK_IDS = 256  # ids drawn per os.urandom call
 
 _generators: weakref.WeakSet[IdGenerator] = weakref.WeakSet()
 
 
-def random_prefix() -> bytes:
-    return os.urandom(PREFIX_BYTES).hex().encode()
+def random_id() -> bytes:
+    """One id on its own (one system call); ``IdGenerator`` is cheaper for many."""
+    return os.urandom(ID_BYTES).hex().encode()
 
 
 class IdGenerator:
     """``gen()`` returns the next id as bytes, ``gen.text()`` as str.
 
-    ``prefix`` fixes the prefix (tests, and a broker that wants a recognisable
-    one); otherwise it is random, and drawn again after ``fork()``.
+    ``prefix`` makes the ids ``prefix`` + a hex counter instead: predictable on
+    purpose, for tests and replays that compare ids; never for real traffic.
     """
 
-    __slots__ = ("_prefix", "_n", "_fixed", "__weakref__")
+    __slots__ = ("_prefix", "_n", "_block", "_pos", "__weakref__")
 
     def __init__(self, prefix: bytes | None = None) -> None:
-        self._fixed = prefix is not None
-        self._prefix = prefix if prefix is not None else random_prefix()
+        self._prefix = prefix
         self._n = 0
+        self._block = b""
+        self._pos = 0
         _generators.add(self)
 
     @property
-    def prefix(self) -> bytes:
+    def prefix(self) -> bytes | None:
         return self._prefix
 
     def __call__(self) -> bytes:
-        self._n += 1
-        return b"%s%08x" % (self._prefix, self._n)
+        if self._prefix is not None:
+            self._n += 1
+            return b"%s%08x" % (self._prefix, self._n)
+        pos = self._pos
+        if pos >= len(self._block):
+            self._block = os.urandom(ID_BYTES * BLOCK_IDS).hex().encode()
+            pos = 0
+        self._pos = pos + ID_CHARS
+        return self._block[pos : pos + ID_CHARS]
 
     def text(self) -> str:
         return self().decode()
 
     def _after_fork(self) -> None:
-        if not self._fixed:
-            self._prefix = random_prefix()
-            self._n = 0
+        self._block = b""
+        self._pos = 0
 
 
-def _reseed_after_fork() -> None:
+def _forget_after_fork() -> None:
     for gen in list(_generators):
         gen._after_fork()
 
 
-os.register_at_fork(after_in_child=_reseed_after_fork)
+os.register_at_fork(after_in_child=_forget_after_fork)

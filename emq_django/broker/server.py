@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 
 from emq_django import transport, wire
-from emq_django.broker import monitor
+from emq_django.broker import exposure, monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
@@ -185,7 +185,12 @@ class BrokerServer:
 
     def bind(self) -> None:
         """Bind every port; raises ``zmq.ZMQError`` naming the address on failure
-        (and when CURVE is on and another ZAP handler holds this context's)."""
+        (and when CURVE is on and another ZAP handler holds this context's), and
+        ``ImproperlyConfigured`` (before binding any) when one would carry plain text
+        to other machines (``broker/exposure.py``)."""
+        exposure.require_safe_binds(
+            self.settings, [(spec.name, spec.address) for _, spec, _, _, _ in self.endpoints]
+        )
         if self.zap is not None and self.reloader is not None and self.allow is not None:
             self.zap.start()  # before the first handshake can happen
             if self.handshakes is not None:

@@ -86,3 +86,15 @@ def test_results_app_missing_with_its_url_include_kept_is_reported_not_a_crash(
     assert "Traceback" not in report and "RuntimeError" not in report, report
     assert "emq.E003" in report and "'emq_django.results' is not in INSTALLED_APPS" in report
     assert "emq.E002" in report, report
+
+
+def test_a_plaintext_non_loopback_bind_is_w002_and_allow_plaintext_clears_it(
+    tmp_path: Path,
+) -> None:
+    exposed = "EMQ_FRONTEND_BIND = 'tcp://0.0.0.0:47291'\n"
+    done = check(tmp_path, exposed)
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report  # a warning: migrate and the job manager still run
+    assert "emq.W002" in report and "EMQ_FRONTEND_BIND tcp://0.0.0.0:47291" in report
+    allowed = check(tmp_path, exposed + "EMQ_ALLOW_PLAINTEXT = True\n")
+    assert "emq.W002" not in allowed.stdout + allowed.stderr

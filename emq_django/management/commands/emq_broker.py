@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import zmq
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from emq_django.broker.journal import JournalError
@@ -60,6 +61,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         try:
             server.bind()
+        except ImproperlyConfigured as exc:
+            server.close()
+            raise CommandError(str(exc)) from exc
         except zmq.ZMQError as exc:
             server.close()
             raise CommandError(f"{exc}; is another broker running?") from exc
