@@ -35,6 +35,7 @@ class EmqSettings:
     PZQ_MAX_DELIVERIES: int = 10  # then the message goes to the dead letters
     PZQ_MAX_INFLIGHT: int = 1000  # deliveries not yet acked, over all consumers
     PZQ_MAX_AGE: float = 0.0  # seconds a message may wait; older ones expire (0: never)
+    MC0_BIND: str = "tcp://127.0.0.1:61616"  # MCollective 0MQ connectors; '' turns it off
     HEARTBEAT_INTERVAL: float = 1.0
     HEARTBEAT_LIVENESS: int = 3
     ACK_TIMEOUT: float = 5.0
@@ -185,7 +186,7 @@ def _validate(s: EmqSettings) -> None:
             "EMQ_PZQ_SEND_BIND is empty but EMQ_PZQ_RECEIVE_BIND is set: PZQ needs both "
             "(an empty EMQ_PZQ_RECEIVE_BIND turns PZQ off)"
         )
-    for name in ("MDP_BIND", "PZQ_RECEIVE_BIND", "PZQ_SEND_BIND", "PZQ_MONITOR_BIND"):
+    for name in ("MDP_BIND", "PZQ_RECEIVE_BIND", "PZQ_SEND_BIND", "PZQ_MONITOR_BIND", "MC0_BIND"):
         # the protocol ports: '' turns one off
         url = getattr(s, name)
         if url and "://" not in url:

@@ -119,6 +119,7 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
             "JOURNAL_PATH": str(tmp_path / f"journal-{len(started)}.sqlite3"),
             "MDP_BIND": mdp,
             "PZQ_RECEIVE_BIND": "",  # off: tests/e2e/test_pzq.py covers it
+            "MC0_BIND": "",  # off: tests/e2e/test_mc0.py covers it
         }
         settings = EmqSettings(
             FRONTEND_BIND=front, BACKEND_BIND=back, MONITOR_BIND=mon, **{**options, **overrides}

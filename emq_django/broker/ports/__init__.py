@@ -11,6 +11,7 @@ from __future__ import annotations
 from emq_django.broker.ports.base import Port
 from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
+from emq_django.broker.ports.mc0 import Mc0Port
 from emq_django.broker.ports.mdp import MajordomoPort
 from emq_django.broker.ports.monitor import MonitorPort
 from emq_django.broker.ports.pzq import PzqPort
@@ -23,6 +24,7 @@ PORTS: tuple[tuple[str, type[Port]], ...] = (
     ("PZQ_RECEIVE_BIND", PzqPort),
     ("FRONTEND_BIND", EmqpClientPort),
     ("MONITOR_BIND", MonitorPort),
+    ("MC0_BIND", Mc0Port),
 )
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "EmqpClientPort",
     "EmqpWorkerPort",
     "MajordomoPort",
+    "Mc0Port",
     "MonitorPort",
     "Port",
     "PzqPort",
