@@ -1,0 +1,195 @@
+"""The mc0 port end to end: a connector written here from the document and
+WIRE-NOTES (tests/mc0_client.py, plain pyzmq) against a real broker process on
+private ports: CONNECT/SUB/UNSUB answered OK, PUT fanned out as MESSAGE to exact
+subscribers, the broker's NOOPs at 0.95 x TTL, eviction after 1.05 x TTL,
+DISCONNECT, ERROR for malformed commands, and 10,000 malformed messages."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from tests.conftest import EmqProcesses, ManagedProcess
+from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
+from tests.mc0_client import Mc0Client, Mc0Refused
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+_open: list[Mc0Client] = []
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[Any]]:
+    context: zmq.Context[Any] = zmq.Context()
+    yield context
+    while _open:
+        _open.pop().close()
+    context.destroy(linger=0)
+
+
+def start_mc0_broker(
+    procs: EmqProcesses, env: dict[str, str], name: str = "broker", **extra: str
+) -> ManagedProcess:
+    proc = start_broker(procs, env, name=name, extra_env=extra)
+    procs.wait_for_port(port_of(env["EMQ_MC0_BIND"]), proc=proc)
+    return proc
+
+
+def client(ctx: zmq.Context[Any], env: dict[str, str], **kwargs: Any) -> Mc0Client:
+    c = Mc0Client(ctx, env["EMQ_MC0_BIND"], **kwargs)
+    _open.append(c)
+    return c
+
+
+def counters(env: dict[str, str]) -> dict[str, int]:
+    return monitor(env)["counters"]
+
+
+# ---- tests --------------------------------------------------------------------------
+
+
+def test_connect_sub_unsub_are_answered_ok_with_their_ids(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    c = client(ctx, emq_env)
+    for version in (b"0.2", b"0.3"):
+        c.connect(ttl_ms=30_000, version=version)
+    c.sub("alpha", "beta")
+    c.unsub("alpha")
+    ok = c.request(b"NOOP", [])  # any command with an ID is answered
+    assert ok.verb == b"OK" and ok.header(b"ID") is not None
+    with pytest.raises(Mc0Refused, match="VERSION"):
+        c.connect(version=b"0.1")
+    assert counters(emq_env)["mc0_connects"] == 2
+
+
+def test_broker_sends_noop_every_095_ttl_to_a_live_connector(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    ttl = 1.0
+    c = client(ctx, emq_env)
+    c.connect(ttl_ms=int(ttl * 1000))
+    connected = time.monotonic()
+    noops: list[float] = []
+    deadline = connected + 4.5 * ttl
+    next_noop = connected
+    while time.monotonic() < deadline:
+        if time.monotonic() >= next_noop:
+            c.noop()  # as the connector does: it stays alive, unanswered
+            next_noop += 0.3 * ttl
+        got = c.recv(timeout=0.05)
+        if got is not None:
+            assert got.verb == b"NOOP", got
+            assert got.raw == [b"", b"NOOP"]
+            noops.append(got.at)
+    gaps = [b - a for a, b in zip([connected, *noops], noops, strict=False)]
+    print(f"mc0 NOOP gaps at TTL {ttl} s: {[round(g, 3) for g in gaps]}")
+    assert len(noops) >= 3, gaps
+    # never early: 0.95 x TTL, not (say) half of it; the margin is for this
+    # process being descheduled while it reads on a shared machine
+    assert min(gaps) >= 0.8 * ttl, gaps
+    assert counters(emq_env)["mc0_evicted"] == 0
+
+
+def test_a_silent_connector_is_evicted_after_105_ttl(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    ttl = 0.5
+    silent = client(ctx, emq_env)
+    silent.connect(ttl_ms=int(ttl * 1000))
+    connected = time.monotonic()
+    silent.sub("news")
+    wait_until(lambda: counters(emq_env)["mc0_evicted"] == 1, "the eviction", timeout=30)
+    evicted_by = time.monotonic() - connected
+    assert evicted_by >= 1.05 * ttl  # not before
+    print(f"mc0 eviction seen {evicted_by:.3f} s after CONNECT (TTL {ttl} s)")
+    got = silent.recv(timeout=0.2)
+    assert got is None or got.verb == b"NOOP"  # heartbeats before it went, nothing else
+    # its session is gone: anything but CONNECT is refused
+    with pytest.raises(Mc0Refused, match="CONNECT first"):
+        silent.sub("news")
+    silent.connect(ttl_ms=30_000)  # and it may come back
+    silent.sub("news")
+
+
+def test_disconnect_ends_the_session(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    c = client(ctx, emq_env)
+    c.connect()
+    c.sub("t")
+    c.disconnect()
+    with pytest.raises(Mc0Refused, match="CONNECT first"):
+        c.request(b"NOOP", [])
+    doc = counters(emq_env)
+    assert doc["mc0_disconnects"] == 1
+    assert doc["mc0_evicted"] == 0
+
+
+def test_odd_header_frames_and_unknown_verbs_get_error(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    broker = start_mc0_broker(emq_processes, emq_env)
+    c = client(ctx, emq_env)
+    c.connect()
+    c.send_raw([b"", b"SUB", b"ID", b"o1", b"stray", b"", b"t"])
+    got = c.recv()
+    assert got is not None and got.verb == b"ERROR" and got.header(b"ID") == b"o1"
+    assert b"odd number of header frames" in (got.header(b"MESSAGE") or b"")
+    c.send_raw([b"", b"PUT", b"TOPIC"])  # the frame that crashed the reference broker
+    got = c.recv()
+    assert got is not None and got.verb == b"ERROR"
+    assert b"odd number" in (got.header(b"MESSAGE") or b"")
+    c.send_raw([b"", b"SUBSCRIBE", b"ID", b"u1", b"", b"t"])
+    got = c.recv()
+    assert got is not None and got.verb == b"ERROR" and got.header(b"ID") == b"u1"
+    assert b"unknown verb" in (got.header(b"MESSAGE") or b"")
+    c.send_raw([b"CONNECT", b"VERSION", b"0.2"])  # no leading empty frame
+    got = c.recv()
+    assert got is not None and got.verb == b"ERROR"
+    assert b"empty frame" in (got.header(b"MESSAGE") or b"")
+    c.sub("t")  # the session is untouched
+    assert broker.alive()
+    assert counters(emq_env)["mc0_errors"] == 4
+
+
+def test_10000_malformed_messages_are_answered_and_counted(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    broker = start_mc0_broker(emq_processes, emq_env)
+    rng = random.Random(14)
+    shapes = [
+        lambda: [b"", b"PUT", b"TOPIC"],  # odd headers
+        lambda: [b"", b"NOPE", b"ID", b"%d" % rng.randrange(10**6)],  # unknown verb
+        lambda: [b"", b"SUB", b"", b"t"],  # before CONNECT
+        lambda: [b"", b"CONNECT", b"VERSION", b"9.9", b"TTL", b"1"],  # bad version
+        lambda: [b"", b"CONNECT", b"VERSION", b"0.2", b"TTL", b"x"],  # bad TTL
+        lambda: [rng.randbytes(rng.randrange(1, 40))],  # noise
+        lambda: [b"", b""],  # no verb
+        lambda: [b"", b"PUT", b"ID", b"x" * 300],  # ID too long
+    ]
+    noisy = client(ctx, emq_env)
+    for i in range(10_000):
+        noisy.send_raw(shapes[i % len(shapes)]())
+    errors = 0
+    while errors < 10_000:
+        frames = noisy.sock.recv_multipart() if noisy.sock.poll(10_000) else None
+        assert frames is not None, f"{errors} ERRORs of 10,000"
+        assert frames[:2] == [b"", b"ERROR"], frames
+        errors += 1
+    doc = counters(emq_env)
+    assert doc["mc0_errors"] == 10_000
+    assert doc["protocol_errors"] == 10_000
+    assert broker.alive()
+    good = client(ctx, emq_env)  # and it still serves
+    good.connect()
+    good.sub("t")
