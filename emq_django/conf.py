@@ -7,8 +7,9 @@ one machine: loopback addresses and EventMQ's ports.
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,18 @@ class EmqSettings:
     PZQ_MAX_DELIVERIES: int = 10  # then the message goes to the dead letters
     PZQ_MAX_INFLIGHT: int = 1000  # deliveries not yet acked, over all consumers
     PZQ_MAX_AGE: float = 0.0  # seconds a message may wait; older ones expire (0: never)
+    # the Event BUS port (snapshot ROUTER, publisher PUB, collector ROUTER); an empty
+    # BUS_SNAPSHOT_BIND turns the port off
+    BUS_SNAPSHOT_BIND: str = "tcp://127.0.0.1:5556"
+    BUS_PUBLISH_BIND: str = "tcp://127.0.0.1:5557"
+    BUS_COLLECT_BIND: str = "tcp://127.0.0.1:5558"
+    # where clients (emq.publish, emq.subscribe, emq_tail) connect; '': the bind address
+    BUS_SNAPSHOT_URL: str = ""
+    BUS_PUBLISH_URL: str = ""
+    BUS_COLLECT_URL: str = ""
+    # topic retention by prefix: {"/orders/": {"max_age": 86400, "max_count": 100000}}
+    # (a dict or its JSON); "" is the catch-all (default 7 days, 100,000 events)
+    TOPIC_RETENTION: dict[str, Any] = field(default_factory=dict)
     MC0_BIND: str = "tcp://127.0.0.1:61616"  # MCollective 0MQ connectors; '' turns it off
     HEARTBEAT_INTERVAL: float = 1.0
     HEARTBEAT_LIVENESS: int = 3
@@ -78,6 +91,11 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
             return int(value)
         if kind in ("float", float):
             return float(value)
+        if str(kind).startswith("dict"):
+            value = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(value, dict):
+                raise TypeError("expected a dict (or its JSON)")
+            return value
         if str(kind).startswith("tuple"):
             if isinstance(value, str):
                 return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -186,7 +204,27 @@ def _validate(s: EmqSettings) -> None:
             "EMQ_PZQ_SEND_BIND is empty but EMQ_PZQ_RECEIVE_BIND is set: PZQ needs both "
             "(an empty EMQ_PZQ_RECEIVE_BIND turns PZQ off)"
         )
-    for name in ("MDP_BIND", "PZQ_RECEIVE_BIND", "PZQ_SEND_BIND", "PZQ_MONITOR_BIND", "MC0_BIND"):
+    from emq_django.broker.topics import parse_retention
+
+    try:
+        parse_retention(s.TOPIC_RETENTION)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"EMQ_TOPIC_RETENTION: {exc}") from None
+    if s.BUS_SNAPSHOT_BIND and not (s.BUS_PUBLISH_BIND and s.BUS_COLLECT_BIND):
+        raise ImproperlyConfigured(
+            "EMQ_BUS_PUBLISH_BIND and EMQ_BUS_COLLECT_BIND must be set when "
+            "EMQ_BUS_SNAPSHOT_BIND is (an empty EMQ_BUS_SNAPSHOT_BIND turns the Event BUS off)"
+        )
+    for name in (
+        "MDP_BIND",
+        "PZQ_RECEIVE_BIND",
+        "PZQ_SEND_BIND",
+        "PZQ_MONITOR_BIND",
+        "BUS_SNAPSHOT_BIND",
+        "BUS_PUBLISH_BIND",
+        "BUS_COLLECT_BIND",
+        "MC0_BIND",
+    ):
         # the protocol ports: '' turns one off
         url = getattr(s, name)
         if url and "://" not in url:

@@ -251,6 +251,8 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
         ("MC0", mc0),
     ):
         monkeypatch.setenv(f"EMQ_{name}_BIND", f"tcp://127.0.0.1:{port}")
+    for name, port in zip(("SNAPSHOT", "PUBLISH", "COLLECT"), free_tcp_ports(3), strict=True):
+        monkeypatch.setenv(f"EMQ_BUS_{name}_BIND", f"tcp://127.0.0.1:{port}")
     monkeypatch.setenv("EMQ_BROKER_URL", f"tcp://127.0.0.1:{frontend}")
     monkeypatch.setenv("EMQ_WORKER_URL", f"tcp://127.0.0.1:{backend}")
     monkeypatch.setenv("EMQ_MONITOR_URL", f"tcp://127.0.0.1:{monitor}")
@@ -266,7 +268,11 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
 def emq_env(tmp_path: Path) -> dict[str, str]:
     """Environment for one isolated broker: fresh loopback ports, a private database."""
     frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon, mc0 = free_tcp_ports(8)
+    snapshot, publish, collect = free_tcp_ports(3)
     return {
+        "EMQ_BUS_SNAPSHOT_BIND": f"tcp://127.0.0.1:{snapshot}",
+        "EMQ_BUS_PUBLISH_BIND": f"tcp://127.0.0.1:{publish}",
+        "EMQ_BUS_COLLECT_BIND": f"tcp://127.0.0.1:{collect}",
         "EMQ_MDP_BIND": f"tcp://127.0.0.1:{mdp}",
         "EMQ_PZQ_RECEIVE_BIND": f"tcp://127.0.0.1:{pzq_in}",
         "EMQ_PZQ_SEND_BIND": f"tcp://127.0.0.1:{pzq_out}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import logging
 from typing import Any
+from uuid import uuid4
 
 from emq_django.broker.effects import (
     Acknowledge,
@@ -27,6 +28,7 @@ from emq_django.broker.effects import (
     Goodbye,
     Kill,
     Outcome,
+    Published,
     Refuse,
 )
 from emq_django.broker.lifecycle import JobLifecycle
@@ -40,6 +42,7 @@ from emq_django.broker.state import (
     Queue,
     show_identity,
 )
+from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
@@ -54,6 +57,7 @@ from emq_django.protocol.limits import (
 log = logging.getLogger(__name__)
 
 MAX_QUEUES = 10_000
+TOPIC_PRUNE_INTERVAL = 5.0  # seconds between applications of the retention rules
 EVENTMQ_HEARTBEAT = 3.0  # seconds between the released EventMQ peers' heartbeats
 MAX_HELD_SCHEDULES = 10_000
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
@@ -90,6 +94,8 @@ COUNTERS = (
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
     "lease_expired",  # deliveries to a leasing peer (PZQ) not answered in time
     "expired",  # jobs older than their queue's max_age when their turn came: dropped
+    "events_published",  # events numbered and kept in the topic space
+    "events_refused",  # events refused: a bad topic
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
 
@@ -101,6 +107,7 @@ class BrokerCore:
         now: float,
         seed: int | None = None,
         trace: bool = False,
+        topics: TopicSpace | None = None,
     ) -> None:
         self.config = config
         self.queues: dict[str, Queue] = {}
@@ -124,6 +131,10 @@ class BrokerCore:
         self.next_heartbeat = now + config.heartbeat_interval
         self.next_expiry_check = now + config.heartbeat_interval / 4
         self.next_housekeeping = now + 60.0
+        self.topics = topics if topics is not None else TopicSpace()
+        # retention runs every few seconds once there are events (an idle broker
+        # that nobody publishes on does not wake for it)
+        self.next_topic_prune = float("inf")
         self.stopping = False
 
     @property
@@ -157,6 +168,9 @@ class BrokerCore:
         if now >= self.next_housekeeping:
             self.next_housekeeping = now + 60.0
             self.life.housekeeping(now)
+        if now >= self.next_topic_prune:
+            self.next_topic_prune = now + TOPIC_PRUNE_INTERVAL
+            self.topics.prune(now + self._wall_offset)
 
     def next_deadline(self) -> float:
         return min(
@@ -164,6 +178,7 @@ class BrokerCore:
             self.next_expiry_check,
             self.life.delayed.next_due(),
             self.next_housekeeping,
+            self.next_topic_prune,
             self.leases[0][0] if self.leases else float("inf"),
         )
 
@@ -314,6 +329,52 @@ class BrokerCore:
     def client_publish(self, client: ClientRef, msgid: bytes, now: float) -> None:
         self._ack(client, msgid)
         self.counters["published"] += 1
+
+    # ---- topics ---------------------------------------------------------------------
+
+    def topic_publish(
+        self,
+        topic: str,
+        data: bytes,
+        *,
+        producer: str,
+        content_type: str,
+        headers: tuple[tuple[str, str], ...] = (),
+        uuid: bytes = b"",
+        ts: float | None = None,
+        now: float,
+    ) -> Event:
+        """Number and keep one event, and offer it to every port (``Published``).
+        With a journal, the event is written with the turn's journal operations,
+        before the effect leaves. Raises ``ValueError`` for a bad topic."""
+        try:
+            check_topic(topic)
+        except ValueError:
+            self.counters["events_refused"] += 1
+            raise
+        wall = now + self._wall_offset
+        event = self.topics.add(
+            topic,
+            data,
+            producer,
+            content_type,
+            headers,
+            uuid or uuid4().bytes,
+            wall if ts is None else ts,
+            wall,
+        )
+        self.counters["events_published"] += 1
+        if self.next_topic_prune == float("inf"):
+            self.next_topic_prune = now + TOPIC_PRUNE_INTERVAL
+        self.out.append(Published(event))
+        return event
+
+    def lose_unsaved_events(self) -> int:
+        """The journal failed to write this turn's events: they are not sent."""
+        lost = {id(e) for e in self.topics.lose_unsaved()}
+        if lost:
+            self.out = [e for e in self.out if not (type(e) is Published and id(e.event) in lost)]
+        return len(lost)
 
     # ---- schedulers -----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 if TYPE_CHECKING:
     from emq_django.broker.ports.base import Port
     from emq_django.broker.state import Job, Peer
+    from emq_django.broker.topics import Event
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +124,34 @@ class Forget:
     peer: Peer
 
 
+@dataclass(slots=True, eq=False)
+class Published:
+    """An event was numbered and kept: the server offers it to every port
+    (``Port.on_published``), each of which fans it out to its own subscribers."""
+
+    event: Event
+
+
+@dataclass(slots=True, eq=False)
+class Send:
+    """Frames a port sends to one of its clients outside the core's job effects
+    (an Event BUS snapshot: one SYNC per kept event). ``frames`` go out as they
+    are on the socket ``encode_routed`` names."""
+
+    client: ClientRef
+    frames: list[bytes]
+
+
 Effect: TypeAlias = (
-    Deliver | Answer | Acknowledge | Refuse | Beat | Goodbye | Kill | Forward | Forget
+    Deliver
+    | Answer
+    | Acknowledge
+    | Refuse
+    | Beat
+    | Goodbye
+    | Kill
+    | Forward
+    | Forget
+    | Published
+    | Send
 )

@@ -9,13 +9,19 @@ reloads what is left.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from emq_django.broker.topics import Event
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +40,20 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, queue, seq);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY,        -- the broker's one event sequence
+    topic TEXT NOT NULL,
+    rule TEXT NOT NULL,             -- the retention rule's prefix when written
+    producer TEXT NOT NULL,
+    uuid BLOB NOT NULL,
+    ts REAL NOT NULL,               -- the producer's wall-clock time
+    content_type TEXT NOT NULL,
+    headers TEXT NOT NULL,          -- JSON list of [name, value]
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_topic ON events (topic, seq);
+CREATE INDEX IF NOT EXISTS events_rule ON events (rule, seq);
+CREATE TABLE IF NOT EXISTS topic_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 
 # (op, args...) tuples the broker core queues; see Journal.apply
@@ -122,6 +142,55 @@ class Journal:
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from exc
 
+    # ---- the topic space's events (broker/topics.py) -------------------------------
+
+    def topic_state(self) -> tuple[int, dict[str, tuple[int, int]]]:
+        """The highest event number ever given, and each kept topic's last number
+        and count."""
+        try:
+            (top,) = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+            row = self.db.execute("SELECT value FROM topic_meta WHERE key = 'last_seq'").fetchone()
+            topics = {
+                t: (int(seq), int(n))
+                for t, seq, n in self.db.execute(
+                    "SELECT topic, MAX(seq), COUNT(*) FROM events GROUP BY topic"
+                )
+            }
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from exc
+        return max(int(top), int(row[0]) if row else 0), topics
+
+    def events_since(self, prefixes: Sequence[str], seq: int, upto: int, limit: int) -> list[Event]:
+        """Kept events with ``seq < n <= upto`` under ``prefixes`` (prefix match; none:
+        all), in order, at most ``limit``."""
+        where = "seq > ? AND seq <= ?"
+        params: list[Any] = [seq, upto]
+        if prefixes:
+            where += " AND (" + " OR ".join("substr(topic, 1, ?) = ?" for _ in prefixes) + ")"
+            for prefix in prefixes:
+                params += [len(prefix), prefix]
+        return self._events(f"{where} ORDER BY seq LIMIT ?", (*params, limit))
+
+    def latest_events(self, topic: str, n: int) -> list[Event]:
+        rows = self._events("topic = ? ORDER BY seq DESC LIMIT ?", (topic, n))
+        return rows[::-1]
+
+    def _events(self, where: str, params: tuple[Any, ...]) -> list[Event]:
+        from emq_django.broker.topics import Event
+
+        sql = (
+            "SELECT seq, topic, data, producer, uuid, ts, content_type, headers FROM events"
+            f" WHERE {where}"
+        )
+        try:
+            rows = self.db.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: {exc}") from exc
+        return [
+            Event(seq, topic, data, producer, uuid, ts, ctype, _headers(headers))
+            for seq, topic, data, producer, uuid, ts, ctype, headers in rows
+        ]
+
     def stats(self) -> dict[str, Any]:
         try:
             counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
@@ -180,7 +249,64 @@ def _prune_done(db: sqlite3.Connection, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
 
 
+def _event(db: sqlite3.Connection, op: JournalOp) -> None:
+    _, e, rule = op
+    db.execute(
+        "INSERT INTO events (seq, topic, rule, producer, uuid, ts, content_type, headers, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            e.seq,
+            e.topic,
+            rule,
+            e.producer,
+            e.uuid,
+            e.ts,
+            e.content_type,
+            json.dumps(e.headers) if e.headers else "",
+            e.data,
+        ),
+    )
+
+
+def _prune_events(db: sqlite3.Connection, op: JournalOp) -> None:
+    """Retention: each rule's events beyond its age and count. The highest number
+    given is kept in ``topic_meta`` first, so the sequence survives deleting the
+    newest events."""
+    _, rules, wall, last_seq = op
+    db.execute(
+        "INSERT INTO topic_meta (key, value) VALUES ('last_seq', ?) ON CONFLICT (key)"
+        " DO UPDATE SET value = MAX(value, excluded.value)",
+        (last_seq,),
+    )
+    known = [r.prefix for r in rules]
+    marks = ",".join("?" * len(known))
+    stale = db.execute(f"SELECT 1 FROM events WHERE rule NOT IN ({marks}) LIMIT 1", known)
+    if stale.fetchone():  # the rules changed since: file every event under today's
+        for rule in sorted(rules, key=lambda r: len(r.prefix)):
+            db.execute(
+                "UPDATE events SET rule = ? WHERE substr(topic, 1, ?) = ?",
+                (rule.prefix, len(rule.prefix), rule.prefix),
+            )
+    for rule in rules:
+        if rule.max_age:
+            db.execute(
+                "DELETE FROM events WHERE rule = ? AND ts < ?", (rule.prefix, wall - rule.max_age)
+            )
+        if rule.max_count:
+            db.execute(
+                "DELETE FROM events WHERE rule = ? AND seq <= (SELECT seq FROM events WHERE"
+                " rule = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+                (rule.prefix, rule.prefix, rule.max_count),
+            )
+
+
+def _headers(raw: str) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in json.loads(raw)) if raw else ()
+
+
 _APPLY = {
+    "event": _event,
+    "prune_events": _prune_events,
     "put": _put,
     "state": _set_state,
     "done": _done,

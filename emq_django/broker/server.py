@@ -25,12 +25,13 @@ import zmq
 from emq_django import transport, wire
 from emq_django.broker import monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
-from emq_django.broker.effects import Acknowledge, Answer, Refuse
+from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
 from emq_django.broker.ports.pzq import PzqPort
+from emq_django.broker.topics import Event, TopicSpace
 from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
@@ -46,7 +47,7 @@ CHUNK = 256  # messages from one socket before turning to the next
 # drained no-op jobs (py-spy).
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
-_TO_CLIENT = (Answer, Acknowledge, Refuse)  # effects addressed to a ClientRef
+_TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
 
 
 class BrokerServer:
@@ -76,6 +77,7 @@ class BrokerServer:
             ),
             clock(),
             trace=bool(settings.TRACE_DIR),
+            topics=TopicSpace(settings.TOPIC_RETENTION),
         )
         self.core.wall_offset = time.time() - clock()
         self.journal: Journal | None = None
@@ -90,6 +92,10 @@ class BrokerServer:
                 waiting,
                 {k: v for k, v in counts.items() if k != "done"},
             )
+            self.core.topics.attach(self.journal, self.core.life)
+            if self.core.topics.last_seq:
+                self.core.next_topic_prune = clock()  # apply today's retention rules
+            log.info("topics: the event sequence goes on from %d", self.core.topics.last_seq)
         self.tracer: TraceWriter | None = None
         self._trace_due = 0.0  # clock: from when waiting trace lines are written
         if settings.TRACE_DIR:
@@ -303,6 +309,9 @@ class BrokerServer:
         while core.out:
             batch, core.out = core.out, []
             for effect in batch:
+                if type(effect) is Published:
+                    self._publish(effect.event)
+                    continue
                 ref: Any = effect.client if type(effect) in _TO_CLIENT else effect.peer  # type: ignore[union-attr]
                 port = ref.port
                 if port.multi_socket:
@@ -324,6 +333,25 @@ class BrokerServer:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     port.unroutable(ref.identity, self.clock())
+
+    def _publish(self, event: Event) -> None:
+        """Every port fans the event out to its own subscribers."""
+        for port in self.ports:
+            try:
+                messages = port.on_published(event)
+            except Exception:  # one port's bug must not keep the event from the others
+                self.internal_errors += 1
+                log.exception("internal error in the %s port publishing %d", port.name, event.seq)
+                continue
+            for name, frames in messages:
+                try:
+                    wire.send(self.named[(port, name)], frames)
+                except zmq.Again:
+                    port.unsent_published(event, frames)
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EHOSTUNREACH:
+                        raise
+                    port.unroutable(frames[0], self.clock())
 
     def _send_routed(self, port: Port, effect: Any) -> None:
         """An effect of a multi-socket port, on the socket it names."""
@@ -349,7 +377,11 @@ class BrokerServer:
         ops, life.journal_ops = life.journal_ops, []
         try:
             self.journal.apply(ops)
+            core.topics.saved()
         except JournalError as exc:
+            lost = core.lose_unsaved_events()
+            if lost:
+                log.error("%s: %d events not kept and not sent", exc, lost)
             unsaved = {op[1] for op in ops if op[0] == "put"}
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
             core.unsave(unsaved, self.clock())
@@ -389,6 +421,12 @@ class BrokerServer:
             doc["counters"]["trace_dropped"] = self.tracer.dropped
         if self.journal is not None:
             doc["journal"] = self.journal.stats()
+        doc["topics"] = self.core.topics.stats()
+        doc["topics"]["ports"] = {
+            port.name: {"subscribers": port.subscriber_count(), **port.topic_stats()}
+            for port in self.ports
+            if port.subscriber_count() or port.topic_stats()
+        }
         return doc
 
     def _clear_wakeups(self) -> None:

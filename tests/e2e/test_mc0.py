@@ -69,6 +69,40 @@ def test_connect_sub_unsub_are_answered_ok_with_their_ids(
     assert counters(emq_env)["mc0_connects"] == 2
 
 
+def test_put_reaches_exact_subscribers_as_message_with_its_headers(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    sub1, sub2, other, producer = (client(ctx, emq_env) for _ in range(4))
+    for c in (sub1, sub2, other, producer):
+        c.connect()
+    sub1.sub("mcollective.discovery")
+    sub2.sub("mcollective.discovery", "mcollective.rpc")
+    other.sub("mcollective")  # exact match only: no prefix
+    producer.put("mcollective.discovery", b"\x00\x01ping", [(b"X-Reply-To", b"r1")])
+    ok = producer.request(b"PUT", [(b"TOPIC", b"mcollective.rpc")], b"rpc body")
+    assert ok.verb == b"OK"  # a PUT with an ID is answered too
+    (m1,) = sub1.messages(1)
+    head = [b"", b"MESSAGE", b"TOPIC", b"mcollective.discovery"]
+    assert m1.raw == [*head, b"X-Reply-To", b"r1", b"", b"\x00\x01ping"]
+    got = sub2.messages(2)
+    assert [(m.header(b"TOPIC"), m.positional) for m in got] == [
+        (b"mcollective.discovery", [b"\x00\x01ping"]),
+        (b"mcollective.rpc", [b"rpc body"]),
+    ]
+    assert all(m.header(b"ID") is None for m in got)  # every header but ID
+    assert other.recv(timeout=0.5, verb=b"MESSAGE") is None
+    assert producer.recv(timeout=0.1, verb=b"MESSAGE") is None  # not subscribed
+    sub2.unsub("mcollective.rpc")
+    producer.put("mcollective.rpc", b"after unsub")
+    producer.put("mcollective.discovery", b"marker")
+    (marker,) = sub2.messages(1)
+    assert marker.positional == [b"marker"]
+    doc = counters(emq_env)
+    assert doc["mc0_puts"] == 4
+    assert doc["mc0_messages_sent"] == 5
+
+
 def test_broker_sends_noop_every_095_ttl_to_a_live_connector(
     emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
 ) -> None:
@@ -107,12 +141,19 @@ def test_a_silent_connector_is_evicted_after_105_ttl(
     silent.connect(ttl_ms=int(ttl * 1000))
     connected = time.monotonic()
     silent.sub("news")
+    talker = client(ctx, emq_env)
+    talker.connect(ttl_ms=30_000)
+    talker.sub("news")
     wait_until(lambda: counters(emq_env)["mc0_evicted"] == 1, "the eviction", timeout=30)
     evicted_by = time.monotonic() - connected
     assert evicted_by >= 1.05 * ttl  # not before
     print(f"mc0 eviction seen {evicted_by:.3f} s after CONNECT (TTL {ttl} s)")
-    got = silent.recv(timeout=0.2)
-    assert got is None or got.verb == b"NOOP"  # heartbeats before it went, nothing else
+    talker.put("news", b"after the eviction")
+    (seen,) = talker.messages(1)  # published and fanned out ...
+    assert seen.positional == [b"after the eviction"]
+    got = silent.recv(timeout=0.5)
+    assert got is None or got.verb == b"NOOP"  # ... but not to the evicted one
+    assert silent.recv(timeout=0.1, verb=b"MESSAGE") is None
     # its session is gone: anything but CONNECT is refused
     with pytest.raises(Mc0Refused, match="CONNECT first"):
         silent.sub("news")

@@ -6,6 +6,7 @@ tests/e2e/test_mc0.py."""
 from __future__ import annotations
 
 from emq_django.broker.core import BrokerConfig, BrokerCore
+from emq_django.broker.effects import Published
 from emq_django.broker.ports.mc0 import Mc0Port
 
 A, B = b"\x00conn-a", b"\x00conn-b"
@@ -33,7 +34,7 @@ def test_connect_sub_unsub_answer_ok_with_the_id() -> None:
     ]
     assert p.sessions[A].topics == {"t1", "t2"}
     assert p.subscriber_count() == 1
-    assert p.topic_stats() == {"t1": {"subscribers": 1}, "t2": {"subscribers": 1}}
+    assert p.topic_stats() == {"sessions": 1, "topics": 2, "subscriptions": 2}
     assert p.handle(A, [b"", b"UNSUB", b"ID", b"u1", b"", b"t1"], 0.2) == [
         b"",
         b"OK",
@@ -107,12 +108,12 @@ def test_disconnect_and_reconnect_drop_the_subscriptions() -> None:
     connect(p, B)
     p.handle(A, [b"", b"SUB", b"", b"t"], 0.0)
     p.handle(B, [b"", b"SUB", b"", b"t"], 0.0)
-    assert p.topic_stats() == {"t": {"subscribers": 2}}
+    assert p.topic_stats()["subscriptions"] == 2
     assert p.handle(A, [b"", b"DISCONNECT"], 0.1) is None
     assert A not in p.sessions
-    assert p.topic_stats() == {"t": {"subscribers": 1}}
+    assert p.topic_stats()["subscriptions"] == 1
     connect(p, B, now=0.2)  # a CONNECT again starts afresh
-    assert p.topic_stats() == {}
+    assert p.topic_stats() == {"sessions": 1, "topics": 0, "subscriptions": 0}
     assert p.core.counters["mc0_disconnects"] == 1
     # the old sessions' timers are skipped, the new one's kept
     assert p.on_timer(1.14) == []
@@ -125,3 +126,33 @@ def test_a_gone_peer_loses_its_session() -> None:
     p.handle(A, [b"", b"SUB", b"", b"t"], 0.0)
     p.unroutable(A, 0.5)
     assert not p.sessions and not p.subscribers
+
+
+def test_put_publishes_into_the_topic_space_and_reaches_exact_subscribers() -> None:
+    p = port()
+    for identity in (A, B):
+        connect(p, identity)
+    p.handle(A, [b"", b"SUB", b"", b"orders"], 0.0)
+    p.handle(B, [b"", b"SUB", b"", b"orders.eu"], 0.0)  # exact match: not "orders"
+    put = [b"", b"PUT", b"TOPIC", b"orders", b"ID", b"p1", b"X-Reply-To", b"me", b"", b"body"]
+    assert p.handle(B, put, 0.1) == [b"", b"OK", b"ID", b"p1"]
+    published = [e for e in p.core.out if type(e) is Published]
+    assert len(published) == 1
+    event = published[0].event
+    assert (event.topic, event.data, event.headers) == ("orders", b"body", (("X-Reply-To", "me"),))
+    assert event.content_type == "application/octet-stream"
+    assert event.seq == p.core.topics.last_seq == 1
+    assert p.on_published(event) == [
+        ("mc0", [A, b"", b"MESSAGE", b"TOPIC", b"orders", b"X-Reply-To", b"me", b"", b"body"])
+    ]
+    assert p.core.counters["mc0_puts"] == 1
+    assert p.core.counters["mc0_messages_sent"] == 1
+
+
+def test_a_bad_put_is_refused_and_publishes_nothing() -> None:
+    p = port()
+    connect(p, A)
+    answer = p.handle(A, [b"", b"PUT", b"TOPIC", b"t", b"ID", b"p2"], 0.1)  # no body
+    assert answer is not None and answer[:4] == [b"", b"ERROR", b"ID", b"p2"]
+    assert not [e for e in p.core.out if type(e) is Published]
+    assert p.core.topics.last_seq == 0

@@ -29,6 +29,7 @@ import zmq
 
 from emq_django.broker.effects import Effect
 from emq_django.broker.state import Peer, show_identity
+from emq_django.broker.topics import Event
 from emq_django.exceptions import ProtocolError
 from emq_django.transport import SocketOptions
 
@@ -113,6 +114,27 @@ class Port(ABC):
         """The port's timer is due: the (socket spec name, whole frames, the routing
         identity first on a ROUTER) to send. Called at or after ``next_timer``."""
         return []
+
+    # ---- topics (broker/topics.py) ---------------------------------------------
+
+    def on_published(self, event: Event) -> list[tuple[str, list[bytes]]]:
+        """The messages that carry ``event`` to this port's subscribers: each the
+        name of one of its sockets and the whole frames (the identity first on a
+        ROUTER). Every port is offered every event, whichever port it came in by."""
+        return []
+
+    def unsent_published(self, event: Event, frames: list[bytes]) -> None:
+        """A subscriber's pipe was full: the event was not sent to it (it can fill
+        the gap by the sequence)."""
+        self.core.counters["unroutable"] += 1
+
+    def subscriber_count(self) -> int:
+        """Subscribers this port has now (for the monitor and the admin)."""
+        return 0
+
+    def topic_stats(self) -> dict[str, Any]:
+        """Figures of this port's topic traffic for the monitor (optional)."""
+        return {}
 
     def known_peers(self) -> dict[bytes, Peer]:
         """The peers this port knows, by identity (its workers, its schedulers)."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
@@ -34,6 +33,7 @@ from typing import Any
 from emq_django.broker.effects import Effect
 from emq_django.broker.ports.base import Port
 from emq_django.broker.state import show_identity
+from emq_django.broker.topics import Event
 from emq_django.protocol import mc0
 from emq_django.transport import SocketOptions
 
@@ -178,7 +178,6 @@ class Mc0Port(Port):
                 producer=f"mc0:{show_identity(identity)}",
                 content_type=CONTENT_TYPE,
                 headers=mc0.forwarded_headers(cmd),
-                ts=time.time(),
                 now=now,
             )
         except ValueError as exc:
@@ -231,7 +230,7 @@ class Mc0Port(Port):
 
     # ---- out ------------------------------------------------------------------------
 
-    def on_published(self, event: Any) -> list[tuple[str, list[bytes]]]:
+    def on_published(self, event: Event) -> list[tuple[str, list[bytes]]]:
         """An event of the topic space: a MESSAGE to each session subscribed to its
         topic."""
         subs = self.subscribers.get(event.topic)
@@ -260,5 +259,10 @@ class Mc0Port(Port):
         """Sessions subscribed to at least one topic."""
         return sum(1 for s in self.sessions.values() if s.topics)
 
-    def topic_stats(self) -> dict[str, dict[str, int]]:
-        return {topic: {"subscribers": len(subs)} for topic, subs in self.subscribers.items()}
+    def topic_stats(self) -> dict[str, int]:
+        """Connected sessions, topics with subscribers, subscriptions."""
+        return {
+            "sessions": len(self.sessions),
+            "topics": len(self.subscribers),
+            "subscriptions": sum(len(subs) for subs in self.subscribers.values()),
+        }

@@ -1,0 +1,314 @@
+"""The broker's topic space: events numbered by one sequence and kept for replay.
+
+Every event published on any port (Event BUS, mc0, ``emq.publish``) gets the next
+number of one strictly increasing sequence (``TopicSpace.last_seq``) and is kept,
+so a subscriber that was away asks for what it missed (``since``) and a new one
+for the latest events of a topic (``latest``). Where they are kept:
+
+- with the journal (``EMQ_JOURNAL_PATH``), in its SQLite file (table ``events``):
+  the core queues an ``("event", ...)`` operation with the turn's journal
+  operations, so the events of a loop turn are written in the same transaction as
+  its jobs, before anything about them leaves the broker. After a restart the
+  sequence goes on from the highest number ever given (``topic_meta`` keeps it
+  when retention has deleted the newest events);
+- without one, in memory, bounded by the retention rules and ``MEMORY_CAP``.
+
+Retention (``EMQ_TOPIC_RETENTION``): rules by topic prefix, the longest matching
+prefix wins; each rule keeps events at most ``max_age`` seconds old and at most
+``max_count`` of them (counted over all the topics the rule covers).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+MAX_TOPIC_BYTES = 255
+MEMORY_CAP = 1_000_000  # events kept in memory over all rules (no journal)
+DEFAULT_RETENTION: dict[str, dict[str, float]] = {"": {"max_age": 7 * 86400, "max_count": 100_000}}
+RATE_WINDOW = 10.0  # seconds over which events/s is measured
+MAX_TRACKED_TOPICS = 10_000  # topics with figures of their own; the rest count as "(other)"
+OTHER = "(other)"
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+OCTETS = "application/octet-stream"
+
+
+@dataclass(slots=True, eq=False)
+class Event:
+    seq: int  # one strictly increasing sequence for the whole broker
+    topic: str
+    data: bytes  # raw payload as published
+    producer: str = ""
+    uuid: bytes = b""  # 16 bytes
+    ts: float = 0.0  # wall-clock seconds
+    content_type: str = ""  # application/msgpack, application/json, application/octet-stream
+    headers: tuple[tuple[str, str], ...] = ()  # extra headers kept and forwarded (mc0's X-)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    prefix: str
+    max_age: float  # seconds; 0: no limit
+    max_count: int  # events; 0: no limit
+
+
+def check_topic(topic: str) -> None:
+    """Raises ``ValueError`` for a topic no port may publish on."""
+    if not isinstance(topic, str) or not topic:
+        raise ValueError("a topic must be a non-empty string")
+    try:
+        size = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("a topic must be valid UTF-8") from None
+    if size > MAX_TOPIC_BYTES:
+        raise ValueError(f"a topic is at most {MAX_TOPIC_BYTES} bytes, not {size}")
+
+
+def parse_retention(raw: Mapping[str, Any] | str | None) -> tuple[Rule, ...]:
+    """The rules of ``EMQ_TOPIC_RETENTION`` (a dict or its JSON), longest prefix first.
+    A catch-all rule ``""`` is added from the defaults when missing."""
+    if isinstance(raw, str):
+        raw = json.loads(raw) if raw.strip() else {}
+    spec: dict[str, Any] = dict(DEFAULT_RETENTION)
+    spec.update(raw or {})
+    rules = []
+    for prefix, limits in spec.items():
+        if not isinstance(prefix, str) or not isinstance(limits, Mapping):
+            raise ValueError(f"retention rule {prefix!r}: expected {{max_age, max_count}}")
+        unknown = set(limits) - {"max_age", "max_count"}
+        if unknown:
+            raise ValueError(f"retention rule {prefix!r}: unknown keys {sorted(unknown)}")
+        default = DEFAULT_RETENTION[""]
+        max_age = float(limits.get("max_age", default["max_age"]))
+        max_count = int(limits.get("max_count", default["max_count"]))
+        if max_age < 0 or max_count < 0:
+            raise ValueError(f"retention rule {prefix!r}: limits must be >= 0 (0: no limit)")
+        rules.append(Rule(prefix, max_age, max_count))
+    return tuple(sorted(rules, key=lambda r: -len(r.prefix)))
+
+
+def matches(topic: str, prefixes: Sequence[str]) -> bool:
+    """Prefix match, as the Event BUS does; no prefixes (or ``""``) match everything."""
+    if not prefixes:
+        return True
+    return any(topic.startswith(p) for p in prefixes)
+
+
+class OpsSink(Protocol):
+    """Where journal operations wait for the turn's commit (the job lifecycle)."""
+
+    journal_ops: list[tuple[Any, ...]] | None
+
+
+class EventStore(Protocol):
+    """What the topic space reads from the durable store (the journal)."""
+
+    def topic_state(self) -> tuple[int, dict[str, tuple[int, int]]]: ...
+
+    def events_since(
+        self, prefixes: Sequence[str], seq: int, upto: int, limit: int
+    ) -> list[Event]: ...
+
+    def latest_events(self, topic: str, n: int) -> list[Event]: ...
+
+
+@dataclass(slots=True)
+class TopicFigures:
+    last_seq: int = 0
+    published: int = 0  # since the broker started
+    last_ts: float = 0.0
+    window: deque[float] = field(default_factory=deque)  # wall times within RATE_WINDOW
+
+    def rate(self, wall: float) -> float:
+        window = self.window
+        while window and window[0] < wall - RATE_WINDOW:
+            window.popleft()
+        return round(len(window) / RATE_WINDOW, 3)
+
+
+class TopicSpace:
+    """Numbers events, keeps them (in memory or through the journal) and answers
+    replays. The core owns one; ``attach`` joins it to the journal at start-up."""
+
+    def __init__(self, retention: Mapping[str, Any] | str | None = None) -> None:
+        self.rules = parse_retention(retention)
+        self.last_seq = 0
+        self.store: EventStore | None = None
+        self.sink: OpsSink | None = None  # with a journal: where "event" ops wait
+        self.unsaved: list[Event] = []  # queued for the journal, not committed yet
+        self.figures: dict[str, TopicFigures] = {}
+        self.published = 0
+        self.lost = 0  # events whose journal write failed
+        # in memory (no journal): one deque per rule, in sequence order
+        self._kept: dict[str, deque[Event]] = {r.prefix: deque() for r in self.rules}
+
+    # ---- start-up -------------------------------------------------------------------
+
+    def attach(self, store: EventStore, sink: OpsSink) -> None:
+        """Keep events in ``store`` from now on, through operations queued in
+        ``sink.journal_ops``, and go on with the sequence (and each topic's
+        figures) from what it holds."""
+        self.store = store
+        self.sink = sink
+        last, topics = store.topic_state()
+        self.last_seq = max(self.last_seq, last)
+        for topic, (seq, _count) in topics.items():
+            self._figures(topic).last_seq = seq
+
+    def rule_for(self, topic: str) -> Rule:
+        for rule in self.rules:  # longest prefix first
+            if topic.startswith(rule.prefix):
+                return rule
+        return self.rules[-1]  # pragma: no cover - "" is always there
+
+    # ---- writing --------------------------------------------------------------------
+
+    def add(
+        self,
+        topic: str,
+        data: bytes,
+        producer: str,
+        content_type: str,
+        headers: tuple[tuple[str, str], ...],
+        uuid: bytes,
+        ts: float,
+        wall: float,
+    ) -> Event:
+        """Number and keep one event (the caller checked the topic); ``ts`` is the
+        producer's time, ``wall`` the broker's."""
+        self.last_seq += 1
+        event = Event(self.last_seq, topic, data, producer, uuid, ts, content_type, headers)
+        rule = self.rule_for(topic)
+        ops = self.sink.journal_ops if self.sink is not None else None
+        if ops is not None:
+            ops.append(("event", event, rule.prefix))
+            self.unsaved.append(event)
+        else:
+            kept = self._kept[rule.prefix]
+            kept.append(event)
+            if rule.max_count and len(kept) > rule.max_count:
+                kept.popleft()
+            self._cap_memory()
+        figures = self._figures(topic)
+        figures.last_seq = event.seq
+        figures.published += 1
+        figures.last_ts = ts
+        figures.window.append(wall)
+        if len(figures.window) > 100_000:
+            figures.window.popleft()
+        self.published += 1
+        return event
+
+    def saved(self) -> None:
+        """The journal committed the events queued so far."""
+        self.unsaved.clear()
+
+    def lose_unsaved(self) -> list[Event]:
+        """The journal could not write the queued events: they are gone."""
+        lost, self.unsaved = self.unsaved, []
+        self.lost += len(lost)
+        return lost
+
+    def _cap_memory(self) -> None:
+        total = sum(len(k) for k in self._kept.values())
+        while total > MEMORY_CAP:
+            oldest = min((k for k in self._kept.values() if k), key=lambda k: k[0].seq)
+            oldest.popleft()
+            total -= 1
+
+    def _figures(self, topic: str) -> TopicFigures:
+        figures = self.figures.get(topic)
+        if figures is None:
+            if len(self.figures) >= MAX_TRACKED_TOPICS:
+                topic = OTHER
+                figures = self.figures.get(topic)
+            if figures is None:
+                figures = self.figures[topic] = TopicFigures()
+        return figures
+
+    # ---- retention ------------------------------------------------------------------
+
+    def prune(self, wall: float) -> None:
+        """Apply the retention rules (the core calls this every few seconds)."""
+        ops = self.sink.journal_ops if self.sink is not None else None
+        if ops is not None:
+            ops.append(("prune_events", self.rules, wall, self.last_seq))
+            return
+        for rule in self.rules:
+            kept = self._kept[rule.prefix]
+            if rule.max_age:
+                cutoff = wall - rule.max_age
+                while kept and kept[0].ts < cutoff:
+                    kept.popleft()
+            while rule.max_count and len(kept) > rule.max_count:
+                kept.popleft()
+
+    # ---- reading --------------------------------------------------------------------
+
+    def since(self, prefixes: Sequence[str], seq: int, limit: int = 0) -> Iterator[Event]:
+        """The kept events above ``seq`` on topics under ``prefixes``, in order
+        (at most ``limit`` when it is not 0)."""
+        prefixes = [p for p in prefixes if p]
+        n = 0
+        for event in self._since(prefixes, seq, limit):
+            yield event
+            n += 1
+            if limit and n >= limit:
+                return
+
+    def _since(self, prefixes: Sequence[str], seq: int, limit: int) -> Iterable[Event]:
+        if self.store is None:
+            kept = [e for k in self._kept.values() for e in k if e.seq > seq]
+            kept.sort(key=lambda e: e.seq)
+            return (e for e in kept if matches(e.topic, prefixes))
+        return self._since_stored(prefixes, seq, limit)
+
+    def _since_stored(self, prefixes: Sequence[str], seq: int, limit: int) -> Iterator[Event]:
+        assert self.store is not None
+        upto = self.unsaved[0].seq - 1 if self.unsaved else self.last_seq
+        chunk = 10_000 if not limit else min(limit, 10_000)
+        while seq < upto:
+            rows = self.store.events_since(prefixes, seq, upto, chunk)
+            if not rows:
+                break
+            yield from rows
+            seq = rows[-1].seq
+        for event in list(self.unsaved):
+            if event.seq > seq and matches(event.topic, prefixes):
+                yield event
+
+    def latest(self, topic: str, n: int) -> list[Event]:
+        """The last ``n`` kept events of ``topic``, oldest first."""
+        if self.store is None:
+            kept = self._kept[self.rule_for(topic).prefix]
+            found = [e for e in reversed(kept) if e.topic == topic][:n]
+            return found[::-1]
+        pending = [e for e in self.unsaved if e.topic == topic][-n:]
+        stored = self.store.latest_events(topic, n - len(pending)) if n > len(pending) else []
+        return stored + pending
+
+    def stats(self, wall: float | None = None) -> dict[str, Any]:
+        """Per topic: last_seq, published (since start), events_per_s, last_ts."""
+        wall = time.time() if wall is None else wall
+        return {
+            "last_seq": self.last_seq,
+            "published": self.published,
+            "lost": self.lost,
+            "store": "journal" if self.store is not None else "memory",
+            "kept_in_memory": sum(len(k) for k in self._kept.values()),
+            "topics": {
+                topic: {
+                    "last_seq": f.last_seq,
+                    "published": f.published,
+                    "events_per_s": f.rate(wall),
+                    "last_ts": f.last_ts,
+                }
+                for topic, f in sorted(self.figures.items())
+            },
+        }

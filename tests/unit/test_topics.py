@@ -1,0 +1,180 @@
+"""The topic space: one sequence, kept events, replay, retention, restart; in memory
+and through the journal (a real SQLite file in tmp_path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emq_django.broker.core import BrokerCore
+from emq_django.broker.effects import Published
+from emq_django.broker.journal import Journal
+from emq_django.broker.state import BrokerConfig
+from emq_django.broker.topics import TopicSpace, parse_retention
+
+WALL = 1_000_000.0
+
+
+def make_core(retention: Any = None, journal: Journal | None = None) -> BrokerCore:
+    core = BrokerCore(BrokerConfig(1.0, 3), 0.0, topics=TopicSpace(retention))
+    core.wall_offset = WALL
+    if journal is not None:
+        core.life.journal_ops = []
+        core.topics.attach(journal, core.life)
+    return core
+
+
+def commit(core: BrokerCore, journal: Journal) -> None:
+    """What the server does at the end of a loop turn."""
+    ops, core.life.journal_ops = core.life.journal_ops or [], []
+    journal.apply(ops)
+    core.topics.saved()
+
+
+def publish(core: BrokerCore, topic: str, n: int = 1, now: float = 0.0) -> list[int]:
+    return [
+        core.topic_publish(
+            topic, b"%d" % i, producer="p", content_type="application/msgpack", now=now
+        ).seq
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Any:
+    j = Journal(tmp_path / "journal.sqlite3")
+    yield j
+    j.close()
+
+
+def test_one_sequence_over_all_topics_and_a_published_effect_each() -> None:
+    core = make_core()
+    seqs = publish(core, "/a/x") + publish(core, "/b/y", 2) + publish(core, "/a/z")
+    assert seqs == [1, 2, 3, 4]
+    assert [e.event.seq for e in core.out if isinstance(e, Published)] == [1, 2, 3, 4]
+    event = core.out[0].event  # type: ignore[union-attr]
+    assert (event.topic, event.data, event.producer) == ("/a/x", b"0", "p")
+    assert len(event.uuid) == 16 and event.ts == WALL
+    assert core.counters["events_published"] == 4
+
+
+@pytest.mark.parametrize("topic", ["", "x" * 256, "caf\udce9"])
+def test_a_bad_topic_is_refused_with_value_error(topic: str) -> None:
+    core = make_core()
+    with pytest.raises(ValueError):
+        core.topic_publish(topic, b"", producer="", content_type="", now=0.0)
+    assert core.topics.last_seq == 0 and not core.out
+    assert core.counters["events_refused"] == 1
+
+
+def test_since_filters_by_prefix_and_sequence_in_memory() -> None:
+    core = make_core()
+    publish(core, "/orders/created", 3)  # 1..3
+    publish(core, "/users/new", 2)  # 4, 5
+    publish(core, "/orders/paid")  # 6
+    topics = core.topics
+    assert [e.seq for e in topics.since(["/orders/"], 0)] == [1, 2, 3, 6]
+    assert [e.seq for e in topics.since(["/orders/"], 2)] == [3, 6]
+    assert [e.seq for e in topics.since(["/users/", "/orders/paid"], 0)] == [4, 5, 6]
+    assert [e.seq for e in topics.since([], 4)] == [5, 6]
+    assert [e.seq for e in topics.since([""], 0, limit=2)] == [1, 2]
+    assert [e.data for e in topics.latest("/orders/created", 2)] == [b"1", b"2"]
+
+
+def test_retention_by_count_and_age_per_longest_prefix_in_memory() -> None:
+    core = make_core({"/tmp/": {"max_count": 2}, "/old/": {"max_age": 10}})
+    publish(core, "/tmp/a", 5)
+    publish(core, "/keep/a", 5)
+    publish(core, "/old/a", 3, now=0.0)
+    publish(core, "/old/b", 1, now=20.0)
+    core.topics.prune(WALL + 20.0)
+    kept = [(e.topic, e.seq) for e in core.topics.since([], 0)]
+    assert [s for t, s in kept if t == "/tmp/a"] == [4, 5]
+    assert len([1 for t, _ in kept if t == "/keep/a"]) == 5
+    assert [t for t, _ in kept if t.startswith("/old/")] == ["/old/b"]
+
+
+def test_retention_settings_are_checked() -> None:
+    rules = parse_retention('{"/a/": {"max_count": 3}}')
+    assert [r.prefix for r in rules] == ["/a/", ""]
+    with pytest.raises(ValueError):
+        parse_retention({"/a/": {"max_cnt": 3}})
+    with pytest.raises(ValueError):
+        parse_retention({"/a/": {"max_age": -1}})
+
+
+def test_journal_keeps_events_and_the_sequence_goes_on_after_a_restart(
+    journal: Journal, tmp_path: Path
+) -> None:
+    core = make_core(journal=journal)
+    publish(core, "/orders/a", 3)
+    # before the commit, replay serves the unsaved events from memory
+    assert [e.seq for e in core.topics.since(["/orders/"], 1)] == [2, 3]
+    commit(core, journal)
+    publish(core, "/users/b", 2)
+    assert [e.seq for e in core.topics.since([], 0)] == [1, 2, 3, 4, 5]  # stored + unsaved
+    commit(core, journal)
+    journal.close()
+
+    again = Journal(tmp_path / "journal.sqlite3")
+    try:
+        core2 = make_core(journal=again)
+        assert core2.topics.last_seq == 5
+        assert publish(core2, "/orders/a") == [6]
+        commit(core2, again)
+        events = list(core2.topics.since(["/orders/"], 0))
+        assert [e.seq for e in events] == [1, 2, 3, 6]
+        assert events[0].data == b"0" and events[0].content_type == "application/msgpack"
+        assert core2.topics.stats()["topics"]["/users/b"]["last_seq"] == 5
+    finally:
+        again.close()
+
+
+def test_journal_retention_keeps_the_sequence_when_every_event_is_pruned(
+    journal: Journal, tmp_path: Path
+) -> None:
+    core = make_core({"": {"max_age": 5, "max_count": 0}}, journal=journal)
+    publish(core, "/a", 3, now=0.0)
+    commit(core, journal)
+    core.topics.prune(WALL + 100.0)
+    commit(core, journal)
+    assert list(core.topics.since([], 0)) == []
+    journal.close()
+    again = Journal(tmp_path / "journal.sqlite3")
+    try:
+        assert make_core(journal=again).topics.last_seq == 3
+    finally:
+        again.close()
+
+
+def test_journal_retention_by_count_per_rule_and_rules_changed_later(
+    journal: Journal, tmp_path: Path
+) -> None:
+    core = make_core({"/tmp/": {"max_count": 2}}, journal=journal)
+    publish(core, "/tmp/x", 5)
+    publish(core, "/logs/y", 5)
+    commit(core, journal)
+    core.topics.prune(WALL)
+    commit(core, journal)
+    assert [e.seq for e in core.topics.since(["/tmp/"], 0)] == [4, 5]
+    assert len(list(core.topics.since(["/logs/"], 0))) == 5
+    journal.close()
+    # restart with a rule for /logs/: the events written under "" are filed again
+    again = Journal(tmp_path / "journal.sqlite3")
+    try:
+        core2 = make_core({"/logs/": {"max_count": 1}}, journal=again)
+        core2.topics.prune(WALL)
+        commit(core2, again)
+        assert [e.seq for e in core2.topics.since(["/logs/"], 0)] == [10]
+    finally:
+        again.close()
+
+
+def test_a_failed_commit_drops_the_events_it_held(journal: Journal) -> None:
+    core = make_core(journal=journal)
+    publish(core, "/a", 2)
+    assert core.lose_unsaved_events() == 2
+    assert not [e for e in core.out if isinstance(e, Published)]
+    assert core.topics.lost == 2
