@@ -31,6 +31,7 @@ from emq_django.exceptions import (
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, client_keys
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class Client:
         ack_timeout: float = 5.0,
         window: int = 1000,
         context: zmq.Context[Any] | None = None,
+        curve: CurveKeys | None | str = FROM_SETTINGS,
     ) -> None:
         self.url = url
+        self.curve = curve  # CURVE keys; FROM_SETTINGS: EMQ_CURVE_* (security/keys.py)
         self.ack_timeout = ack_timeout
         self.window = window
         self._context = context
@@ -374,7 +377,8 @@ class Client:
         if self._sock is None:
             context = self._context or zmq.Context.instance()
             # no high-water marks: the ACK window bounds what is queued
-            options = SocketOptions(linger=1000, sndhwm=0, rcvhwm=0)
+            curve = client_keys() if self.curve == FROM_SETTINGS else self.curve
+            options = SocketOptions(linger=1000, sndhwm=0, rcvhwm=0, curve=curve)
             self._sock = transport.connect(context, zmq.DEALER, self.url, options)
         return self._sock
 

@@ -79,6 +79,12 @@ class EmqSettings:
     DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
     MAX_DEAD_LETTERS: int = 100_000
     KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a job over its timeout
+    # CURVE (emq_django/security): this process's secret key (Z85 or a key file); '':
+    # plain text. The broker's public key, for clients. The public key is derived.
+    CURVE_SECRET_KEY: str = ""
+    CURVE_SERVER_KEY: str = ""
+    CURVE_PUBLIC_KEY: str = ""
+    KEYS_RELOAD: float = 5.0  # seconds between the broker's reloads of the allowed keys
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:
@@ -197,6 +203,17 @@ def _validate(s: EmqSettings) -> None:
             "EMQ_PZQ_ACK_TIMEOUT must be > 0 seconds, EMQ_PZQ_MAX_DELIVERIES and "
             "EMQ_PZQ_MAX_INFLIGHT >= 1"
         )
+    if s.KEYS_RELOAD <= 0:
+        raise ImproperlyConfigured("EMQ_KEYS_RELOAD must be > 0 seconds")
+    if s.CURVE_SECRET_KEY or s.CURVE_SERVER_KEY or s.CURVE_PUBLIC_KEY:
+        from emq_django.security.keys import process_keys
+
+        if not s.CURVE_SECRET_KEY:
+            raise ImproperlyConfigured(
+                "EMQ_CURVE_SERVER_KEY/EMQ_CURVE_PUBLIC_KEY are set but EMQ_CURVE_SECRET_KEY "
+                "is not: CURVE needs this process's own secret key"
+            )
+        process_keys(s)  # a bad key or file is an error now, not at the first socket
     if s.PZQ_MAX_AGE < 0:
         raise ImproperlyConfigured("EMQ_PZQ_MAX_AGE must be >= 0 seconds (0: no limit)")
     if s.PZQ_RECEIVE_BIND and not s.PZQ_SEND_BIND:

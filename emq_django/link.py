@@ -21,6 +21,7 @@ from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, client_keys
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class BrokerLink:
         heartbeat_liveness: int,
         on_connect: Callable[[], None] | None = None,
         identity: Callable[[], bytes] | None = None,
+        curve: CurveKeys | None | str = FROM_SETTINGS,
     ) -> None:
         self.context = context
         self.url = url
@@ -53,12 +55,14 @@ class BrokerLink:
         self.new_id = IdGenerator()
         self.identity = identity  # a fresh socket identity per connection; None: libzmq's
         self.connections = 0
+        self.curve = curve  # CURVE keys; FROM_SETTINGS: EMQ_CURVE_* (security/keys.py)
 
     def connect(self) -> None:
         """A fresh socket and INFORM (again)."""
         self.close(linger=0)
         self.connections += 1
-        options = SocketOptions(identity=self.identity() if self.identity else None)
+        curve = client_keys() if self.curve == FROM_SETTINGS else self.curve
+        options = SocketOptions(identity=self.identity() if self.identity else None, curve=curve)
         self.sock = transport.connect(self.context, zmq.DEALER, self.url, options)
         self.last_recv = time.monotonic()
         self.send(F.Inform(self.new_id(), self.queues, self.peer_type, self.meta).encode())

@@ -9,12 +9,21 @@ import zmq
 
 from emq_django import transport
 from emq_django.exceptions import BrokerUnavailable
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, client_keys
+from emq_django.transport import SocketOptions
 
 
-def query(url: str, request: bytes = b"MONITOR JSON", timeout: float = 2.0) -> bytes:
-    """Send one monitor request; raises ``BrokerUnavailable`` after ``timeout`` s."""
+def query(
+    url: str,
+    request: bytes = b"MONITOR JSON",
+    timeout: float = 2.0,
+    curve: CurveKeys | None | str = FROM_SETTINGS,
+) -> bytes:
+    """Send one monitor request; raises ``BrokerUnavailable`` after ``timeout`` s.
+    ``curve``: CURVE keys, by default this process's (``EMQ_CURVE_*``)."""
     context: zmq.Context[Any] = zmq.Context.instance()
-    sock = transport.connect(context, zmq.REQ, url)
+    keys = client_keys() if curve == FROM_SETTINGS else curve
+    sock = transport.connect(context, zmq.REQ, url, SocketOptions(curve=keys))
     try:
         sock.send(request)
         if not sock.poll(int(timeout * 1000)):

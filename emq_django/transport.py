@@ -3,8 +3,8 @@
 The broker's ports, the client, ``BrokerLink`` (job managers, worker processes,
 the scheduler), the monitor client and the job-history forwarder all ask this
 module for their sockets, so that a socket option that must hold everywhere
-(linger, high-water marks, ROUTER_MANDATORY, and security options such as CURVE
-later) is set in one place and cannot be forgotten by one of them.
+(linger, high-water marks, ROUTER_MANDATORY, CURVE keys and the ZAP domain) is
+set in one place and cannot be forgotten by one of them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+
+from emq_django.security.keys import CurveKeys
 
 Socket = zmq.Socket[Any]
 Context = zmq.Context[Any]
@@ -27,6 +29,10 @@ class SocketOptions:
     sndhwm: int | None = None
     rcvhwm: int | None = None
     router_mandatory: bool = False  # EHOSTUNREACH instead of a silent drop
+    # CURVE: a server when ``curve.server`` is None, else a client of that server
+    curve: CurveKeys | None = None
+    # the ZAP domain (a bound socket's roles, security/zap.py); '' leaves it unset
+    zap_domain: str = ""
 
 
 def make_socket(context: Context, kind: int, options: SocketOptions | None = None) -> Socket:
@@ -42,7 +48,21 @@ def make_socket(context: Context, kind: int, options: SocketOptions | None = Non
         sock.rcvhwm = opts.rcvhwm
     if opts.router_mandatory:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if opts.curve is not None:
+        _set_curve(sock, opts.curve)
+    if opts.zap_domain:
+        sock.zap_domain = opts.zap_domain.encode()
     return sock
+
+
+def _set_curve(sock: Socket, keys: CurveKeys) -> None:
+    """Keys go in before bind/connect: libzmq reads them at the handshake."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    if keys.server is None:
+        sock.curve_server = True
+    else:
+        sock.curve_serverkey = keys.server
 
 
 def connect(context: Context, kind: int, url: str, options: SocketOptions | None = None) -> Socket:

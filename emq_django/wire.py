@@ -42,6 +42,22 @@ def recv(sock: zmq.Socket[Any], nonblocking: bool = True) -> list[bytes]:
     return parts
 
 
+def recv_user(sock: zmq.Socket[Any], nonblocking: bool = True) -> tuple[list[bytes], str]:
+    """``recv``, and the User-Id the ZAP handler gave the sender's connection
+    ('' on a connection ZAP did not see)."""
+    flags = NOBLOCK if nonblocking else 0
+    frame = _recv(sock, flags, False)
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        user = ""
+    parts = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, flags, False)
+        parts.append(frame.bytes)
+    return parts, user
+
+
 _get = _BackendSocket.get
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)

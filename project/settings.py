@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "emq_django.results",
     "emq_django.backends",  # Django Tasks API: READY/RUNNING states (app label emq_tasks)
     "emq_django.scheduler",
+    "emq_django.security",  # CURVE keys and roles (AuthorizedKey, manage.py emq_keys)
     "project.demo",
 ]
 

@@ -257,6 +257,8 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     monkeypatch.setenv("EMQ_WORKER_URL", f"tcp://127.0.0.1:{backend}")
     monkeypatch.setenv("EMQ_MONITOR_URL", f"tcp://127.0.0.1:{monitor}")
     monkeypatch.setenv("EMQ_JOURNAL_PATH", str(tmp_path / "emq-journal.sqlite3"))
+    for name in ("SECRET", "SERVER", "PUBLIC"):  # plain text unless a test sets keys
+        monkeypatch.delenv(f"EMQ_CURVE_{name}_KEY", raising=False)
     reset_cached_settings()
     reset_client()
     yield

@@ -17,6 +17,7 @@ import signal
 import socket as pysocket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -26,6 +27,7 @@ from emq_django import transport, wire
 from emq_django.broker import monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
+from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import Handler, SocketSpec
@@ -36,6 +38,10 @@ from emq_django.broker.trace import TraceWriter
 from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
 from emq_django.protocol.limits import REFUSED_JOURNAL
+from emq_django.security.allow import AllowList, KeyReloader, Loader
+from emq_django.security.keys import server_keys
+from emq_django.security.roles import zap_domain
+from emq_django.security.zap import ZapHandler
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,10 @@ class BrokerServer:
         clock: Callable[[], float] = time.monotonic,
         shutdown_grace: float | None = None,
         new_journal: bool = False,
+        load_keys: Loader | None = None,
     ) -> None:
+        """``load_keys``: where the allow-list comes from when the broker runs CURVE
+        (by default the ``AuthorizedKey`` table)."""
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.clock = clock
@@ -130,17 +139,55 @@ class BrokerServer:
         self.endpoints: list[tuple[Port, SocketSpec, zmq.Socket[Any], Handler, bool]] = []
         self.named: dict[tuple[Port, str], zmq.Socket[Any]] = {}
         self.sockets: dict[Port, zmq.Socket[Any]] = {}  # each port's first socket
+        # CURVE on every socket of every port when the broker has a secret key
+        self.curve = server_keys(settings)
+        self.allow: AllowList | None = None
+        self.guard: Guard | None = None
+        self.zap: ZapHandler | None = None
+        self.reloader: KeyReloader | None = None
+        if self.curve is not None:
+            self._secure(settings, load_keys)
         for port in self.ports:
             for spec in port.socket_specs():
-                sock = transport.make_socket(self.context, spec.kind, spec.options)
-                self.endpoints.append(
-                    (port, spec, sock, port.handler_for(spec.name), spec.kind == zmq.ROUTER)
-                )
+                options = spec.options
+                if self.curve is not None:
+                    options = replace(options, curve=self.curve, zap_domain=zap_domain(spec.roles))
+                sock = transport.make_socket(self.context, spec.kind, options)
+                handler = port.handler_for(spec.name)
+                if self.guard is not None:
+                    handler = self.guard.wrap(port, spec.name, handler)
+                self.endpoints.append((port, spec, sock, handler, spec.kind == zmq.ROUTER))
                 self.named[(port, spec.name)] = sock
                 self.sockets.setdefault(port, sock)
 
+    def _secure(self, settings: EmqSettings, load_keys: Loader | None) -> None:
+        """The allow-list (loaded now: a broker that cannot read it does not start),
+        the ZAP handler, the per-message guard and the background reloader."""
+        if load_keys is None:
+            from emq_django.security.store import load_authorized_keys, save_last_seen
+
+            load_keys, save_seen = load_authorized_keys, save_last_seen
+        else:
+            save_seen = None
+        self.allow = AllowList(load_keys())
+        self.guard = Guard(self.allow)
+        self.zap = ZapHandler(self.context, self.allow)
+        self.reloader = KeyReloader(
+            self.allow, load_keys, save_seen, settings.KEYS_RELOAD, self.request_wakeup
+        )
+
     def bind(self) -> None:
-        """Bind every port; raises ``zmq.ZMQError`` naming the address on failure."""
+        """Bind every port; raises ``zmq.ZMQError`` naming the address on failure
+        (and when CURVE is on and another ZAP handler holds this context's)."""
+        if self.zap is not None and self.reloader is not None and self.allow is not None:
+            self.zap.start()  # before the first handshake can happen
+            self.reloader.start()
+            log.info(
+                "CURVE on every port (public key %s); %d authorized keys, reloaded every %g s",
+                self.curve.public.decode() if self.curve else "?",
+                len(self.allow.names()),
+                self.reloader.interval,
+            )
         for _, spec, sock, _, _ in self.endpoints:
             try:
                 sock.bind(spec.address)
@@ -162,6 +209,13 @@ class BrokerServer:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request_shutdown()
+
+    def request_wakeup(self) -> None:
+        """Wake the loop (from another thread): the allow-list lost a key."""
+        try:
+            self._wake_w.send(b"w")
+        except OSError:
+            pass
 
     def request_shutdown(self) -> None:
         """First call: graceful (goodbye, let in-flight jobs finish). Second: stop now."""
@@ -195,6 +249,8 @@ class BrokerServer:
                 self._flush(last=True)
                 self._log_exit()
                 return
+            if self.guard is not None and self.guard.version != self.guard.allow.version:
+                self.guard.revoke(self.ports, core, now)
             core.on_timer(now)
             self._flush()
             wake = min(core.next_deadline(), deadline, self._port_timers(now))
@@ -266,7 +322,7 @@ class BrokerServer:
         EAGAIN: asking ZMQ_EVENTS before each message would cost a mailbox check per
         message under load (``_drain_all`` asks once, before coming here)."""
         now = self.clock()
-        recv = wire.recv
+        recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
         while n < CHUNK:
             try:
@@ -427,6 +483,15 @@ class BrokerServer:
             for port in self.ports
             if port.subscriber_count() or port.topic_stats()
         }
+        if self.guard is not None and self.zap is not None and self.allow is not None:
+            doc["counters"].update(self.zap.counters)
+            doc["counters"].update(self.guard.counters)
+            doc["security"] = {
+                "curve": True,
+                "public_key": self.curve.public.decode() if self.curve else None,
+                "authorized_keys": len(self.allow.names()),
+                "reload_errors": self.reloader.errors if self.reloader else 0,
+            }
         return doc
 
     def _clear_wakeups(self) -> None:
@@ -452,6 +517,10 @@ class BrokerServer:
         )
 
     def close(self) -> None:
+        if self.reloader is not None:
+            self.reloader.stop()
+        if self.zap is not None:
+            self.zap.stop()
         if self._signals_installed:
             signal.set_wakeup_fd(-1)
         for _, _, sock, _, _ in self.endpoints:

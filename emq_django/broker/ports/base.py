@@ -53,6 +53,9 @@ class SocketSpec:
     kind: int
     address: str
     options: SocketOptions
+    # the roles a key needs to connect (the socket's ZAP domain, security/zap.py);
+    # empty: any enabled key
+    roles: tuple[str, ...] = ()
 
 
 class Port(ABC):
@@ -63,6 +66,8 @@ class Port(ABC):
     always_streams = False
     # several sockets: effects go out through ``encode_routed``, not ``encode``
     multi_socket = False
+    # the roles admitted on the port's socket (when the broker runs CURVE)
+    roles: tuple[str, ...] = ()
 
     def __init__(self, core: BrokerCore, address: str = "") -> None:
         self.core = core
@@ -78,7 +83,7 @@ class Port(ABC):
 
     def socket_specs(self) -> list[SocketSpec]:
         """The sockets to bind: one ROUTER on ``address`` unless overridden."""
-        return [SocketSpec(self.name, zmq.ROUTER, self.address, self.socket_options())]
+        return [SocketSpec(self.name, zmq.ROUTER, self.address, self.socket_options(), self.roles)]
 
     def handler_for(self, socket: str) -> Handler:
         """What reads the socket named ``socket`` (of ``socket_specs``)."""
@@ -135,6 +140,19 @@ class Port(ABC):
     def topic_stats(self) -> dict[str, Any]:
         """Figures of this port's topic traffic for the monitor (optional)."""
         return {}
+
+    def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
+        """Why a sender holding ``roles`` may not send ``frames`` on ``socket``, or
+        None. Asked only when the broker runs CURVE, after the ZAP handler admitted
+        the sender's key for one of the socket's roles: a port whose socket carries
+        several roles checks the command here (the monitor: reading vs CANCEL)."""
+        return None
+
+    def forbidden(
+        self, identity: bytes, frames: Sequence[bytes], reason: str
+    ) -> list[bytes] | None:
+        """What goes back for a message ``authorize`` refused (None: nothing)."""
+        return None
 
     def known_peers(self) -> dict[bytes, Peer]:
         """The peers this port knows, by identity (its workers, its schedulers)."""

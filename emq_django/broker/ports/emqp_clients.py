@@ -27,6 +27,7 @@ from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
+from emq_django.security.roles import CLIENT, SCHEDULER
 from emq_django.transport import SocketOptions
 
 FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
@@ -35,6 +36,7 @@ MAX_CLIENTS_KEPT = 100_000  # ClientRefs cached by identity
 
 class EmqpClientPort(Port):
     name = "frontend"
+    roles = (CLIENT, SCHEDULER)
 
     def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
         super().__init__(core, address)
@@ -70,6 +72,22 @@ class EmqpClientPort(Port):
             handler(self, identity, cmd, now)
         except ProtocolError as exc:
             self.malformed(identity, exc, frames)
+        return None
+
+    def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
+        """Only a scheduler key INFORMs (joins as a scheduler); clients and
+        schedulers both send jobs."""
+        command = frames[2] if len(frames) > 2 else b""
+        if command == F.INFORM:
+            return None if SCHEDULER in roles else "INFORM needs the scheduler role"
+        return None if roles & {CLIENT, SCHEDULER} else "needs the client role"
+
+    def forbidden(
+        self, identity: bytes, frames: Sequence[bytes], reason: str
+    ) -> list[bytes] | None:
+        msgid = F.answerable_msgid(frames, "frontend")
+        if msgid is not None:
+            self.core.refuse(self.client(identity), msgid, "forbidden", reason, quiet=True)
         return None
 
     def malformed(self, identity: bytes, exc: ProtocolError, frames: Sequence[bytes]) -> None:

@@ -30,6 +30,7 @@ from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
+from emq_django.security.roles import WORKER
 
 DEFAULT_QUEUES = ((10, "default"),)
 
@@ -66,6 +67,7 @@ def _reply_always(raw: bytes) -> bytes:
 
 class EmqpWorkerPort(Port):
     name = "backend"
+    roles = (WORKER,)
 
     def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
         super().__init__(core, address)

@@ -15,6 +15,11 @@ and its topics.
   from for 1.05 x TTL is evicted (``mc0_evicted``): no more messages, its topics
   dropped. The timers live in one heap (``next_timer`` / ``on_timer``), entries
   checked again when due, so that traffic costs no heap work.
+- With CURVE (``EMQ_CURVE_SECRET_KEY``) the socket is a CURVE server like every
+  port's: keys holding the publisher or subscriber role connect (ZAP), PUT needs
+  publisher and SUB subscriber (``authorize``; refused ones answered ERROR). A
+  revoked key's messages are dropped by the server's guard, so its session is
+  evicted 1.05 x TTL later.
 - Anything malformed (no leading empty frame, an unknown verb, an odd number of
   header frames, a bad value) or a command before ``CONNECT`` is answered
   ``ERROR`` and counted (``protocol_errors``, ``mc0_errors``); nothing of it
@@ -35,6 +40,7 @@ from emq_django.broker.ports.base import Port
 from emq_django.broker.state import show_identity
 from emq_django.broker.topics import Event
 from emq_django.protocol import mc0
+from emq_django.security.roles import PUBLISHER, SUBSCRIBER
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,9 @@ class Session:
 
 class Mc0Port(Port):
     name = "mc0"
+    # with CURVE (EMQ_CURVE_SECRET_KEY): a key with either role may connect; PUT
+    # needs publisher, SUB subscriber (``authorize``)
+    roles = (PUBLISHER, SUBSCRIBER)
 
     def __init__(self, core: Any, address: str = "") -> None:
         super().__init__(core, address)
@@ -90,6 +99,28 @@ class Mc0Port(Port):
         return SocketOptions(router_mandatory=True, sndhwm=100_000)
 
     # ---- in -------------------------------------------------------------------------
+
+    def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
+        """Under CURVE: PUT needs the publisher role, SUB the subscriber role; the
+        rest (CONNECT, UNSUB, NOOP, DISCONNECT, malformed) either, which the ZAP
+        handler checked at the handshake."""
+        verb = frames[1] if len(frames) > 1 and frames[0] == b"" else b""
+        if verb == mc0.PUT and PUBLISHER not in roles:
+            return "PUT needs the publisher role"
+        if verb == mc0.SUB and SUBSCRIBER not in roles:
+            return "SUB needs the subscriber role"
+        return None
+
+    def forbidden(
+        self, identity: bytes, frames: Sequence[bytes], reason: str
+    ) -> list[bytes] | None:
+        """An ERROR, with the command's ID when it had one."""
+        try:
+            msg_id = mc0.decode(frames).msg_id
+        except mc0.Mc0Error as exc:
+            msg_id = exc.msg_id
+        self.core.counters["mc0_errors"] += 1
+        return mc0.error(f"forbidden: {reason}", msg_id)
 
     def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
         self._now = now

@@ -50,6 +50,7 @@ from emq_django.protocol import mdp
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers, format_headers, parse_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
+from emq_django.security.roles import CLIENT, WORKER
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ _HEADERS: Headers = parse_headers(
 
 class MajordomoPort(Port):
     name = "majordomo"
+    roles = (CLIENT, WORKER)
     always_streams = True  # PARTIAL/FINAL: every client takes partials
 
     def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
@@ -72,6 +74,15 @@ class MajordomoPort(Port):
         self.workers: dict[bytes, Peer] = {}
 
     # ---- in -------------------------------------------------------------------------
+
+    def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
+        """Worker commands need the worker role, client requests the client role."""
+        header = (frames[0] or (frames[1] if len(frames) > 1 else b"")) if frames else b""
+        if header == mdp.WORKER and WORKER not in roles:
+            return "Majordomo worker commands need the worker role"
+        if header == mdp.CLIENT and CLIENT not in roles:
+            return "Majordomo requests need the client role"
+        return None
 
     def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
         try:

@@ -18,6 +18,7 @@ from typing import Any
 from emq_django.broker import monitor
 from emq_django.broker.effects import Effect
 from emq_django.broker.ports.base import Port
+from emq_django.security.roles import ADMIN, MONITOR
 from emq_django.transport import SocketOptions
 
 MAX_REQUEST = 65536
@@ -29,6 +30,7 @@ UNKNOWN = (
 
 class MonitorPort(Port):
     name = "monitor"
+    roles = (MONITOR, ADMIN)
 
     def __init__(self, core: Any, address: str = "") -> None:
         super().__init__(core, address)
@@ -46,6 +48,23 @@ class MonitorPort(Port):
             return None
         envelope, request = list(frames[:-1]), frames[-1].strip()
         return [*envelope, self.answer(request[:MAX_REQUEST], now)]
+
+    def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
+        """Reading needs ``monitor`` or ``admin``; CANCEL, REQUEUE and PURGE ``admin``."""
+        words = frames[-1].split()[:2] if frames else []
+        command = words[0].upper() if words else b""
+        action = words[1].upper() if len(words) > 1 else b"LIST"
+        changes = command == b"CANCEL" or (command == b"DEADLETTERS" and action != b"LIST")
+        if changes and ADMIN not in roles:
+            return f"{command.decode(errors='replace')} needs the admin role"
+        if not roles & {MONITOR, ADMIN}:
+            return "the monitor channel needs the monitor or admin role"
+        return None
+
+    def forbidden(
+        self, identity: bytes, frames: Sequence[bytes], reason: str
+    ) -> list[bytes] | None:
+        return [*frames[:-1], b"ERROR forbidden: " + reason.encode()] if frames else None
 
     def answer(self, request: bytes, now: float) -> bytes:
         words = request.split()

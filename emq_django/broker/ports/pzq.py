@@ -50,6 +50,8 @@ from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import pzq
 from emq_django.protocol.headers import Headers, format_headers, parse_headers
+from emq_django.security.roles import ADMIN, CLIENT, WORKER
+from emq_django.security.roles import MONITOR as MONITOR_ROLE
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -137,11 +139,22 @@ class PzqPort(Port):
                 zmq.ROUTER,
                 self.address,
                 SocketOptions(sndhwm=100_000, router_mandatory=True),
+                (CLIENT,),
             ),
-            SocketSpec(SEND, zmq.DEALER, self.send_address, SocketOptions(identity=b"pzq")),
+            SocketSpec(
+                SEND, zmq.DEALER, self.send_address, SocketOptions(identity=b"pzq"), (WORKER,)
+            ),
         ]
         if self.monitor_address:
-            specs.append(SocketSpec(MONITOR, zmq.ROUTER, self.monitor_address, SocketOptions()))
+            specs.append(
+                SocketSpec(
+                    MONITOR,
+                    zmq.ROUTER,
+                    self.monitor_address,
+                    SocketOptions(),
+                    (MONITOR_ROLE, ADMIN),
+                )
+            )
         return specs
 
     def handler_for(self, socket: str) -> Handler:

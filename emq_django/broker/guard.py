@@ -1,0 +1,121 @@
+"""The server's per-message check when the broker runs CURVE.
+
+The ZAP handler admits a connection once; the guard looks at every message: the
+User-Id libzmq attached to it (the key's name) must still be an enabled key (a
+revoked key's messages are dropped and counted, ``dropped_revoked``), and the
+port must allow the command for that key's roles (``Port.authorize``; refused
+ones are counted, ``refused_forbidden``, and answered where the protocol has a
+way to). It remembers which key each peer identity spoke with, so that when a key
+is revoked its job managers, Majordomo workers and schedulers are dropped at once
+(``revoke``): their in-flight jobs go back to the queue as after a lost peer.
+
+"Dropped", for a revoked key: its live connections stay open at the TCP level (a
+ROUTER cannot close one peer), but nothing it sends is read any more, nothing is
+delivered to it, and it cannot connect again (the ZAP handler refuses the key).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from emq_django import wire
+from emq_django.broker.ports.base import Handler, Port
+from emq_django.broker.state import show_identity
+from emq_django.security.allow import AllowList
+from emq_django.security.roles import domain_roles, zap_domain
+
+log = logging.getLogger(__name__)
+
+LOG_BUDGET = 100
+COUNTERS = ("dropped_revoked", "refused_forbidden", "peers_revoked")
+MAX_OWNERS = 100_000  # identities remembered per port; then cut to the known peers
+
+
+class Guard:
+    def __init__(self, allow: AllowList) -> None:
+        self.allow = allow
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        self.version = allow.version
+        self.user = ""
+        self.roles: frozenset[str] | None = None
+        self.owners: dict[Port, dict[bytes, str]] = {}
+        self._log_budget = LOG_BUDGET
+
+    def recv(self, sock: zmq.Socket[Any]) -> list[bytes]:
+        """``wire.recv`` that also notes the sender's key name and its roles now."""
+        frames, user = wire.recv_user(sock)
+        self.user = user
+        self.roles = self.allow.roles(user)
+        return frames
+
+    def wrap(self, port: Port, socket: str, handle: Handler) -> Handler:
+        """``handle``, behind the checks (for messages read with ``recv``)."""
+        owners = self.owners.setdefault(port, {})
+        seen = self.allow.seen
+
+        def guarded(identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
+            roles, user = self.roles, self.user
+            if roles is None:
+                self._count("dropped_revoked", "dropped a message from revoked key %r", user)
+                return None
+            reason = port.authorize(socket, roles, frames)
+            if reason is not None:
+                self._count(
+                    "refused_forbidden",
+                    "refused a message from key %r on the %s port: %s",
+                    user,
+                    port.name,
+                    reason,
+                )
+                return port.forbidden(identity, frames, reason)
+            if owners.get(identity) != user:
+                if len(owners) >= MAX_OWNERS:
+                    self._trim(port, owners)
+                owners[identity] = user
+            seen.add(user)
+            return handle(identity, frames, now)
+
+        return guarded
+
+    def revoke(self, ports: Sequence[Port], core: Any, now: float) -> int:
+        """Drop every peer whose key lost its access since the last call; returns
+        how many."""
+        self.version = self.allow.version
+        dropped = 0
+        for port in ports:
+            owners = self.owners.get(port, {})
+            admitted = domain_roles(zap_domain(port.roles))
+            for identity, user in list(owners.items()):
+                roles = self.allow.roles(user)
+                if roles is not None and (admitted is None or roles & admitted):
+                    continue
+                del owners[identity]
+                peer = port.known_peers().get(identity)
+                if peer is not None:
+                    log.warning(
+                        "key %r revoked: dropping its peer %s on the %s port",
+                        user,
+                        show_identity(identity),
+                        port.name,
+                    )
+                    core.peer_unreachable(peer, now)
+                    dropped += 1
+        self.counters["peers_revoked"] += dropped
+        return dropped
+
+    def _trim(self, port: Port, owners: dict[bytes, str]) -> None:
+        known = port.known_peers()
+        for identity in [i for i in owners if i not in known]:
+            del owners[identity]
+
+    def _count(self, counter: str, message: str, *args: object) -> None:
+        self.counters[counter] += 1
+        n = self.counters[counter]
+        if self._log_budget > 0 or n % 10_000 == 0:
+            self._log_budget -= 1
+            log.warning(message + " (%d so far)", *args, n)

@@ -1,0 +1,152 @@
+"""The broker's ZAP handler (ZeroMQ RFC 27) on ``inproc://zeromq.zap.01``.
+
+libzmq asks it about every CURVE handshake on the broker's sockets. It admits a
+client key when the allow-list has it enabled with one of the roles in the
+socket's ZAP domain (``security/roles.py``), and answers with the key's name as
+the User-Id, which every message from that connection then carries. Unknown,
+disabled and wrong-role keys are refused, counted (``zap_refused_*``) and logged
+with the key (Z85), within a log budget.
+
+It runs in its own thread on the broker's context: the handshake of a new
+connection waits for it, never the server loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+import zmq
+import zmq.utils.z85
+
+from emq_django.security.allow import AllowList
+from emq_django.security.roles import domain_roles
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_VERSION = b"1.0"
+LOG_BUDGET = 200  # refusals logged, then every 1,000th
+COUNTERS = (
+    "zap_admitted",
+    "zap_refused_unknown",  # a key not in the allow-list
+    "zap_refused_revoked",  # a disabled key
+    "zap_refused_role",  # a key without a role the port admits
+    "zap_refused_mechanism",  # not CURVE (plain text never reaches ZAP: libzmq refuses it)
+    "zap_malformed",
+)
+
+
+class ZapHandler:
+    def __init__(self, context: zmq.Context[Any], allow: AllowList) -> None:
+        self.context = context
+        self.allow = allow
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        self._log_budget = LOG_BUDGET
+        self._sock: zmq.Socket[Any] | None = None
+        self._stop_endpoint = f"inproc://emq-zap-stop-{id(self):x}"
+        self._stop_sock: zmq.Socket[Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind (here, so that an error shows in the caller) and serve in a thread.
+        Raises ``zmq.ZMQError`` if another handler holds the ZAP endpoint."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.linger = 0
+        try:
+            sock.bind(ZAP_ENDPOINT)
+        except zmq.ZMQError:
+            sock.close()
+            raise
+        stop_in = self.context.socket(zmq.PAIR)
+        stop_in.linger = 0
+        stop_in.bind(self._stop_endpoint)
+        self._sock = sock
+        self._thread = threading.Thread(
+            target=self._serve, args=(sock, stop_in), name="emq-zap", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        stop_out = self.context.socket(zmq.PAIR)
+        stop_out.linger = 0
+        stop_out.connect(self._stop_endpoint)
+        stop_out.send(b"")
+        self._thread.join(timeout=5)
+        stop_out.close()
+        self._thread = None
+
+    def _serve(self, sock: zmq.Socket[Any], stop_in: zmq.Socket[Any]) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(stop_in, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll())
+                if stop_in in ready:
+                    return
+                if sock in ready:
+                    request = sock.recv_multipart()
+                    reply = self.answer(request)
+                    if reply is not None:
+                        sock.send_multipart(reply)
+        except zmq.ContextTerminated:
+            return
+        finally:
+            sock.close(linger=0)
+            stop_in.close(linger=0)
+
+    def answer(self, request: list[bytes]) -> list[bytes] | None:
+        """The reply to one ZAP request (``[routing id, b"", version, request id,
+        domain, address, identity, mechanism, *credentials]``)."""
+        try:
+            delimiter = request.index(b"")
+        except ValueError:
+            return None
+        envelope, body = request[: delimiter + 1], request[delimiter + 1 :]
+        if len(body) < 6 or body[0] != ZAP_VERSION:
+            self.counters["zap_malformed"] += 1
+            request_id = body[1] if len(body) > 1 else b""
+            return [*envelope, ZAP_VERSION, request_id, b"400", b"bad ZAP request", b"", b""]
+        request_id, domain, address, mechanism = body[1], body[2], body[3], body[5]
+        credentials = body[6:]
+        code, text, user = self.decide(domain.decode(), mechanism, credentials, address)
+        return [*envelope, ZAP_VERSION, request_id, code, text, user.encode(), b""]
+
+    def decide(
+        self, domain: str, mechanism: bytes, credentials: list[bytes], address: bytes
+    ) -> tuple[bytes, bytes, str]:
+        """(status code, status text, user id) for one handshake."""
+        if mechanism != b"CURVE" or not credentials or len(credentials[0]) != 32:
+            return self._refuse("mechanism", f"a {mechanism.decode()} connection", domain, address)
+        key = zmq.utils.z85.encode(credentials[0]).decode()
+        entry = self.allow.entry(key)
+        if entry is None:
+            return self._refuse("unknown", f"unknown key {key}", domain, address)
+        if not entry.enabled:
+            return self._refuse("revoked", f"revoked key {key} ({entry.name})", domain, address)
+        admitted = domain_roles(domain)
+        if admitted is not None and not entry.roles & admitted:
+            what = f"key {key} ({entry.name}, roles {','.join(sorted(entry.roles)) or 'none'})"
+            return self._refuse("role", what, domain, address)
+        self.counters["zap_admitted"] += 1
+        self.allow.seen.add(entry.name)
+        return b"200", b"OK", entry.name
+
+    def _refuse(self, why: str, what: str, domain: str, address: bytes) -> tuple[bytes, bytes, str]:
+        self.counters[f"zap_refused_{why}"] += 1
+        n = sum(v for k, v in self.counters.items() if k.startswith("zap_refused"))
+        if self._log_budget > 0 or n % 1000 == 0:
+            self._log_budget -= 1
+            log.warning(
+                "refused %s from %s on the port for %s (%d refused so far)",
+                what,
+                address.decode(errors="replace") or "?",
+                domain,
+                n,
+            )
+        return b"400", f"refused: {why}".encode(), ""

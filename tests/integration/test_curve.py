@@ -1,0 +1,228 @@
+"""CURVE and ZAP roles on a BrokerServer in a thread: real sockets on loopback TCP,
+the allow-list given in memory (the Django store is covered by tests/e2e/test_curve.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from emq_django import transport
+from emq_django.broker.server import BrokerServer
+from emq_django.conf import EmqSettings
+from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode
+from emq_django.security.allow import KeyEntry
+from emq_django.security.keys import CurveKeys
+from emq_django.transport import SocketOptions
+from tests.conftest import free_tcp_ports
+
+P = PROTOCOL
+BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [2, 3], "kwargs": {}}]'
+WAIT = 5.0
+REFUSED_WAIT = 1.0  # how long a refused connection is given to (not) answer
+
+
+def key_pair() -> tuple[bytes, bytes]:
+    public, secret = zmq.curve_keypair()
+    return public, secret
+
+
+@dataclass
+class SecureBroker:
+    server: BrokerServer
+    context: zmq.Context[Any]
+    urls: dict[str, str]
+    server_public: bytes
+    keys: list[KeyEntry]
+    pairs: dict[str, tuple[bytes, bytes]]
+    thread: threading.Thread
+    sockets: list[zmq.Socket[Any]] = field(default_factory=list)
+
+    def socket(
+        self, kind: int, port: str, key: str | None, identity: bytes | None = None
+    ) -> zmq.Socket[Any]:
+        """A socket to ``port`` with the key named ``key`` (None: plain text)."""
+        curve = None
+        if key is not None:
+            public, secret = self.pairs[key]
+            curve = CurveKeys(public, secret, self.server_public)
+        options = SocketOptions(identity=identity, curve=curve)
+        sock = transport.connect(self.context, kind, self.urls[port], options)
+        self.sockets.append(sock)
+        return sock
+
+    def counters(self) -> dict[str, int]:
+        doc: dict[str, Any] = self.server.status()
+        return doc["counters"]
+
+    def ask_monitor(self, key: str | None, request: bytes, wait: float = WAIT) -> bytes | None:
+        req = self.socket(zmq.REQ, "monitor", key)
+        req.send(request)
+        if not req.poll(int(wait * 1000)):
+            return None
+        answer: bytes = req.recv()
+        return answer
+
+
+def recv_command(sock: zmq.Socket[Any], kind: type, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sock.poll(int(left * 1000)):
+            return None
+        cmd = decode(sock.recv_multipart())
+        if isinstance(cmd, kind):
+            return cmd
+        assert isinstance(cmd, Heartbeat), f"expected {kind.__name__}, got {cmd!r}"
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+ROLES = {
+    "app": {"client"},
+    "jm": {"worker"},
+    "sched": {"scheduler"},
+    "watch": {"monitor"},
+    "ops": {"admin"},
+}
+
+
+@pytest.fixture
+def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
+    front, back, mon, mdp = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(4))
+    server_public, server_secret = key_pair()
+    pairs = {name: key_pair() for name in [*ROLES, "stranger"]}
+    keys = [KeyEntry(n, pairs[n][0].decode(), frozenset(r)) for n, r in ROLES.items()]
+    settings = EmqSettings(
+        FRONTEND_BIND=front,
+        BACKEND_BIND=back,
+        MONITOR_BIND=mon,
+        MDP_BIND=mdp,
+        PZQ_RECEIVE_BIND="",
+        MC0_BIND="",  # off here: tests/integration/test_mc0_curve.py
+        BUS_SNAPSHOT_BIND="",  # off: not on the default ports
+        HEARTBEAT_INTERVAL=0.2,
+        HEARTBEAT_LIVENESS=25,
+        JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
+        CURVE_SECRET_KEY=server_secret.decode(),
+        KEYS_RELOAD=0.2,
+    )
+    context: zmq.Context[Any] = zmq.Context()
+    server = BrokerServer(
+        settings, context=context, shutdown_grace=1.0, load_keys=lambda: list(keys)
+    )
+    server.bind()
+    thread = threading.Thread(target=server.run, name="broker", daemon=True)
+    thread.start()
+    urls = {"frontend": front, "backend": back, "monitor": mon, "majordomo": mdp}
+    broker = SecureBroker(server, context, urls, server_public, keys, pairs, thread)
+    yield broker
+    server.request_shutdown()
+    server.request_shutdown()
+    thread.join(WAIT)
+    for sock in broker.sockets:
+        sock.close(linger=0)
+    assert not thread.is_alive()
+    server.close()
+    context.term()
+    assert server.internal_errors == 0
+
+
+def inform(sock: zmq.Socket[Any], msgid: bytes, peer_type: bytes = b"worker") -> None:
+    sock.send_multipart([b"", P, b"INFORM", msgid, b'[[10, "default"]]', peer_type])
+
+
+def test_jobs_flow_with_curve(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    worker = b.socket(zmq.DEALER, "backend", "jm", identity=b"jm-1")
+    inform(worker, b"inform-1")
+    assert recv_command(worker, Ack) is not None
+    worker.send_multipart([b"", P, b"READY", b"ready-1"])
+    client = b.socket(zmq.DEALER, "frontend", "app", identity=b"app-1")
+    client.send_multipart([b"", P, b"REQUEST", b"job-1", b"default", b"", BODY])
+    assert recv_command(client, Ack).ack_msgid == b"job-1"
+    request = recv_command(worker, Request)
+    assert request is not None and request.body == BODY
+    worker.send_multipart([b"", P, b"REPLY", b"reply-1", b"5", request.msgid, b"ok,ready"])
+    # the client asked for no reply: the job is done when the counters say so
+    wait_until(lambda: b.counters()["succeeded"] == 1, "the job to succeed")
+    assert b.counters()["zap_admitted"] >= 2
+
+
+def test_client_key_cannot_join_as_job_manager(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    client = b.socket(zmq.DEALER, "frontend", "app", identity=b"app-1")
+    client.send_multipart([b"", P, b"REQUEST", b"job-1", b"default", b"", BODY])
+    assert recv_command(client, Ack) is not None
+    fake = b.socket(zmq.DEALER, "backend", "app", identity=b"fake-jm")
+    inform(fake, b"inform-fake")
+    fake.send_multipart([b"", P, b"READY", b"ready-1"])
+    assert recv_command(fake, Request, REFUSED_WAIT) is None
+    assert b.counters()["zap_refused_role"] >= 1
+    assert b.server.status()["job_managers"] == []
+
+
+@pytest.mark.parametrize("key", [None, "stranger"])
+def test_anonymous_monitor_cannot_cancel_or_purge(
+    secure_broker: SecureBroker, key: str | None
+) -> None:
+    b = secure_broker
+    assert b.ask_monitor(key, b"DEADLETTERS PURGE ALL", REFUSED_WAIT) is None
+    assert b.ask_monitor(key, b"CANCEL some-job", REFUSED_WAIT) is None
+    if key == "stranger":
+        wait_until(lambda: b.counters()["zap_refused_unknown"] >= 2, "unknown keys counted")
+    assert b.counters()["cancelled"] == 0
+
+
+def test_monitor_role_reads_but_cannot_change(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    doc = json.loads(b.ask_monitor("watch", b"MONITOR JSON") or b"null")
+    assert doc["security"]["curve"] is True
+    assert b.ask_monitor("watch", b"DEADLETTERS PURGE ALL") == (
+        b"ERROR forbidden: DEADLETTERS needs the admin role"
+    )
+    assert (b.ask_monitor("watch", b"CANCEL job-1") or b"").startswith(b"ERROR forbidden")
+    assert b.counters()["refused_forbidden"] == 2
+    assert json.loads(b.ask_monitor("ops", b"DEADLETTERS PURGE ALL") or b"null") == {"purged": 0}
+    assert b"cancelled" in (b.ask_monitor("ops", b"CANCEL job-1") or b"")
+
+
+def test_client_key_cannot_inform_as_scheduler(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    fake = b.socket(zmq.DEALER, "frontend", "app", identity=b"fake-sched")
+    inform(fake, b"inform-s", b"scheduler")
+    error = recv_command(fake, Error)
+    assert error is not None and "scheduler role" in error.reason and error.code == "forbidden"
+    real = b.socket(zmq.DEALER, "frontend", "sched", identity=b"sched-1")
+    inform(real, b"inform-r", b"scheduler")
+    assert recv_command(real, Ack) is not None
+
+
+def test_revoked_key_is_cut_off(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    worker = b.socket(zmq.DEALER, "backend", "jm", identity=b"jm-1")
+    inform(worker, b"inform-1")
+    assert recv_command(worker, Ack) is not None
+    wait_until(lambda: len(b.server.status()["job_managers"]) == 1, "the job manager")
+    b.keys[:] = [k for k in b.keys if k.name != "jm"]  # as if deleted from the table
+    revoked_at = time.monotonic()
+    wait_until(lambda: not b.server.status()["job_managers"], "the revoked job manager gone")
+    assert time.monotonic() - revoked_at < 0.2 + 1.0
+    worker.send_multipart([b"", P, b"READY", b"ready-1"])
+    wait_until(lambda: b.counters()["dropped_revoked"] >= 1, "its messages dropped")
+    assert b.counters()["peers_revoked"] == 1
+    again = b.socket(zmq.DEALER, "backend", "jm", identity=b"jm-2")
+    inform(again, b"inform-2")
+    assert recv_command(again, Ack, REFUSED_WAIT) is None
