@@ -41,6 +41,7 @@ class EmqSettings:
     BUS_SNAPSHOT_BIND: str = "tcp://127.0.0.1:5556"
     BUS_PUBLISH_BIND: str = "tcp://127.0.0.1:5557"
     BUS_COLLECT_BIND: str = "tcp://127.0.0.1:5558"
+    BUS_PUBLISH_HWM: int = 10_000  # events queued per subscriber; then it misses some
     # where clients (emq.publish, emq.subscribe, emq_tail) connect; '': the bind address
     BUS_SNAPSHOT_URL: str = ""
     BUS_PUBLISH_URL: str = ""
@@ -227,6 +228,8 @@ def _validate(s: EmqSettings) -> None:
         parse_retention(s.TOPIC_RETENTION)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"EMQ_TOPIC_RETENTION: {exc}") from None
+    if s.BUS_PUBLISH_HWM < 1:
+        raise ImproperlyConfigured("EMQ_BUS_PUBLISH_HWM must be >= 1")
     if s.BUS_SNAPSHOT_BIND and not (s.BUS_PUBLISH_BIND and s.BUS_COLLECT_BIND):
         raise ImproperlyConfigured(
             "EMQ_BUS_PUBLISH_BIND and EMQ_BUS_COLLECT_BIND must be set when "

@@ -33,6 +33,7 @@ class SocketOptions:
     curve: CurveKeys | None = None
     # the ZAP domain (a bound socket's roles, security/zap.py); '' leaves it unset
     zap_domain: str = ""
+    xpub_verboser: bool = False  # an XPUB passes on every (un)subscription
 
 
 def make_socket(context: Context, kind: int, options: SocketOptions | None = None) -> Socket:
@@ -52,6 +53,8 @@ def make_socket(context: Context, kind: int, options: SocketOptions | None = Non
         _set_curve(sock, opts.curve)
     if opts.zap_domain:
         sock.zap_domain = opts.zap_domain.encode()
+    if opts.xpub_verboser:
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
     return sock
 
 

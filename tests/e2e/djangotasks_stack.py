@@ -69,6 +69,7 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "EMQ_PZQ_SEND_BIND": f"tcp://127.0.0.1:{pzq_out}",
         "EMQ_PZQ_MONITOR_BIND": f"tcp://127.0.0.1:{pzq_mon}",
         "EMQ_MC0_BIND": f"tcp://127.0.0.1:{mc0}",
+        "EMQ_BUS_SNAPSHOT_BIND": "",  # the Event BUS off
         "DJANGO_SETTINGS_MODULE": "project.settings",
         "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
         "EMQ_FRONTEND_BIND": f"tcp://127.0.0.1:{frontend}",

@@ -110,7 +110,7 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
     started: list[Broker] = []
 
     def start(**overrides: Any) -> Broker:
-        front, back, mon, mdp = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(4))
+        front, back, mon, mdp, snap, pub, coll = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(7))
         # a generous liveness (5 s): test peers that do not heartbeat are not dropped
         # when the machine is slow; expiry itself is covered by the core's unit tests
         options: dict[str, Any] = {
@@ -120,6 +120,9 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
             "MDP_BIND": mdp,
             "PZQ_RECEIVE_BIND": "",  # off: tests/e2e/test_pzq.py covers it
             "MC0_BIND": "",  # off: tests/e2e/test_mc0.py covers it
+            "BUS_SNAPSHOT_BIND": snap,  # the Event BUS (tests/integration/test_eventbus.py)
+            "BUS_PUBLISH_BIND": pub,
+            "BUS_COLLECT_BIND": coll,
         }
         settings = EmqSettings(
             FRONTEND_BIND=front, BACKEND_BIND=back, MONITOR_BIND=mon, **{**options, **overrides}

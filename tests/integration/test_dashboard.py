@@ -77,6 +77,7 @@ def broker(settings: Any, tmp_path: Path) -> Iterator[str]:
         MDP_BIND="",  # off
         PZQ_RECEIVE_BIND="",  # off
         MC0_BIND="",  # off
+        BUS_SNAPSHOT_BIND="",  # off
         JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
     )
     context: zmq.Context[Any] = zmq.Context()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from emq_django.broker.ports.base import Port
 from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
+from emq_django.broker.ports.eventbus import EventBusPort
 from emq_django.broker.ports.mc0 import Mc0Port
 from emq_django.broker.ports.mdp import MajordomoPort
 from emq_django.broker.ports.monitor import MonitorPort
@@ -22,6 +23,7 @@ PORTS: tuple[tuple[str, type[Port]], ...] = (
     ("BACKEND_BIND", EmqpWorkerPort),
     ("MDP_BIND", MajordomoPort),
     ("PZQ_RECEIVE_BIND", PzqPort),
+    ("BUS_SNAPSHOT_BIND", EventBusPort),
     ("FRONTEND_BIND", EmqpClientPort),
     ("MONITOR_BIND", MonitorPort),
     ("MC0_BIND", Mc0Port),
@@ -31,6 +33,7 @@ __all__ = [
     "PORTS",
     "EmqpClientPort",
     "EmqpWorkerPort",
+    "EventBusPort",
     "MajordomoPort",
     "Mc0Port",
     "MonitorPort",

@@ -1,0 +1,230 @@
+"""The Event BUS wire (micro-toolkit/event-bus-zeromq): frames in and out.
+
+As the released bus (3.0.4) speaks it, which WIRE-NOTES record and which wins
+over the protocol document where they differ:
+
+- sequence numbers are ASCII decimal strings; the document's 8 bytes in network
+  order are accepted on the way in (eight bytes that are not all digits);
+- a multi-subtree spec is joined with ``,``; the document's ``;`` is accepted;
+- the bus numbers events itself and ignores a PUB's sequence frame;
+- timestamps are ISO-8601 (``Date.toISOString()``), UUIDs v4 strings, data
+  MessagePack.
+
+Commands (the ROUTER's identity frame not shown):
+
+- snapshot, in: ``SYNCSTART, subtrees, sequence``; out: ``SYNC, topic, seq,
+  producer, timestamp, uuid, data`` per kept event above ``sequence``, then
+  ``SYNCEND, subtrees, current sequence``;
+- publisher (PUB; subscribers filter on the topic frame): ``topic, seq,
+  producer, timestamp, uuid, data``;
+- collector, in: ``topic, seq (ignored), producer, timestamp, uuid, data``; an
+  optional seventh frame, the data's content type, is ours (``emq.publish`` of
+  raw bytes or JSON); without it the data is MessagePack.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import msgpack
+
+from emq_django.broker.topics import JSON, MAX_TOPIC_BYTES, MSGPACK, Event
+from emq_django.exceptions import ProtocolError
+
+SYNCSTART = b"SYNCSTART"
+SYNC = b"SYNC"
+SYNCEND = b"SYNCEND"
+MAX_SUBTREES = 256
+MAX_SPEC = 64 * 1024
+MAX_FIELD = 1024  # producer, timestamp, uuid, content type
+CONTENT_TYPES = (MSGPACK, JSON, "application/octet-stream")
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStart:
+    spec: bytes  # as received: SYNCEND sends it back
+    subtrees: tuple[str, ...]
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pub:
+    topic: str
+    producer: str
+    ts: float | None  # None: not given or not readable (the bus's clock is used)
+    uuid: bytes  # 16 bytes, or b"" (the bus makes one)
+    data: bytes
+    content_type: str
+
+
+# ---- numbers, times, ids ---------------------------------------------------------------
+
+
+def encode_seq(seq: int) -> bytes:
+    return b"%d" % seq
+
+
+def decode_seq(raw: bytes) -> int:
+    """ASCII decimal (the released bus), or 8 bytes in network order (the document);
+    empty or ``null`` is 0."""
+    if not raw or raw == b"null":
+        return 0
+    if raw.isdigit() and len(raw) <= 20:
+        return int(raw)
+    if len(raw) == 8:
+        return int.from_bytes(raw, "big")
+    raise ProtocolError(f"bad sequence number {raw[:32]!r}: expected ASCII decimal")
+
+
+def encode_ts(ts: float) -> bytes:
+    """``Date.toISOString()``'s form: milliseconds and ``Z``."""
+    when = datetime.fromtimestamp(ts, UTC)
+    return (when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z").encode()
+
+
+def decode_ts(raw: bytes) -> float | None:
+    if not raw or len(raw) > MAX_FIELD:
+        return None
+    try:
+        text = raw.decode("ascii")
+        if text.replace(".", "", 1).isdigit():
+            return float(text)  # seconds since the epoch
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return when.timestamp()
+    except (UnicodeDecodeError, ValueError, OverflowError):
+        return None
+
+
+def encode_uuid(raw: bytes) -> bytes:
+    return str(uuidlib.UUID(bytes=raw)).encode() if len(raw) == 16 else b""
+
+
+def decode_uuid(raw: bytes) -> bytes:
+    if not raw:
+        return b""
+    try:
+        return uuidlib.UUID(raw.decode("ascii")).bytes
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError(f"bad event UUID {raw[:40]!r}") from None
+
+
+# ---- data ------------------------------------------------------------------------------
+
+
+def as_msgpack(event: Event) -> bytes:
+    """The event's data as the bus carries it (MessagePack): kept as is when it is
+    MessagePack, converted from JSON, else raw bytes packed as a ``bin``."""
+    ctype = event.content_type
+    if ctype == MSGPACK or not ctype:
+        return event.data
+    if ctype == JSON:
+        try:
+            return bytes(msgpack.packb(json.loads(event.data)))
+        except (ValueError, TypeError, OverflowError):
+            pass
+    return bytes(msgpack.packb(event.data, use_bin_type=True))
+
+
+def check_msgpack(data: bytes) -> None:
+    try:
+        msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        raise ProtocolError(f"event data is not MessagePack: {exc}") from None
+
+
+# ---- snapshot --------------------------------------------------------------------------
+
+
+def decode_syncstart(frames: Sequence[bytes]) -> SyncStart:
+    if not frames or frames[0] != SYNCSTART:
+        raise ProtocolError("expected SYNCSTART on the snapshot port")
+    if len(frames) > 3:
+        raise ProtocolError(f"SYNCSTART has {len(frames)} frames, expected 2 or 3")
+    spec = frames[1] if len(frames) > 1 else b""
+    if len(spec) > MAX_SPEC:
+        raise ProtocolError(f"subtree spec of {len(spec)} bytes is too long")
+    seq = decode_seq(frames[2]) if len(frames) > 2 else 0
+    return SyncStart(spec, parse_subtrees(spec), seq)
+
+
+def parse_subtrees(spec: bytes) -> tuple[str, ...]:
+    """``/a/,/b/`` (the released bus) or ``/a/;/b/`` (the document); empty: all."""
+    try:
+        text = spec.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("subtree spec is not UTF-8") from None
+    parts = tuple(p for p in text.replace(";", ",").split(",") if p)
+    if len(parts) > MAX_SUBTREES:
+        raise ProtocolError(f"{len(parts)} subtrees; at most {MAX_SUBTREES}")
+    return parts
+
+
+def event_frames(event: Event, data: bytes) -> list[bytes]:
+    """topic, seq, producer, timestamp, uuid, data: BROADCAST, and SYNC's tail."""
+    return [
+        event.topic.encode(),
+        encode_seq(event.seq),
+        event.producer.encode(),
+        encode_ts(event.ts),
+        encode_uuid(event.uuid),
+        data,
+    ]
+
+
+def sync(event: Event, data: bytes) -> list[bytes]:
+    return [SYNC, *event_frames(event, data)]
+
+
+def syncend(spec: bytes, seq: int) -> list[bytes]:
+    return [SYNCEND, spec, encode_seq(seq)]
+
+
+def broadcast(event: Event, data: bytes) -> list[bytes]:
+    return event_frames(event, data)
+
+
+# ---- collector -------------------------------------------------------------------------
+
+
+def decode_pub(frames: Sequence[bytes]) -> Pub:
+    """A producer's PUB (a leading empty delimiter, as a REQ-style peer sends, is
+    skipped)."""
+    if frames and not frames[0]:
+        frames = frames[1:]
+    if len(frames) not in (6, 7):
+        raise ProtocolError(f"PUB has {len(frames)} frames, expected 6")
+    topic_raw, _seq, producer, ts, uuid, data = frames[:6]
+    if not topic_raw or len(topic_raw) > MAX_TOPIC_BYTES:
+        raise ProtocolError(f"bad topic of {len(topic_raw)} bytes (1 to {MAX_TOPIC_BYTES})")
+    if len(producer) > MAX_FIELD or len(uuid) > MAX_FIELD:
+        raise ProtocolError("producer id or UUID too long")
+    try:
+        topic = topic_raw.decode("utf-8")
+        producer_id = producer.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("topic or producer id is not UTF-8") from None
+    ctype = MSGPACK
+    if len(frames) == 7:
+        ctype = frames[6].decode("ascii", "replace")
+        if ctype not in CONTENT_TYPES:
+            raise ProtocolError(f"unknown content type {ctype[:64]!r}")
+    if ctype == MSGPACK:
+        check_msgpack(data)
+    return Pub(topic, producer_id, decode_ts(ts), decode_uuid(uuid), bytes(data), ctype)
+
+
+def pub(
+    topic: str, producer: str, ts: float, uuid: bytes, data: bytes, content_type: str = ""
+) -> list[bytes]:
+    """A producer's PUB (for ``emq.publish``); ``content_type`` other than
+    MessagePack adds our seventh frame."""
+    frames = [topic.encode(), b"", producer.encode(), encode_ts(ts), encode_uuid(uuid), data]
+    if content_type and content_type != MSGPACK:
+        frames.append(content_type.encode())
+    return frames

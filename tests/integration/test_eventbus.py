@@ -1,0 +1,118 @@
+"""The Event BUS port on a real BrokerServer (in a thread), with the test client
+written from the protocol document and WIRE-NOTES (tests/eventbus_client.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from tests.eventbus_client import BusClient
+from tests.integration import test_broker_server as base
+from tests.integration.test_broker_server import Broker, wait_until
+
+start_broker = base.start_broker  # the fixture: a BrokerServer in a thread
+
+
+def bus(broker: Broker, **kw: Any) -> BusClient:
+    s = broker.server.settings
+    return BusClient(
+        s.BUS_SNAPSHOT_BIND,
+        s.BUS_PUBLISH_BIND,
+        s.BUS_COLLECT_BIND,
+        broker.context,
+        track=broker.sockets,
+        **kw,
+    )
+
+
+def subscribed(broker: Broker, n: int) -> None:
+    wait_until(
+        lambda: broker.status()["topics"]["ports"].get("eventbus", {}).get("subscribers", 0) >= n,
+        f"{n} subscriptions",
+    )
+
+
+def test_sync_then_live_updates_with_prefix_match(start_broker: Callable[..., Broker]) -> None:
+    broker = start_broker()
+    producer = bus(broker)
+    for i in range(5):
+        producer.publish(f"/orders/{i}", {"n": i})
+    producer.publish("/users/1", "u")
+    wait_until(lambda: broker.status()["topics"]["last_seq"] == 6, "6 events")
+
+    client = bus(broker)
+    client.subscribe("/orders/")
+    events, current = client.sync("/orders/,/none/", since=2)
+    assert [(e.seq, e.topic, e.data) for e in events] == [
+        (3, "/orders/2", {"n": 2}),
+        (4, "/orders/3", {"n": 3}),
+        (5, "/orders/4", {"n": 4}),
+    ]
+    assert current == 6  # the bus's current sequence, not the last SYNC's
+    assert events[0].producer == "test-producer" and len(events[0].uuid) == 36
+    subscribed(broker, 1)
+    producer.publish("/users/2", "not for us")
+    producer.publish("/orders/9", [1, 2])
+    live = client.receive(10.0)
+    assert live is not None and (live.seq, live.topic, live.data) == (8, "/orders/9", [1, 2])
+    assert client.receive(0.3) is None
+    # the document's ';' and 8-byte sequence
+    client.send_raw_snapshot([b"SYNCSTART", b"/users/;/orders/9", (6).to_bytes(8, "big")])
+    frames = [client._snapshot.recv_multipart() for _ in range(3)]  # type: ignore[union-attr]
+    assert [f[2] for f in frames[:2]] == [b"7", b"8"] and frames[2][0] == b"SYNCEND"
+    status = broker.status()
+    assert status["topics"]["topics"]["/orders/9"]["last_seq"] == 8
+    assert status["topics"]["ports"]["eventbus"]["collected"] == 8
+    producer.close()
+    client.close()
+
+
+def test_malformed_messages_on_all_three_sockets_are_counted(
+    start_broker: Callable[..., Broker],
+) -> None:
+    broker = start_broker()
+    s = broker.server.settings
+    snapshot = broker.socket(zmq.DEALER, s.BUS_SNAPSHOT_BIND)
+    collector = broker.socket(zmq.DEALER, s.BUS_COLLECT_BIND)
+    xsub = broker.socket(zmq.XSUB, s.BUS_PUBLISH_BIND)
+    n = 300
+    for i in range(n):
+        snapshot.send_multipart([b"SYNCSTART", b"", b"-%d" % i])
+        collector.send_multipart([b"/t", b"", b"p", b"", b"", b"\xc1"])
+        xsub.send_multipart([b"\x07garbage", b"%d" % i])
+    wait_until(
+        lambda: broker.status()["topics"]["ports"]["eventbus"]["malformed"] >= 3 * n,
+        "the malformed messages counted",
+    )
+    status = broker.status()
+    assert status["counters"]["dropped_malformed"] >= 3 * n
+    assert status["topics"]["last_seq"] == 0
+    good = bus(broker)
+    good.publish("/t", 1)
+    wait_until(lambda: broker.status()["topics"]["last_seq"] == 1, "1 event")
+    assert good.sync("/t")[1] == 1
+    good.close()
+
+
+def test_json_and_raw_events_reach_bus_subscribers_as_messagepack(
+    start_broker: Callable[..., Broker],
+) -> None:
+    """Our seventh PUB frame (the content type, as emq.publish sends raw bytes or
+    JSON) keeps the data as published; Event BUS subscribers get MessagePack."""
+    broker = start_broker()
+    client = bus(broker)
+    client.subscribe("")
+    subscribed(broker, 1)
+    producer = bus(broker)
+    base_frames = [b"/json/x", b"", b"p", b"", b""]
+    producer.publish_raw([*base_frames, b'{"k": [1, 2]}', b"application/json"])
+    producer.publish_raw([*base_frames, b"\x00raw", b"application/octet-stream"])
+    got = client.receive_n(2, 10.0)
+    assert [(e.seq, e.data) for e in got] == [(1, {"k": [1, 2]}), (2, b"\x00raw")]
+    kept = list(broker.server.core.topics.since(["/json/"], 0))  # read after the commit
+    assert [(e.data, e.content_type) for e in kept] == [
+        (b'{"k": [1, 2]}', "application/json"),
+        (b"\x00raw", "application/octet-stream"),
+    ]
