@@ -2,7 +2,9 @@
 WIRE-NOTES (tests/mc0_client.py, plain pyzmq) against a real broker process on
 private ports: CONNECT/SUB/UNSUB answered OK, PUT fanned out as MESSAGE to exact
 subscribers, the broker's NOOPs at 0.95 x TTL, eviction after 1.05 x TTL,
-DISCONNECT, ERROR for malformed commands, and 10,000 malformed messages."""
+DISCONNECT, ERROR for malformed commands, and 10,000 malformed messages; and the
+one topic space: an mc0 PUT reaches Event BUS clients (tests/eventbus_client.py)
+and an Event BUS event reaches mc0 subscribers."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
 from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
+from tests.eventbus_client import BusClient
 from tests.mc0_client import Mc0Client, Mc0Refused
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -30,6 +34,11 @@ def ctx() -> Iterator[zmq.Context[Any]]:
     while _open:
         _open.pop().close()
     context.destroy(linger=0)
+
+
+def bus_subscribers(env: dict[str, str]) -> int:
+    ports = monitor(env).get("topics", {}).get("ports", {})
+    return int(ports.get("eventbus", {}).get("subscribers", 0))
 
 
 def start_mc0_broker(
@@ -234,3 +243,57 @@ def test_10000_malformed_messages_are_answered_and_counted(
     good = client(ctx, emq_env)  # and it still serves
     good.connect()
     good.sub("t")
+
+
+# ---- the one topic space: mc0 <-> Event BUS -----------------------------------------
+
+
+@pytest.fixture
+def bus(ctx: zmq.Context[Any], emq_env: dict[str, str]) -> Iterator[BusClient]:
+    track: list[zmq.Socket[Any]] = []
+    client = BusClient(
+        emq_env["EMQ_BUS_SNAPSHOT_BIND"],
+        emq_env["EMQ_BUS_PUBLISH_BIND"],
+        emq_env["EMQ_BUS_COLLECT_BIND"],
+        context=ctx,
+        track=track,
+    )
+    yield client
+    for sock in track:
+        sock.close(linger=0)
+
+
+def test_an_mc0_put_reaches_event_bus_subscribers_and_snapshots(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any], bus: BusClient
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    bus.subscribe("/orders/")
+    wait_until(lambda: bus_subscribers(emq_env) >= 1, "the bus subscription to arrive")
+    producer = client(ctx, emq_env)
+    producer.connect()
+    producer.request(b"PUT", [(b"TOPIC", b"/orders/42"), (b"X-From", b"mc0")], b"\x01raw")
+    event = bus.receive(timeout=10)
+    assert event is not None
+    assert (event.topic, event.data) == ("/orders/42", b"\x01raw")  # opaque bytes: a bin
+    assert event.producer.startswith("mc0:")
+    assert event.seq >= 1
+    events, last = bus.sync("/orders/")  # kept in the topic space too
+    assert [(e.topic, e.seq, e.data) for e in events] == [("/orders/42", event.seq, b"\x01raw")]
+    assert last == event.seq
+
+
+def test_an_event_bus_event_reaches_mc0_subscribers_of_its_exact_topic(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any], bus: BusClient
+) -> None:
+    start_mc0_broker(emq_processes, emq_env)
+    exact, prefix = client(ctx, emq_env), client(ctx, emq_env)
+    for c in (exact, prefix):
+        c.connect()
+    exact.sub("/orders/42")
+    prefix.sub("/orders/")  # mc0 topics match exactly: no prefix subtree
+    bus.publish("/orders/42", {"qty": 3})
+    (got,) = exact.messages(1)
+    assert got.header(b"TOPIC") == b"/orders/42"
+    assert msgpack.unpackb(got.positional[0]) == {"qty": 3}  # the bus's MessagePack as is
+    assert prefix.recv(timeout=0.5, verb=b"MESSAGE") is None
+    assert counters(emq_env)["mc0_messages_sent"] == 1
