@@ -20,6 +20,7 @@ from emq_django.exceptions import (
     TaskNotFound,
 )
 from emq_django.handles import Result, result
+from emq_django.pubsub import asubscribe, publish, publish_on_commit, subscribe
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.streaming import partial
 from emq_django.task import Task, task
@@ -40,10 +41,14 @@ __all__ = [
     "Task",
     "TaskFailed",
     "TaskNotFound",
+    "asubscribe",
     "partial",
     "periodic",
+    "publish",
+    "publish_on_commit",
     "result",
     "schedule",
+    "subscribe",
     "task",
     "unschedule",
 ]

@@ -194,6 +194,7 @@ class Journal:
     def stats(self) -> dict[str, Any]:
         try:
             counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+            (events,) = self.db.execute("SELECT COUNT(*) FROM events").fetchone()
         except sqlite3.Error as exc:
             return {
                 "path": str(self.path),
@@ -206,6 +207,7 @@ class Journal:
             "path": str(self.path),
             "size_bytes": size,
             "jobs": counts,
+            "events": events,
             "commits": self.commits,
             "errors": self.errors,
         }

@@ -147,4 +147,11 @@ def as_lines(doc: dict[str, Any]) -> bytes:
     for q in doc["queues"]:
         lines[f"queue.{q['name']}.depth"] = q["depth"]
         lines[f"queue.{q['name']}.in_flight"] = q["in_flight"]
+    topics = doc.get("topics")
+    if topics:
+        lines["topics.last_seq"] = topics["last_seq"]
+        lines["topics.published"] = topics["published"]
+        lines["topics.count"] = len(topics["topics"])
+        for port, figures in topics.get("ports", {}).items():
+            lines[f"topics.{port}.subscribers"] = figures.get("subscribers", 0)
     return "".join(f"{k}: {v}\n" for k, v in lines.items()).encode()

@@ -228,3 +228,40 @@ def pub(
     if content_type and content_type != MSGPACK:
         frames.append(content_type.encode())
     return frames
+
+
+# ---- client side (emq_django/pubsub.py) ------------------------------------------------
+
+
+def syncstart(subtrees: Sequence[str], seq: int) -> list[bytes]:
+    return [SYNCSTART, ",".join(subtrees).encode(), encode_seq(seq)]
+
+
+def decode_event(frames: Sequence[bytes]) -> Event:
+    """A BROADCAST (or a SYNC's frames after ``SYNC``); the data stays MessagePack."""
+    if len(frames) != 6:
+        raise ProtocolError(f"event has {len(frames)} frames, expected 6")
+    topic, seq, producer, ts, event_uuid, data = frames
+    try:
+        return Event(
+            decode_seq(seq),
+            topic.decode("utf-8"),
+            bytes(data),
+            producer.decode("utf-8"),
+            decode_uuid(event_uuid),
+            decode_ts(ts) or 0.0,
+            MSGPACK,
+        )
+    except UnicodeDecodeError:
+        raise ProtocolError("topic or producer id is not UTF-8") from None
+
+
+def decode_snapshot(frames: Sequence[bytes]) -> Event | int:
+    """A SYNC's event, or a SYNCEND's sequence."""
+    if frames and frames[0] == SYNC:
+        return decode_event(frames[1:])
+    if len(frames) == 3 and frames[0] == SYNCEND:
+        return decode_seq(frames[2])
+    raise ProtocolError(
+        f"expected SYNC or SYNCEND, not {bytes(frames[0][:16]) if frames else b''!r}"
+    )

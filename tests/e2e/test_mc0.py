@@ -4,7 +4,8 @@ private ports: CONNECT/SUB/UNSUB answered OK, PUT fanned out as MESSAGE to exact
 subscribers, the broker's NOOPs at 0.95 x TTL, eviction after 1.05 x TTL,
 DISCONNECT, ERROR for malformed commands, and 10,000 malformed messages; and the
 one topic space: an mc0 PUT reaches Event BUS clients (tests/eventbus_client.py)
-and an Event BUS event reaches mc0 subscribers."""
+and ``emq.subscribe``, and Event BUS events and ``emq.publish`` reach mc0
+subscribers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import msgpack
 import pytest
 import zmq
 
+import emq_django as emq
 from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
 from tests.eventbus_client import BusClient
@@ -297,3 +299,36 @@ def test_an_event_bus_event_reaches_mc0_subscribers_of_its_exact_topic(
     assert msgpack.unpackb(got.positional[0]) == {"qty": 3}  # the bus's MessagePack as is
     assert prefix.recv(timeout=0.5, verb=b"MESSAGE") is None
     assert counters(emq_env)["mc0_messages_sent"] == 1
+
+
+def test_emq_publish_reaches_an_mc0_subscriber_and_an_mc0_put_reaches_emq_subscribe(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: zmq.Context[Any]
+) -> None:
+    env = emq_client_env
+    start_mc0_broker(emq_processes, env)
+    node = client(ctx, env)
+    node.connect()
+    node.sub("/jobs/done")
+    emq.publish("/jobs/done", b"\x00raw bytes")  # application/octet-stream
+    emq.publish("/jobs/done", {"job": 7})  # MessagePack
+    emq.publish("/jobs/other", {"job": 8})  # not this topic
+    got = node.messages(2)
+    assert [m.positional[0] for m in got] == [b"\x00raw bytes", msgpack.packb({"job": 7})]
+    assert node.recv(timeout=0.5, verb=b"MESSAGE") is None
+
+    node.put("/jobs/done", b"from mc0", [(b"X-Node", b"n1")])  # before the subscription:
+    with emq.subscribe("/jobs/", since=0) as sub:  # kept, so replayed
+        seen = [sub.next(timeout=30) for _ in range(4)]
+        node.put("/jobs/done", b"live from mc0")  # and live
+        seen.append(sub.next(timeout=30))
+    assert all(e is not None for e in seen), seen
+    assert [(e.topic, e.data) for e in seen if e is not None] == [
+        ("/jobs/done", b"\x00raw bytes"),
+        ("/jobs/done", {"job": 7}),
+        ("/jobs/other", {"job": 8}),
+        ("/jobs/done", b"from mc0"),
+        ("/jobs/done", b"live from mc0"),
+    ]
+    mc0_events = [e for e in seen if e is not None and e.producer.startswith("mc0:")]
+    assert len(mc0_events) == 2
+    assert [e.seq for e in seen if e is not None] == [1, 2, 3, 4, 5]

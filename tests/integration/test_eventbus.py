@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import zmq
+from django.db import transaction
 
+import emq_django as emq
 from tests.eventbus_client import BusClient
 from tests.integration import test_broker_server as base
 from tests.integration.test_broker_server import Broker, wait_until
@@ -65,6 +68,9 @@ def test_sync_then_live_updates_with_prefix_match(start_broker: Callable[..., Br
     status = broker.status()
     assert status["topics"]["topics"]["/orders/9"]["last_seq"] == 8
     assert status["topics"]["ports"]["eventbus"]["collected"] == 8
+    assert status["topics"]["ports"]["eventbus"]["subscribers"] == 1
+    lines = broker.ask_monitor(b"MONITOR").decode().splitlines()
+    assert "topics.last_seq: 8" in lines and "topics.eventbus.subscribers: 1" in lines
     producer.close()
     client.close()
 
@@ -116,3 +122,30 @@ def test_json_and_raw_events_reach_bus_subscribers_as_messagepack(
         (b'{"k": [1, 2]}', "application/json"),
         (b"\x00raw", "application/octet-stream"),
     ]
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_publish_on_commit_publishes_after_the_commit_and_never_on_rollback(
+    start_broker: Callable[..., Broker],
+) -> None:
+    broker = start_broker()
+    s = broker.server.settings
+    url = s.BUS_COLLECT_BIND
+    with emq.subscribe(
+        "/db/", None, snapshot_url=s.BUS_SNAPSHOT_BIND, publish_url=s.BUS_PUBLISH_BIND
+    ) as sub:
+        with pytest.raises(Rollback), transaction.atomic():
+            assert emq.publish_on_commit("/db/rolled-back", 1, url=url) is True
+            raise Rollback
+        with transaction.atomic():
+            assert emq.publish_on_commit("/db/committed", {"ok": True}, url=url) is True
+            assert sub.next(timeout=0.5) is None  # not before the commit
+        event = sub.next(timeout=10.0)
+        assert event is not None and (event.topic, event.data) == ("/db/committed", {"ok": True})
+        assert sub.next(timeout=0.5) is None
+        with pytest.raises(ValueError):
+            emq.publish_on_commit("", 1, url=url)  # refused at once, not at commit time

@@ -1,0 +1,386 @@
+"""Publish and subscribe on the broker's topic space, through its Event BUS port.
+
+``emq.publish("/orders/created", {"id": 1})`` sends a PUB to the collector port,
+as any Event BUS producer does: JSON-able data goes as MessagePack (or JSON with
+``content_type="application/json"``), bytes as they are
+(``application/octet-stream`` unless another content type is given). The Event
+BUS never acknowledges a PUB; the broker numbers and keeps the event when it
+reads it. ``emq.publish_on_commit(...)`` publishes once the surrounding database
+transaction commits (never if it rolls back).
+
+``emq.subscribe("/orders/", since=seq)`` yields the events on topics under the
+prefixes, in sequence order, each once, as the ZeroMQ Clone pattern gets them: a
+SUB socket for live events and the snapshot port for what it missed. A jump in the
+sequence may be a dropped message (a subscriber slower than its PUB pipe) or
+events on other topics (the sequence is one for the whole broker); either way the
+subscriber asks the snapshot for the events above the last one it has and
+buffers live ones meanwhile. When nothing arrives for ``idle_check`` seconds it
+asks too, so a lost last event, or a broker restart, is noticed. Use
+``async for event in emq.asubscribe(...)`` in asyncio code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from emq_django.broker.topics import JSON, MSGPACK, OCTETS, Event, check_topic, matches
+from emq_django.conf import EmqSettings, cached_settings
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol import eventbus
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT = 5.0  # seconds without a SYNCEND before asking again (a restarted broker)
+MAX_BUFFERED = 100_000  # live events held while a snapshot is asked for; then dropped
+LATEST = 2**62  # SYNCSTART above every event: only the current sequence comes back
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One event as a subscriber gets it."""
+
+    seq: int
+    topic: str
+    data: Any  # the MessagePack data, unpacked
+    producer: str
+    uuid: str
+    ts: float  # the producer's wall-clock time
+    raw: bytes  # the MessagePack data as received
+
+
+def _url(settings: EmqSettings, name: str) -> str:
+    url: str = getattr(settings, f"BUS_{name}_URL") or getattr(settings, f"BUS_{name}_BIND")
+    if not url:
+        raise ValueError(f"EMQ_BUS_{name}_URL (or EMQ_BUS_{name}_BIND) is not set")
+    return url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://*:", "://127.0.0.1:")
+
+
+# ---- publishing --------------------------------------------------------------------------
+
+
+def encode_data(data: Any, content_type: str | None) -> tuple[bytes, str]:
+    """The payload and its content type: bytes as they are, anything else as
+    MessagePack (or JSON when asked)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data), content_type or OCTETS
+    if content_type in (None, MSGPACK):
+        return bytes(msgpack.packb(data)), MSGPACK
+    if content_type == JSON:
+        return json.dumps(data, separators=(",", ":")).encode(), JSON
+    raise ValueError(f"data that is not bytes goes as {MSGPACK} or {JSON}, not {content_type}")
+
+
+class _Publisher:
+    """A DEALER to the collector, one per thread (a socket is not thread-safe) and
+    made again after a fork."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def socket(self, url: str) -> zmq.Socket[Any]:
+        local = self.local
+        if getattr(local, "pid", None) != os.getpid() or local.url != url:
+            if getattr(local, "pid", None) == os.getpid():
+                local.sock.close()  # another address now (settings changed)
+            sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+            sock.linger = 5000  # an exiting process still sends what it published
+            sock.sndtimeo = 5000
+            sock.connect(url)
+            local.sock, local.url, local.pid = sock, url, os.getpid()
+        sock_: zmq.Socket[Any] = local.sock
+        return sock_
+
+
+_publisher = _Publisher()
+
+
+def publish(
+    topic: str,
+    data: Any,
+    *,
+    content_type: str | None = None,
+    producer: str | None = None,
+    url: str | None = None,
+) -> str:
+    """Publish one event; returns its UUID. Raises ``ValueError`` for a bad topic
+    or data that cannot be encoded, ``zmq.Again`` when the collector's pipe stays
+    full for 5 s."""
+    check_topic(topic)
+    payload, ctype = encode_data(data, content_type)
+    event_id = uuidlib.uuid4()
+    frames = eventbus.pub(
+        topic,
+        producer or f"emq-{os.getpid()}",
+        time.time(),
+        event_id.bytes,
+        payload,
+        ctype,
+    )
+    sock = _publisher.socket(url or _url(cached_settings(), "COLLECT"))
+    sock.send_multipart(frames)
+    return str(event_id)
+
+
+def publish_on_commit(topic: str, data: Any, *, using: str | None = None, **kw: Any) -> bool:
+    """``publish`` when the transaction on ``using`` commits (now when none is
+    open); returns True when it was deferred. The data is encoded now, so a bad
+    topic or data raises here, not at commit time."""
+    from emq_django.transaction import on_commit
+
+    check_topic(topic)
+    encode_data(data, kw.get("content_type"))
+    return on_commit(lambda: publish(topic, data, **kw), using)
+
+
+# ---- subscribing: the Clone pattern's client, without sockets ------------------------------
+
+
+class CloneState:
+    """What a subscriber knows: ``last``, the sequence up to which it has every
+    event under its prefixes. Fed the frames of the SUB and snapshot sockets, it
+    returns the events to yield and says when to ask the snapshot."""
+
+    def __init__(self, prefixes: Sequence[str], since: int | None) -> None:
+        self.prefixes = tuple(prefixes)
+        self.last = since if since is not None else -1  # -1: ask for the current one
+        self.syncing_since: float | None = None  # when the outstanding SYNCSTART left
+        self.started = False  # the first SYNCSTART went out
+        self.buffer: list[Event] = []
+        self.gaps = 0  # jumps in the live sequence filled from the snapshot
+        self.syncs = 0
+        self.dropped = 0  # malformed messages
+        self.live_seen = 0  # events under the prefixes that came on the SUB socket
+        self.from_snapshot = 0  # events yielded from the snapshot
+
+    def syncstart(self, now: float) -> list[bytes]:
+        self.started = True
+        self.syncing_since = now
+        self.syncs += 1
+        return eventbus.syncstart(self.prefixes, LATEST if self.last < 0 else self.last)
+
+    def needs_sync(self, now: float, idle: float, idle_check: float) -> bool:
+        if self.syncing_since is not None:
+            return now - self.syncing_since >= SYNC_TIMEOUT  # lost (a broker restart)
+        return not self.started or idle >= idle_check
+
+    def on_live(self, frames: Sequence[bytes]) -> list[Event]:
+        event = self._decode(eventbus.decode_event, frames)
+        if not isinstance(event, Event) or not matches(event.topic, self.prefixes):
+            return []
+        self.live_seen += 1
+        if self.syncing_since is not None or self.last < 0:
+            if len(self.buffer) < MAX_BUFFERED:  # past it: the snapshot fills them in
+                self.buffer.append(event)
+            return []
+        if event.seq <= self.last:
+            return []
+        if event.seq != self.last + 1:
+            self.gaps += 1
+            self.buffer.append(event)
+            return []  # the caller asks the snapshot (``wants_fill``)
+        self.last = event.seq
+        return [event]
+
+    @property
+    def wants_fill(self) -> bool:
+        return self.syncing_since is None and bool(self.buffer)
+
+    def on_snapshot(self, frames: Sequence[bytes]) -> list[Event]:
+        item = self._decode(eventbus.decode_snapshot, frames)
+        if isinstance(item, Event):
+            if self.syncing_since is not None:
+                self.syncing_since = time.monotonic()  # the answer is coming
+            if item.seq > self.last and self.last >= 0 and matches(item.topic, self.prefixes):
+                self.last = item.seq
+                self.from_snapshot += 1
+                return [item]
+            return []
+        if item is None:
+            return []
+        if 0 <= item < self.last:
+            log.warning(
+                "the broker's sequence (%d) is below the last seen (%d): its event store "
+                "was reset; going on from its sequence",
+                item,
+                self.last,
+            )
+            self.last = item
+        self.last = max(self.last, item)
+        self.syncing_since = None
+        return self._drain_buffer()
+
+    def _drain_buffer(self) -> list[Event]:
+        """Live events held back: those above ``last`` in order while they follow
+        on; at the first jump, keep the rest and ask the snapshot again."""
+        held, self.buffer = sorted(self.buffer, key=lambda e: e.seq), []
+        out = []
+        for i, event in enumerate(held):
+            if event.seq <= self.last:
+                continue
+            if event.seq != self.last + 1:
+                self.buffer = held[i:]
+                break
+            self.last = event.seq
+            out.append(event)
+        return out
+
+    def _decode(self, decode: Any, frames: Sequence[bytes]) -> Any:
+        try:
+            return decode(frames)
+        except ProtocolError as exc:
+            self.dropped += 1
+            log.warning("dropped a malformed Event BUS message: %s", exc)
+            return None
+
+
+def received(event: Event) -> Received:
+    try:
+        data = msgpack.unpackb(event.data, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException, TypeError):
+        data = event.data  # not MessagePack: as it came
+    event_id = str(uuidlib.UUID(bytes=event.uuid)) if len(event.uuid) == 16 else ""
+    return Received(event.seq, event.topic, data, event.producer, event_id, event.ts, event.data)
+
+
+class Subscription:
+    """``for event in emq.subscribe(...)``: blocks for the next event; ``close()``
+    (or leaving a ``with`` block) ends it. ``last`` is the sequence to resume from."""
+
+    def __init__(
+        self,
+        prefixes: Sequence[str],
+        since: int | None = None,
+        *,
+        snapshot_url: str | None = None,
+        publish_url: str | None = None,
+        idle_check: float = 1.0,
+        rcvhwm: int | None = None,
+        rcvbuf: int | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        """``rcvhwm``, ``rcvbuf``: the SUB socket's queue (messages) and kernel buffer
+        (bytes); past them a slow subscriber misses live events and fills them in
+        from the snapshot."""
+        settings = cached_settings()
+        self.state = CloneState(prefixes, since)
+        self.idle_check = idle_check
+        ctx = context or zmq.Context.instance()
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.linger = 0
+        if rcvhwm is not None:
+            self.sub.rcvhwm = rcvhwm
+        if rcvbuf is not None:
+            self.sub.rcvbuf = rcvbuf
+        for prefix in self.state.prefixes or ("",):
+            self.sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self.sub.connect(publish_url or _url(settings, "PUBLISH"))
+        self.snapshot = ctx.socket(zmq.DEALER)
+        self.snapshot.linger = 0
+        self.snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
+        self.poller = zmq.Poller()
+        self.poller.register(self.sub, zmq.POLLIN)
+        self.poller.register(self.snapshot, zmq.POLLIN)
+        self._ready: list[Event] = []
+        self._heard = time.monotonic()
+
+    @property
+    def last(self) -> int:
+        return self.state.last
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sub.close()
+        self.snapshot.close()
+
+    def __iter__(self) -> Iterator[Received]:
+        while True:
+            event = self.next(timeout=None)
+            if event is not None:
+                yield event
+
+    def next(self, timeout: float | None = None) -> Received | None:
+        """The next event, or None after ``timeout`` seconds (None: wait for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        state = self.state
+        while not self._ready:
+            now = time.monotonic()
+            if state.needs_sync(now, now - self._heard, self.idle_check) or state.wants_fill:
+                self.snapshot.send_multipart(state.syncstart(now))
+                self._heard = now
+            if deadline is not None and now >= deadline:
+                return None
+            wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
+            for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
+                self._heard = time.monotonic()
+                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    frames = sock.recv_multipart()
+                    if sock is self.sub:
+                        self._ready += state.on_live(frames)
+                    else:
+                        self._ready += state.on_snapshot(frames)
+        return received(self._ready.pop(0))
+
+
+def subscribe(
+    prefixes: str | Sequence[str] = "", since: int | None = None, **kw: Any
+) -> Subscription:
+    """Events under ``prefixes`` (a prefix or several; ``""``: all): those above
+    ``since`` that the broker keeps, then live ones; ``since=None``: live ones only."""
+    return Subscription([prefixes] if isinstance(prefixes, str) else list(prefixes), since, **kw)
+
+
+async def asubscribe(
+    prefixes: str | Sequence[str] = "",
+    since: int | None = None,
+    *,
+    snapshot_url: str | None = None,
+    publish_url: str | None = None,
+    idle_check: float = 1.0,
+) -> AsyncIterator[Received]:
+    """``subscribe`` for asyncio: ``async for event in emq.asubscribe(...)``."""
+    settings = cached_settings()
+    state = CloneState([prefixes] if isinstance(prefixes, str) else list(prefixes), since)
+    ctx = zmq.asyncio.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    snapshot = ctx.socket(zmq.DEALER)
+    try:
+        sub.linger = snapshot.linger = 0
+        for prefix in state.prefixes or ("",):
+            sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        sub.connect(publish_url or _url(settings, "PUBLISH"))
+        snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(snapshot, zmq.POLLIN)
+        heard = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if state.needs_sync(now, now - heard, idle_check) or state.wants_fill:
+                await snapshot.send_multipart(state.syncstart(now))
+                heard = now
+            for sock, _ in await poller.poll(idle_check * 1000):
+                heard = time.monotonic()
+                frames = await sock.recv_multipart()
+                events = state.on_live(frames) if sock is sub else state.on_snapshot(frames)
+                for event in events:
+                    yield received(event)
+    finally:
+        sub.close()
+        snapshot.close()

@@ -1,0 +1,272 @@
+"""Topics end to end: a real broker process (``manage.py emq_broker``), the Event
+BUS client written from the document (tests/eventbus_client.py), and the Python
+API (``emq.publish``, ``emq.subscribe``, ``emq.asubscribe``, ``emq_tail``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+import emq_django as emq
+from emq_django.pubsub import Subscription
+from tests.conftest import EmqProcesses, ManagedProcess
+from tests.e2e.test_spine import monitor, port_of, wait_until
+from tests.eventbus_client import BusClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+class Sockets:
+    """A context whose sockets are all closed in teardown, even after a failure."""
+
+    def __init__(self) -> None:
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.opened: list[zmq.Socket[Any]] = []
+
+    def socket(self, kind: int, url: str) -> zmq.Socket[Any]:
+        sock = self.context.socket(kind)
+        sock.linger = 0
+        sock.connect(url)
+        self.opened.append(sock)
+        return sock
+
+
+@pytest.fixture
+def ctx() -> Iterator[Sockets]:
+    sockets = Sockets()
+    yield sockets
+    for sock in sockets.opened:
+        sock.close(linger=0)
+    sockets.context.term()
+
+
+def bus(env: dict[str, str], ctx: Sockets, **kw: Any) -> BusClient:
+    return BusClient(
+        env["EMQ_BUS_SNAPSHOT_BIND"],
+        env["EMQ_BUS_PUBLISH_BIND"],
+        env["EMQ_BUS_COLLECT_BIND"],
+        ctx.context,
+        track=ctx.opened,
+        **kw,
+    )
+
+
+def start(procs: EmqProcesses, env: dict[str, str], **extra: str) -> ManagedProcess:
+    broker = procs.start("emq_broker", name=f"broker-{len(procs.processes)}", env=extra)
+    for key in ("EMQ_MONITOR_BIND", "EMQ_BUS_SNAPSHOT_BIND", "EMQ_BUS_COLLECT_BIND"):
+        procs.wait_for_port(port_of(env[key]), proc=broker)
+    return broker
+
+
+def topics(env: dict[str, str]) -> dict[str, Any]:
+    doc: dict[str, Any] = monitor(env)["topics"]
+    return doc
+
+
+def bus_subscribers(env: dict[str, str]) -> int:
+    return int(topics(env)["ports"].get("eventbus", {}).get("subscribers", 0))
+
+
+def take(sub: Subscription, n: int, timeout: float = 60.0) -> list[emq.pubsub.Received]:
+    got = []
+    while len(got) < n:
+        event = sub.next(timeout=timeout)
+        assert event is not None, f"{len(got)} of {n} events, then nothing for {timeout} s"
+        got.append(event)
+    return got
+
+
+def test_sync_then_live_and_both_ways_between_emq_and_an_event_bus_client(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    for i in range(3):
+        emq.publish("/orders/created", {"id": i})
+    emq.publish("/users/new", b"\x01raw")
+    wait_until(lambda: topics(env)["last_seq"] == 4, "4 events", procs=[broker])
+
+    external = bus(env, ctx)
+    external.subscribe("/orders/")
+    with emq.subscribe("/orders/", since=0) as sub:
+        first = take(sub, 3)
+        assert [(e.seq, e.topic, e.data) for e in first] == [
+            (1, "/orders/created", {"id": 0}),
+            (2, "/orders/created", {"id": 1}),
+            (3, "/orders/created", {"id": 2}),
+        ]
+        wait_until(lambda: bus_subscribers(env) >= 2, "both subscribed", procs=[broker])
+        external.publish("/orders/paid", {"from": "bus"})  # an Event BUS producer ...
+        live = take(sub, 1)[0]  # ... reaches emq.subscribe
+        assert (live.seq, live.topic, live.data) == (5, "/orders/paid", {"from": "bus"})
+        emq.publish("/orders/shipped", [1, "two"])  # emq.publish ...
+        got = external.receive_n(2, 20.0)  # ... reaches the Event BUS client
+        assert [(e.seq, e.topic, e.data) for e in got] == [
+            (5, "/orders/paid", {"from": "bus"}),
+            (6, "/orders/shipped", [1, "two"]),
+        ]
+        assert take(sub, 1)[0].seq == 6
+    events, current = external.sync("", since=3)
+    assert [e.seq for e in events] == [4, 5, 6] and current == 6
+    assert events[0].data == b"\x01raw"  # raw bytes travel as a MessagePack bin
+
+
+def test_asubscribe_yields_kept_then_live_events(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    emq.publish("/a/1", 1)
+    wait_until(lambda: topics(env)["last_seq"] == 1, "1 event", procs=[broker])
+
+    async def run() -> list[tuple[int, Any]]:
+        got = []
+        async for event in emq.asubscribe("/a/", since=0):
+            got.append((event.seq, event.data))
+            if len(got) == 1:
+                emq.publish("/b/skip", 0)
+                emq.publish("/a/2", 2)
+            if len(got) == 2:
+                break
+        return got
+
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == [(1, 1), (3, 2)]
+
+
+def test_offline_subscriber_gets_exactly_the_10000_events_across_a_broker_restart(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    emq.publish("/feed/start", "before")
+    with emq.subscribe("/feed/", since=0) as sub:
+        assert take(sub, 1)[0].data == "before"
+        resume = sub.last
+    # offline: 5,000 events, a restart, 5,000 more (the sequence goes on)
+    for i in range(5000):
+        emq.publish(f"/feed/{i % 7}", i)
+    wait_until(lambda: topics(env)["last_seq"] == 5001, "5,001 events", 60, procs=[broker])
+    assert emq_processes.stop(broker) == 0
+    broker = start(emq_processes, env)
+    assert topics(env)["last_seq"] == 5001
+    for i in range(5000, 10000):
+        emq.publish(f"/feed/{i % 7}", i)
+    wait_until(lambda: topics(env)["last_seq"] == 10001, "10,001 events", 60, procs=[broker])
+    with emq.subscribe("/feed/", since=resume) as sub:
+        got = take(sub, 10000)
+        assert sub.next(timeout=1.5) is None  # and nothing more: each once
+    assert [e.data for e in got] == list(range(10000))
+    assert [e.seq for e in got] == list(range(2, 10002))
+
+
+def test_a_live_subscription_goes_on_across_a_broker_restart(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    """The SUB and snapshot sockets reconnect by themselves; the first event after
+    the restart is a jump (or the idle check asks), and the snapshot fills in."""
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    with emq.subscribe("/live/", since=None, idle_check=0.5) as sub:
+        wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
+        for i in range(100):
+            emq.publish("/live/a", i)
+        first = take(sub, 100)
+        assert emq_processes.stop(broker) == 0
+        broker = start(emq_processes, env)
+        for i in range(100, 200):
+            emq.publish("/live/b", i)
+        second = take(sub, 100)
+        assert sub.next(timeout=1.5) is None
+    got = first + second
+    assert [e.data for e in got] == list(range(200))
+    assert [e.seq for e in got] == list(range(1, 201))
+
+
+def test_a_subscriber_behind_its_pub_buffer_fills_the_gap_from_the_snapshot(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    env = emq_client_env
+    broker = start(emq_processes, env, EMQ_BUS_PUBLISH_HWM="10")
+    n = 2000
+    payload = "x" * 16000  # 32 MB in all: more than the loopback buffers hold
+    # no idle check: the jump in the sequence must be what sends it to the snapshot
+    with emq.subscribe("/flood/", None, rcvhwm=10, rcvbuf=4096, idle_check=60) as sub:
+        # the first event: the subscription is live (and its SYNCEND read)
+        wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
+        emq.publish("/flood/0", {"i": 0, "pad": payload})
+        assert take(sub, 1)[0].data["i"] == 0
+        for i in range(1, n):  # the reader is slow: it reads nothing meanwhile
+            emq.publish(f"/flood/{i % 3}", {"i": i, "pad": payload})
+        wait_until(lambda: topics(env)["last_seq"] == n, f"{n} events", 60, procs=[broker])
+        got = take(sub, n - 1)
+        assert [e.data["i"] for e in got] == list(range(1, n))  # none missing, each once
+        assert sub.next(timeout=1.5) is None
+        state = sub.state
+        assert state.live_seen < n, "no message was dropped: the test did not test the gap"
+        assert state.gaps > 0 and state.from_snapshot >= n - state.live_seen
+        print(
+            f"{n} events: {state.live_seen} came live, {state.from_snapshot} from the "
+            f"snapshot after {state.gaps} gaps ({state.syncs} snapshot requests)"
+        )
+
+
+def test_10000_malformed_messages_on_each_event_bus_socket(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    snapshot = ctx.socket(zmq.DEALER, env["EMQ_BUS_SNAPSHOT_BIND"])
+    collector = ctx.socket(zmq.DEALER, env["EMQ_BUS_COLLECT_BIND"])
+    xsub = ctx.socket(zmq.XSUB, env["EMQ_BUS_PUBLISH_BIND"])
+    bad_snapshot = [[b"SYNCSTART", b"", b"-1"], [b"HELLO"], [b"SYNCSTART", b"\xff"], [b""]]
+    bad_pub = [
+        [b"/t", b"", b"p", b"", b"", b"\xc1"],  # not MessagePack
+        [b"/t"],
+        [b"", b"", b"p", b"", b"", b"\x01"],
+        [b"/t", b"", b"p", b"", b"uuid?", b"\x01"],
+    ]
+    n = 10_000
+    for i in range(n):
+        snapshot.send_multipart(bad_snapshot[i % 4])
+        collector.send_multipart(bad_pub[i % 4])
+        xsub.send_multipart([b"\x05not a subscription", b"%d" % i])
+        if i % 1000 == 999:
+            assert broker.alive()
+    wait_until(
+        lambda: topics(env)["ports"]["eventbus"]["malformed"] >= 3 * n,
+        "30,000 malformed messages counted",
+        90,
+        procs=[broker],
+    )
+    doc = monitor(env)
+    assert doc["counters"]["dropped_malformed"] >= 3 * n
+    assert doc["topics"]["last_seq"] == 0
+    # still serving
+    good = bus(env, ctx)
+    good.publish("/ok", "fine")
+    wait_until(lambda: topics(env)["last_seq"] == 1, "the good event", procs=[broker])
+    events, current = good.sync("/ok")
+    assert [e.data for e in events] == ["fine"] and current == 1
+    assert broker.alive()
+
+
+def test_emq_tail_prints_events(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    emq.publish("/orders/1", {"total": 5})
+    emq.publish("/other/1", "no")
+    wait_until(lambda: topics(env)["last_seq"] == 2, "2 events", procs=[broker])
+    tail = emq_processes.start("emq_tail", "/orders/", "--since", "0", "--count", "2")
+    wait_until(lambda: "/orders/1" in tail.stdout(), "the kept event printed", 30, procs=[broker])
+    emq.publish("/orders/2", "live")
+    assert emq_processes.wait_for_exit(tail, 30) == 0
+    lines = tail.stdout().splitlines()
+    assert lines == ['1 /orders/1 {"total": 5}', '3 /orders/2 "live"']
+    assert json.loads(lines[0].split(" ", 2)[2]) == {"total": 5}

@@ -1,0 +1,75 @@
+"""The subscriber's Clone-pattern state (emq_django/pubsub.py), fed frames built by
+the codec: order, each event once, gaps sent to the snapshot, resume."""
+
+from __future__ import annotations
+
+import msgpack
+
+from emq_django.broker.topics import Event
+from emq_django.protocol import eventbus
+from emq_django.pubsub import LATEST, CloneState, received
+
+
+def live(seq: int, topic: str = "/a/x", data: object = None) -> list[bytes]:
+    return eventbus.broadcast(Event(seq, topic, b""), msgpack.packb(data if data else seq))
+
+
+def sync(seq: int, topic: str = "/a/x") -> list[bytes]:
+    return eventbus.sync(Event(seq, topic, b""), msgpack.packb(seq))
+
+
+def seqs(events: list[Event]) -> list[int]:
+    return [e.seq for e in events]
+
+
+def test_snapshot_then_live_each_event_once_in_order() -> None:
+    state = CloneState(["/a/"], since=0)
+    assert state.needs_sync(0.0, 0.0, 1.0)
+    assert state.syncstart(0.0) == [b"SYNCSTART", b"/a/", b"0"]
+    assert state.on_live(live(3)) == []  # held while syncing
+    out = state.on_snapshot(sync(1)) + state.on_snapshot(sync(2))
+    out += state.on_snapshot(eventbus.syncend(b"/a/", 2))  # 3 came after the snapshot
+    assert seqs(out) == [1, 2, 3] and state.last == 3
+    assert seqs(state.on_live(live(3))) == []  # a duplicate
+    assert seqs(state.on_live(live(4))) == [4]
+    assert state.on_live(live(5, "/b/other")) == []  # not under the prefix
+
+
+def test_a_jump_asks_the_snapshot_and_holds_later_events() -> None:
+    state = CloneState(["/a/"], since=4)
+    state.syncstart(0.0)
+    state.on_snapshot(eventbus.syncend(b"/a/", 4))
+    assert state.on_live(live(7)) == [] and state.wants_fill and state.gaps == 1
+    assert state.syncstart(1.0)[2] == b"4"
+    assert state.on_live(live(8)) == []
+    out = state.on_snapshot(sync(6)) + state.on_snapshot(sync(7))
+    out += state.on_snapshot(eventbus.syncend(b"/a/", 7))
+    assert seqs(out) == [6, 7, 8] and state.last == 8 and not state.wants_fill
+    assert state.from_snapshot == 2
+
+
+def test_live_only_starts_from_the_current_sequence() -> None:
+    state = CloneState([""], since=None)
+    assert state.syncstart(0.0)[2] == str(LATEST).encode()
+    assert state.on_live(live(11)) == []
+    assert seqs(state.on_snapshot(eventbus.syncend(b"", 10))) == [11]
+
+
+def test_a_lost_syncstart_is_asked_again_and_idle_checks() -> None:
+    state = CloneState(["/a/"], since=0)
+    state.syncstart(0.0)
+    assert not state.needs_sync(1.0, 1.0, 1.0)
+    assert state.needs_sync(6.0, 6.0, 1.0)  # no SYNCEND within SYNC_TIMEOUT
+    state.on_snapshot(eventbus.syncend(b"/a/", 0))
+    assert not state.needs_sync(7.0, 0.5, 1.0) and state.needs_sync(7.0, 1.0, 1.0)
+
+
+def test_malformed_frames_are_dropped_and_counted() -> None:
+    state = CloneState([""], since=0)
+    assert state.on_live([b"/a", b"x"]) == [] and state.on_snapshot([b"WHAT"]) == []
+    assert state.dropped == 2
+
+
+def test_received_unpacks_messagepack() -> None:
+    event = received(Event(1, "/a", msgpack.packb({"k": [1]}), "p", b"\x01" * 16, 2.0))
+    assert event.data == {"k": [1]} and event.uuid == "01010101-0101-0101-0101-010101010101"
