@@ -72,6 +72,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="emq with its trace log (EMQ_TRACE_DIR) and the job history recorder "
         "(EMQ_RECORDER=DatabaseRecorder, a fresh SQLite database) on; off otherwise",
     )
+    ap.add_argument(
+        "--emq-curve",
+        action="store_true",
+        help="emq with CURVE on every socket and the ZAP allow-list (bench/curve_bench.py "
+        "alternates it with plain text)",
+    )
     ap.add_argument("--keep-logs", action="store_true", help="print where server logs are kept")
     opts = ap.parse_args(argv)
     if opts.results_tasks is None:

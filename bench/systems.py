@@ -215,6 +215,30 @@ def emq_trace_env(env: dict[str, str], manage: list[str]) -> str:
     return f"on ({', '.join(parts)}): {work}"
 
 
+def emq_curve_env(env: dict[str, str], manage: list[str]) -> tuple[dict[str, str], str]:
+    """CURVE on (issue 16): a broker key pair, and one key with every role the job
+    manager and the producer need, registered in a (fresh or the trace's) database.
+    Returns the broker's environment (its own secret key) and a note."""
+    import subprocess
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="emq-bench-curve-")
+    env.setdefault("DATABASE_URL", f"sqlite:///{os.path.join(work, 'db.sqlite3')}")
+    keys = os.path.join(work, "keys")
+    subprocess.run(manage + ["migrate", "--noinput", "-v0"], env=env, check=True)
+    for args in (["broker", "--server"], ["bench", "--roles", "client,worker,monitor,admin"]):
+        subprocess.run(
+            manage + ["emq_keys", "generate", *args, "--dir", keys],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    env["EMQ_CURVE_SECRET_KEY"] = os.path.join(keys, "bench.key_secret")
+    env["EMQ_CURVE_SERVER_KEY"] = os.path.join(keys, "broker.key")
+    broker_env = {**env, "EMQ_CURVE_SECRET_KEY": os.path.join(keys, "broker.key_secret")}
+    return broker_env, f"CURVE on every socket, ZAP allow-list in {work}"
+
+
 def start_emq(servers: ServerSet, opts: object) -> Started:
     p1, p2, p3 = free_port(), free_port(), free_port()
     urls = {p: f"tcp://127.0.0.1:{p}" for p in (p1, p2, p3)}
@@ -239,7 +263,11 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
     env["EMQ_RECORDER"] = ""  # the example project records by default
     if getattr(opts, "emq_trace", False):
         notes.append(emq_trace_env(env, manage))
-    b = servers.start("emq-broker", "broker", manage + ["emq_broker"], env)
+    broker_env = env
+    if getattr(opts, "emq_curve", False):
+        broker_env, note = emq_curve_env(env, manage)
+        notes.append(note)
+    b = servers.start("emq-broker", "broker", manage + ["emq_broker"], broker_env)
     jm = servers.start(
         "emq-jobmanager",
         "workers",

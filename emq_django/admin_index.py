@@ -1,5 +1,5 @@
-"""One "emq" section on the admin index: Dashboard, Jobs, Schedules, Metrics and
-Dead letters, in that order, instead of one section per emq app.
+"""One "emq" section on the admin index: Dashboard, Jobs, Schedules, Metrics,
+Dead letters and Authorized keys, in that order, instead of one section per emq app.
 
 Installed on ``admin.site`` when the results app is ready (``install``): it wraps
 the site's ``get_app_list`` (the index and the navigation sidebar), leaving each
@@ -14,13 +14,14 @@ from typing import Any
 from django.contrib.admin import AdminSite
 from django.urls import NoReverseMatch, reverse
 
-EMQ_APPS = ("emq_results", "emq_scheduler", "emq_analytics", "emq_tasks")
+EMQ_APPS = ("emq_results", "emq_scheduler", "emq_analytics", "emq_tasks", "emq_security")
 # (app label, model) -> the name shown in the emq section, in order
 SHOWN = {
     ("emq_results", "dashboard"): "Dashboard",
     ("emq_results", "jobresult"): "Jobs",
     ("emq_scheduler", "scheduledjob"): "Schedules",
     ("emq_analytics", "metricsdashboard"): "Metrics",
+    ("emq_security", "authorizedkey"): "Authorized keys",  # after Dead letters
 }
 # the metric rows, the retry links and the schedule runs are reached from those pages
 HIDDEN = {

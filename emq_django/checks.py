@@ -67,6 +67,15 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                     "emq.E003",
                 )
             )
+    if _curve_server() and not _installed("emq_django.security"):
+        errors.append(
+            _missing_app(
+                "emq_django.security",
+                "EMQ_CURVE_SECRET_KEY is set: the broker admits the keys of its "
+                "AuthorizedKey table (manage.py emq_keys)",
+                "emq.E005",
+            )
+        )
     if _periodic_declared() and not _installed("emq_django.scheduler"):
         errors.append(
             _missing_app(
@@ -77,6 +86,12 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         )
     return errors
+
+
+def _curve_server() -> bool:
+    from django.conf import settings
+
+    return bool(getattr(settings, "EMQ_CURVE_SECRET_KEY", "") or _env("EMQ_CURVE_SECRET_KEY"))
 
 
 def _env_recorder() -> bool:

@@ -31,7 +31,7 @@ from emq_django.exceptions import (
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
-from emq_django.security.keys import FROM_SETTINGS, CurveKeys, client_keys
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -377,7 +377,7 @@ class Client:
         if self._sock is None:
             context = self._context or zmq.Context.instance()
             # no high-water marks: the ACK window bounds what is queued
-            curve = client_keys() if self.curve == FROM_SETTINGS else self.curve
+            curve = resolve(self.curve)
             options = SocketOptions(linger=1000, sndhwm=0, rcvhwm=0, curve=curve)
             self._sock = transport.connect(context, zmq.DEALER, self.url, options)
         return self._sock

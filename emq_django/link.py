@@ -21,7 +21,7 @@ from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
-from emq_django.security.keys import FROM_SETTINGS, CurveKeys, client_keys
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class BrokerLink:
         """A fresh socket and INFORM (again)."""
         self.close(linger=0)
         self.connections += 1
-        curve = client_keys() if self.curve == FROM_SETTINGS else self.curve
+        curve = resolve(self.curve)
         options = SocketOptions(identity=self.identity() if self.identity else None, curve=curve)
         self.sock = transport.connect(self.context, zmq.DEALER, self.url, options)
         self.last_recv = time.monotonic()

@@ -9,7 +9,7 @@ import zmq
 
 from emq_django import transport
 from emq_django.exceptions import BrokerUnavailable
-from emq_django.security.keys import FROM_SETTINGS, CurveKeys, client_keys
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import SocketOptions
 
 
@@ -22,7 +22,7 @@ def query(
     """Send one monitor request; raises ``BrokerUnavailable`` after ``timeout`` s.
     ``curve``: CURVE keys, by default this process's (``EMQ_CURVE_*``)."""
     context: zmq.Context[Any] = zmq.Context.instance()
-    keys = client_keys() if curve == FROM_SETTINGS else curve
+    keys = resolve(curve)
     sock = transport.connect(context, zmq.REQ, url, SocketOptions(curve=keys))
     try:
         sock.send(request)

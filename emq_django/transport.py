@@ -64,6 +64,9 @@ def _set_curve(sock: Socket, keys: CurveKeys) -> None:
     sock.curve_publickey = keys.public
     if keys.server is None:
         sock.curve_server = True
+        # no ZAP handler answering (it died, or was never started): refuse every
+        # client, where libzmq would otherwise admit any key
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     else:
         sock.curve_serverkey = keys.server
 

@@ -48,7 +48,7 @@ def recv_user(sock: zmq.Socket[Any], nonblocking: bool = True) -> tuple[list[byt
     flags = NOBLOCK if nonblocking else 0
     frame = _recv(sock, flags, False)
     try:
-        user = frame.get("User-Id")
+        user = str(frame.get("User-Id"))
     except zmq.ZMQError:
         user = ""
     parts = [frame.bytes]

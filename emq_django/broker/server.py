@@ -39,6 +39,7 @@ from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
 from emq_django.protocol.limits import REFUSED_JOURNAL
 from emq_django.security.allow import AllowList, KeyReloader, Loader
+from emq_django.security.handshakes import HandshakeWatch
 from emq_django.security.keys import server_keys
 from emq_django.security.roles import zap_domain
 from emq_django.security.zap import ZapHandler
@@ -144,6 +145,7 @@ class BrokerServer:
         self.allow: AllowList | None = None
         self.guard: Guard | None = None
         self.zap: ZapHandler | None = None
+        self.handshakes: HandshakeWatch | None = None
         self.reloader: KeyReloader | None = None
         if self.curve is not None:
             self._secure(settings, load_keys)
@@ -156,6 +158,8 @@ class BrokerServer:
                 handler = port.handler_for(spec.name)
                 if self.guard is not None:
                     handler = self.guard.wrap(port, spec.name, handler)
+                if self.handshakes is not None:
+                    self.handshakes.watch(sock, spec.name)
                 self.endpoints.append((port, spec, sock, handler, spec.kind == zmq.ROUTER))
                 self.named[(port, spec.name)] = sock
                 self.sockets.setdefault(port, sock)
@@ -172,6 +176,7 @@ class BrokerServer:
         self.allow = AllowList(load_keys())
         self.guard = Guard(self.allow)
         self.zap = ZapHandler(self.context, self.allow)
+        self.handshakes = HandshakeWatch(self.context)
         self.reloader = KeyReloader(
             self.allow, load_keys, save_seen, settings.KEYS_RELOAD, self.request_wakeup
         )
@@ -181,6 +186,8 @@ class BrokerServer:
         (and when CURVE is on and another ZAP handler holds this context's)."""
         if self.zap is not None and self.reloader is not None and self.allow is not None:
             self.zap.start()  # before the first handshake can happen
+            if self.handshakes is not None:
+                self.handshakes.start()
             self.reloader.start()
             log.info(
                 "CURVE on every port (public key %s); %d authorized keys, reloaded every %g s",
@@ -486,6 +493,8 @@ class BrokerServer:
         if self.guard is not None and self.zap is not None and self.allow is not None:
             doc["counters"].update(self.zap.counters)
             doc["counters"].update(self.guard.counters)
+            if self.handshakes is not None:
+                doc["counters"].update(self.handshakes.counters)
             doc["security"] = {
                 "curve": True,
                 "public_key": self.curve.public.decode() if self.curve else None,
@@ -521,6 +530,8 @@ class BrokerServer:
             self.reloader.stop()
         if self.zap is not None:
             self.zap.stop()
+        if self.handshakes is not None:
+            self.handshakes.stop()
         if self._signals_installed:
             signal.set_wakeup_fd(-1)
         for _, _, sock, _, _ in self.endpoints:

@@ -104,6 +104,11 @@ def server_keys(settings: Any) -> CurveKeys | None:
     return None if keys is None else CurveKeys(keys.public, keys.secret, None)
 
 
+def resolve(curve: CurveKeys | None | str) -> CurveKeys | None:
+    """A client's keys: ``curve`` itself, or the settings' for ``FROM_SETTINGS``."""
+    return client_keys() if isinstance(curve, str) else curve
+
+
 def client_keys(settings: Any = None) -> CurveKeys | None:
     """A client's keys (``settings``: the cached settings when None); raises
     ``ImproperlyConfigured`` when a secret key is set without the server's key."""

@@ -36,7 +36,17 @@ COUNTERS = (
     "zap_refused_role",  # a key without a role the port admits
     "zap_refused_mechanism",  # not CURVE (plain text never reaches ZAP: libzmq refuses it)
     "zap_malformed",
+    "zap_errors",
 )
+
+
+def _error_reply(request: list[bytes]) -> list[bytes] | None:
+    """A 500 for ``request``, if it has the frames a reply needs."""
+    if b"" not in request:
+        return None
+    d = request.index(b"")
+    request_id = request[d + 2] if len(request) > d + 2 else b""
+    return [*request[: d + 1], ZAP_VERSION, request_id, b"500", b"internal error", b"", b""]
 
 
 class ZapHandler:
@@ -75,7 +85,10 @@ class ZapHandler:
         stop_out = self.context.socket(zmq.PAIR)
         stop_out.linger = 0
         stop_out.connect(self._stop_endpoint)
-        stop_out.send(b"")
+        try:
+            stop_out.send(b"", zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the thread is gone already
         self._thread.join(timeout=5)
         stop_out.close()
         self._thread = None
@@ -91,7 +104,12 @@ class ZapHandler:
                     return
                 if sock in ready:
                     request = sock.recv_multipart()
-                    reply = self.answer(request)
+                    try:
+                        reply = self.answer(request)
+                    except Exception:  # a bug must not stop the handler: refuse this one
+                        log.exception("ZAP handler error; refusing the connection")
+                        self.counters["zap_errors"] += 1
+                        reply = _error_reply(request)
                     if reply is not None:
                         sock.send_multipart(reply)
         except zmq.ContextTerminated:

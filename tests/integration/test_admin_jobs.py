@@ -344,11 +344,17 @@ def test_dead_letters_page_lists_requeues_and_purges(staff: Client, monitor: Fak
 def test_admin_index_has_one_emq_section(staff: Client) -> None:
     page = staff.get("/admin/").content.decode()
     assert page.count('class="app-emq_results') == 1
-    for gone in ("app-emq_analytics", "app-emq_scheduler", "Metrics dashboard", "Emq results"):
+    for gone in (
+        "app-emq_analytics",
+        "app-emq_scheduler",
+        "app-emq_security",
+        "Metrics dashboard",
+        "Emq results",
+    ):
         assert gone not in page, gone
     section = page[page.index('class="app-emq_results') :]
     section = section[: section.index("</table>")]
-    names = ["Dashboard", "Jobs", "Schedules", "Metrics", "Dead letters"]
+    names = ["Dashboard", "Jobs", "Schedules", "Metrics", "Dead letters", "Authorized keys"]
     at = [section.index(f">{name}</a>") for name in names]
     assert at == sorted(at), section
 

@@ -17,7 +17,7 @@ import zmq
 from emq_django import transport
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import EmqSettings
-from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode
+from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode, mdp, pzq
 from emq_django.security.allow import KeyEntry
 from emq_django.security.keys import CurveKeys
 from emq_django.transport import SocketOptions
@@ -58,17 +58,27 @@ class SecureBroker:
         self.sockets.append(sock)
         return sock
 
+    def status(self) -> dict[str, Any]:
+        """The broker's status, asked on its monitor channel with the admin key (not
+        ``server.status()``: the broker thread changes what it reads)."""
+        doc: dict[str, Any] = json.loads(self.ask_monitor("ops", b"MONITOR JSON") or b"null")
+        return doc
+
     def counters(self) -> dict[str, int]:
-        doc: dict[str, Any] = self.server.status()
-        return doc["counters"]
+        counters: dict[str, int] = self.status()["counters"]
+        return counters
 
     def ask_monitor(self, key: str | None, request: bytes, wait: float = WAIT) -> bytes | None:
         req = self.socket(zmq.REQ, "monitor", key)
-        req.send(request)
-        if not req.poll(int(wait * 1000)):
-            return None
-        answer: bytes = req.recv()
-        return answer
+        try:
+            req.send(request)
+            if not req.poll(int(wait * 1000)):
+                return None
+            answer: bytes = req.recv()
+            return answer
+        finally:
+            self.sockets.remove(req)
+            req.close(linger=0)
 
 
 def recv_command(sock: zmq.Socket[Any], kind: type, timeout: float = WAIT) -> Any:
@@ -101,7 +111,8 @@ ROLES = {
 
 @pytest.fixture
 def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
-    front, back, mon, mdp = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(4))
+    ports = free_tcp_ports(7)
+    front, back, mon, mdp, pzq_in, pzq_out, pzq_mon = (f"tcp://127.0.0.1:{p}" for p in ports)
     server_public, server_secret = key_pair()
     pairs = {name: key_pair() for name in [*ROLES, "stranger"]}
     keys = [KeyEntry(n, pairs[n][0].decode(), frozenset(r)) for n, r in ROLES.items()]
@@ -110,7 +121,9 @@ def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
         BACKEND_BIND=back,
         MONITOR_BIND=mon,
         MDP_BIND=mdp,
-        PZQ_RECEIVE_BIND="",
+        PZQ_RECEIVE_BIND=pzq_in,
+        PZQ_SEND_BIND=pzq_out,
+        PZQ_MONITOR_BIND=pzq_mon,
         MC0_BIND="",  # off here: tests/integration/test_mc0_curve.py
         BUS_SNAPSHOT_BIND="",  # off: not on the default ports
         HEARTBEAT_INTERVAL=0.2,
@@ -126,7 +139,14 @@ def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
     server.bind()
     thread = threading.Thread(target=server.run, name="broker", daemon=True)
     thread.start()
-    urls = {"frontend": front, "backend": back, "monitor": mon, "majordomo": mdp}
+    urls = {
+        "frontend": front,
+        "backend": back,
+        "monitor": mon,
+        "majordomo": mdp,
+        "pzq-receive": pzq_in,
+        "pzq-send": pzq_out,
+    }
     broker = SecureBroker(server, context, urls, server_public, keys, pairs, thread)
     yield broker
     server.request_shutdown()
@@ -171,7 +191,7 @@ def test_client_key_cannot_join_as_job_manager(secure_broker: SecureBroker) -> N
     fake.send_multipart([b"", P, b"READY", b"ready-1"])
     assert recv_command(fake, Request, REFUSED_WAIT) is None
     assert b.counters()["zap_refused_role"] >= 1
-    assert b.server.status()["job_managers"] == []
+    assert b.status()["job_managers"] == []
 
 
 @pytest.mark.parametrize("key", [None, "stranger"])
@@ -183,6 +203,8 @@ def test_anonymous_monitor_cannot_cancel_or_purge(
     assert b.ask_monitor(key, b"CANCEL some-job", REFUSED_WAIT) is None
     if key == "stranger":
         wait_until(lambda: b.counters()["zap_refused_unknown"] >= 2, "unknown keys counted")
+    else:  # plain text: refused by libzmq's handshake, counted from the monitor events
+        wait_until(lambda: b.counters()["handshake_failed"] >= 2, "plain text counted")
     assert b.counters()["cancelled"] == 0
 
 
@@ -215,10 +237,10 @@ def test_revoked_key_is_cut_off(secure_broker: SecureBroker) -> None:
     worker = b.socket(zmq.DEALER, "backend", "jm", identity=b"jm-1")
     inform(worker, b"inform-1")
     assert recv_command(worker, Ack) is not None
-    wait_until(lambda: len(b.server.status()["job_managers"]) == 1, "the job manager")
+    wait_until(lambda: len(b.status()["job_managers"]) == 1, "the job manager")
     b.keys[:] = [k for k in b.keys if k.name != "jm"]  # as if deleted from the table
     revoked_at = time.monotonic()
-    wait_until(lambda: not b.server.status()["job_managers"], "the revoked job manager gone")
+    wait_until(lambda: not b.status()["job_managers"], "the revoked job manager gone")
     assert time.monotonic() - revoked_at < 0.2 + 1.0
     worker.send_multipart([b"", P, b"READY", b"ready-1"])
     wait_until(lambda: b.counters()["dropped_revoked"] >= 1, "its messages dropped")
@@ -226,3 +248,32 @@ def test_revoked_key_is_cut_off(secure_broker: SecureBroker) -> None:
     again = b.socket(zmq.DEALER, "backend", "jm", identity=b"jm-2")
     inform(again, b"inform-2")
     assert recv_command(again, Ack, REFUSED_WAIT) is None
+
+
+def test_majordomo_roles(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    fake = b.socket(zmq.DEALER, "majordomo", "app", identity=b"fake-mdp-worker")
+    fake.send_multipart([b"", mdp.WORKER, mdp.READY, b"echo"])
+    wait_until(lambda: b.counters()["refused_forbidden"] == 1, "the client key's READY refused")
+    real = b.socket(zmq.DEALER, "majordomo", "jm", identity=b"mdp-worker")
+    real.send_multipart([b"", mdp.WORKER, mdp.READY, b"echo"])
+    wait_until(lambda: len(b.status()["job_managers"]) == 1, "the Majordomo worker")
+    client = b.socket(zmq.DEALER, "majordomo", "app", identity=b"mdp-client")
+    client.send_multipart([mdp.CLIENT, b"\x01", b"echo", b"req-1", b"hello"])  # draft REQUEST
+    wait_until(lambda: real.poll(0) and real.recv_multipart()[-1] == b"hello", "the request")
+    assert b.counters()["refused_forbidden"] == 1
+
+
+def test_pzq_sockets_are_curve_with_their_roles(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    intruder = b.socket(zmq.DEALER, "pzq-receive", "jm")
+    intruder.send_multipart(pzq.produce(b"m-0", [b"nope"]))
+    assert not intruder.poll(int(REFUSED_WAIT * 1000))
+    producer = b.socket(zmq.DEALER, "pzq-receive", "app")
+    producer.send_multipart(pzq.produce(b"m-1", [b"payload"]))
+    assert producer.poll(int(WAIT * 1000))
+    assert producer.recv_multipart()[:2] == [b"m-1", pzq.OK]
+    consumer = b.socket(zmq.ROUTER, "pzq-send", "jm")
+    assert consumer.poll(int(WAIT * 1000)), "no delivery to the worker-key consumer"
+    assert consumer.recv_multipart()[-1] == b"payload"
+    assert b.counters()["zap_refused_role"] >= 1

@@ -1,0 +1,245 @@
+"""Issue 16's attacks against a real CURVE broker (``manage.py emq_broker``) with its
+allow-list in the database (``manage.py emq_keys``), each of which must fail; and
+jobs flowing end to end (client, broker, job manager) with CURVE on.
+
+The keys: the broker's pair; ``jm`` (worker), ``app`` (client, monitor), ``watch``
+(monitor), ``ops`` (admin). The attackers are real sockets in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from emq_django import transport
+from emq_django.client import reset_client
+from emq_django.conf import reset_cached_settings
+from emq_django.exceptions import BrokerUnavailable
+from emq_django.monitor_client import query
+from emq_django.protocol.frames import PROTOCOL
+from emq_django.security.keys import CurveKeys, read_key
+from emq_django.transport import SocketOptions
+from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
+from tests.e2e import spine_tasks as tasks
+from tests.e2e.test_spine import start_broker, start_jm, wait_jm_ready, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RELOAD = 1.0  # EMQ_KEYS_RELOAD of the broker under test
+REFUSED_WAIT = 1.5  # how long a refused connection is given to (not) answer
+KEYS = {"jm": "worker", "app": "client,monitor", "watch": "monitor", "ops": "admin,monitor"}
+
+
+@dataclass
+class CurveStack:
+    env: dict[str, str]
+    keys_dir: Path
+    db: Path
+    broker: ManagedProcess
+    server_public: bytes
+
+    def keys(self, name: str) -> CurveKeys:
+        secret = read_key("CURVE_SECRET_KEY", str(self.keys_dir / f"{name}.key_secret"), True)
+        return CurveKeys(zmq.curve_public(secret), secret, self.server_public)
+
+    def key_env(self, name: str) -> dict[str, str]:
+        return {
+            "EMQ_CURVE_SECRET_KEY": str(self.keys_dir / f"{name}.key_secret"),
+            "EMQ_CURVE_SERVER_KEY": str(self.keys_dir / "broker.key"),
+        }
+
+    def monitor(self, request: bytes, key: str | None = "ops", timeout: float = 3.0) -> bytes:
+        keys = self.keys(key) if key else None
+        return query(self.env["EMQ_MONITOR_URL"], request, timeout, curve=keys)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.monitor(b"MONITOR JSON"))
+        return doc
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "manage.py"), *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def keys_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A migrated database with the keys registered, and the key files: made once
+    (six ``manage.py`` runs), copied for each test."""
+    where = tmp_path_factory.mktemp("curve-keys")
+    keys_dir, db = where / "keys", where / "db.sqlite3"
+    env = {"DJANGO_SETTINGS_MODULE": "project.settings", "DATABASE_URL": f"sqlite:///{db}"}
+    manage(env, "migrate", "-v0")
+    manage(env, "emq_keys", "generate", "broker", "--server", "--dir", str(keys_dir))
+    for name, roles in KEYS.items():
+        manage(env, "emq_keys", "generate", name, "--roles", roles, "--dir", str(keys_dir))
+    assert (keys_dir / "app.key_secret").stat().st_mode & 0o777 == 0o600
+    assert "roles=client,monitor" in manage(env, "emq_keys", "list")
+    return keys_dir, db
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path,
+    emq_env: dict[str, str],
+    emq_processes: EmqProcesses,
+    keys_template: tuple[Path, Path],
+) -> CurveStack:
+    keys_dir, template_db = keys_template
+    db = Path(emq_env["DATABASE_URL"].removeprefix("sqlite:///"))
+    shutil.copyfile(template_db, db)
+    broker = start_broker(
+        emq_processes,
+        emq_env,
+        extra_env={
+            "EMQ_CURVE_SECRET_KEY": str(keys_dir / "broker.key_secret"),
+            "EMQ_KEYS_RELOAD": str(RELOAD),
+        },
+    )
+    server_public = read_key("CURVE_SERVER_KEY", str(keys_dir / "broker.key"), False)
+    return CurveStack(dict(emq_env), keys_dir, db, broker, server_public)
+
+
+@pytest.fixture
+def curve_client_env(stack: CurveStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[CurveStack]:
+    """This test process as the ``app`` client of the stack's broker."""
+    for key, value in {**stack.env, **stack.key_env("app")}.items():
+        if key != "DATABASE_URL":
+            monkeypatch.setenv(key, value)
+    reset_cached_settings()
+    reset_client()
+    yield stack
+    reset_client()
+    reset_cached_settings()
+
+
+def dealer(stack: CurveStack, url_setting: str, key: str | None, identity: bytes) -> Any:
+    keys = stack.keys(key) if key else None
+    options = SocketOptions(identity=identity, curve=keys)
+    return transport.connect(zmq.Context.instance(), zmq.DEALER, stack.env[url_setting], options)
+
+
+def test_jobs_flow_end_to_end_with_curve(
+    curve_client_env: CurveStack, emq_processes: EmqProcesses
+) -> None:
+    stack = curve_client_env
+    jm = start_jm(emq_processes, "secure", extra_env=stack.key_env("jm"))
+    # the app key reads the monitor too (client,monitor): wait_jm_ready asks as it
+    wait_jm_ready(stack.env, "secure", 2, [jm, stack.broker])
+    assert tasks.add.delay(20, 22).get(timeout=15) == 42
+    counters = stack.status()["counters"]
+    assert counters["succeeded"] == 1
+    assert counters["zap_admitted"] >= 3  # the job manager's links, the client, the monitor
+
+    def last_seen(name: str) -> Any:
+        with sqlite3.connect(stack.db) as db:
+            row = db.execute(
+                "SELECT last_seen FROM emq_security_authorizedkey WHERE name = ?", (name,)
+            ).fetchone()
+        return row[0]
+
+    # written by the broker's reloader, in one batch per reload
+    wait_until(lambda: last_seen("jm") and last_seen("app"), "last seen", 3 * RELOAD + 5)
+    assert last_seen("watch") is None
+
+
+def test_fake_job_manager_with_a_client_key_gets_no_job(
+    curve_client_env: CurveStack,
+) -> None:
+    stack = curve_client_env
+    fake = dealer(stack, "EMQ_WORKER_URL", "app", b"fake-jm")
+    try:
+        fake.send_multipart([b"", PROTOCOL, b"INFORM", b"i-1", b'[[1000, "spine"]]', b"worker"])
+        fake.send_multipart([b"", PROTOCOL, b"READY", b"r-1"])
+        handles = [tasks.add.delay(i, 0) for i in range(6)]
+        assert not fake.poll(int(REFUSED_WAIT * 1000)), "the fake job manager heard back"
+    finally:
+        fake.close(linger=0)
+    doc = stack.status()
+    assert doc["counters"]["zap_refused_role"] >= 1
+    assert doc["job_managers"] == []
+    assert {q["name"]: q["depth"] for q in doc["queues"]}["spine"] == len(handles)
+
+
+@pytest.mark.parametrize("key", [None, "stranger", "watch"])
+def test_monitor_cancel_and_purge_refused_without_admin_key(
+    stack: CurveStack, key: str | None
+) -> None:
+    if key == "stranger":  # a key pair the database never heard of
+        public, secret = zmq.curve_keypair()
+        keys: CurveKeys | None = CurveKeys(public, secret, stack.server_public)
+    else:
+        keys = stack.keys(key) if key else None
+    for request in (b"DEADLETTERS PURGE ALL", b"CANCEL some-job"):
+        try:
+            answer = query(stack.env["EMQ_MONITOR_URL"], request, REFUSED_WAIT, curve=keys)
+        except BrokerUnavailable:
+            answer = None
+        if key == "watch":  # admitted to read, refused to change
+            assert answer is not None and answer.startswith(b"ERROR forbidden")
+        else:
+            assert answer is None
+    counters = stack.status()["counters"]
+    if key == "stranger":
+        assert counters["zap_refused_unknown"] >= 2
+    if key is None:  # plain text: libzmq refuses it in the handshake, before ZAP
+        assert counters["handshake_failed"] >= 2
+    if key == "watch":
+        assert counters["refused_forbidden"] == 2
+    assert counters["cancelled"] == 0
+    # the admin key may: the same commands answer
+    assert json.loads(stack.monitor(b"DEADLETTERS PURGE ALL")) == {"purged": 0}
+
+
+def test_client_key_on_the_worker_port_is_refused_and_counted(stack: CurveStack) -> None:
+    sock = dealer(stack, "EMQ_WORKER_URL", "app", b"intruder")
+    try:
+        sock.send_multipart([b"", PROTOCOL, b"INFORM", b"i-1", b'[[10, "spine"]]', b"worker"])
+        assert not sock.poll(int(REFUSED_WAIT * 1000))
+    finally:
+        sock.close(linger=0)
+    assert stack.status()["counters"]["zap_refused_role"] >= 1
+    assert "refused key" in stack.broker.stderr() and "app" in stack.broker.stderr()
+
+
+def test_revoked_key_is_cut_off_within_the_reload(
+    stack: CurveStack, emq_processes: EmqProcesses
+) -> None:
+    worker = dealer(stack, "EMQ_WORKER_URL", "jm", b"soon-revoked")
+    try:
+        worker.send_multipart([b"", PROTOCOL, b"INFORM", b"i-1", b'[[10, "spine"]]', b"worker"])
+        wait_until(lambda: len(stack.status()["job_managers"]) == 1, "the job manager", 10.0)
+        # as the admin would: the row disabled in the database
+        with sqlite3.connect(stack.db) as db:
+            db.execute("UPDATE emq_security_authorizedkey SET enabled = 0 WHERE name = 'jm'")
+        revoked_at = time.monotonic()
+        wait_until(
+            lambda: not stack.status()["job_managers"], "the revoked job manager dropped", 10.0
+        )
+        took = time.monotonic() - revoked_at
+        assert took <= RELOAD + 1.0, f"cut off after {took:.2f} s"
+        worker.send_multipart([b"", PROTOCOL, b"HEARTBEAT", b"h-1", b"0"])
+        wait_until(lambda: stack.status()["counters"]["dropped_revoked"] >= 1, "dropped", 5.0)
+    finally:
+        worker.close(linger=0)
+    assert stack.status()["counters"]["peers_revoked"] == 1
