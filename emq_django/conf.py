@@ -51,6 +51,7 @@ class EmqSettings:
     # topic retention by prefix: {"/orders/": {"max_age": 86400, "max_count": 100000}}
     # (a dict or its JSON); "" is the catch-all (default 7 days, 100,000 events)
     TOPIC_RETENTION: dict[str, Any] = field(default_factory=dict)
+    MC0_BIND: str = "tcp://127.0.0.1:61616"  # MCollective 0MQ connectors; '' turns it off
     HEARTBEAT_INTERVAL: float = 1.0
     HEARTBEAT_LIVENESS: int = 3
     ACK_TIMEOUT: float = 5.0
@@ -244,6 +245,7 @@ def _validate(s: EmqSettings) -> None:
         "BUS_SNAPSHOT_BIND",
         "BUS_PUBLISH_BIND",
         "BUS_COLLECT_BIND",
+        "MC0_BIND",
     ):
         # the protocol ports: '' turns one off
         url = getattr(s, name)

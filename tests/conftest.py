@@ -239,7 +239,9 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     from emq_django.client import reset_client
     from emq_django.conf import reset_cached_settings
 
-    frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon = free_tcp_ports(7)
+    # one call: ports held at once are distinct (two calls may hand one out twice)
+    ports = free_tcp_ports(11)
+    frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon, mc0 = ports[:8]
     for name, port in (
         ("FRONTEND", frontend),
         ("BACKEND", backend),
@@ -248,9 +250,10 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
         ("PZQ_RECEIVE", pzq_in),
         ("PZQ_SEND", pzq_out),
         ("PZQ_MONITOR", pzq_mon),
+        ("MC0", mc0),
     ):
         monkeypatch.setenv(f"EMQ_{name}_BIND", f"tcp://127.0.0.1:{port}")
-    for name, port in zip(("SNAPSHOT", "PUBLISH", "COLLECT"), free_tcp_ports(3), strict=True):
+    for name, port in zip(("SNAPSHOT", "PUBLISH", "COLLECT"), ports[8:], strict=True):
         monkeypatch.setenv(f"EMQ_BUS_{name}_BIND", f"tcp://127.0.0.1:{port}")
     monkeypatch.setenv("EMQ_BROKER_URL", f"tcp://127.0.0.1:{frontend}")
     monkeypatch.setenv("EMQ_WORKER_URL", f"tcp://127.0.0.1:{backend}")
@@ -268,8 +271,10 @@ def _private_emq_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
 @pytest.fixture
 def emq_env(tmp_path: Path) -> dict[str, str]:
     """Environment for one isolated broker: fresh loopback ports, a private database."""
-    frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon = free_tcp_ports(7)
-    snapshot, publish, collect = free_tcp_ports(3)
+    # one call: ports held at once are distinct (two calls may hand one out twice)
+    ports = free_tcp_ports(11)
+    frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon, mc0 = ports[:8]
+    snapshot, publish, collect = ports[8:]
     return {
         "EMQ_BUS_SNAPSHOT_BIND": f"tcp://127.0.0.1:{snapshot}",
         "EMQ_BUS_PUBLISH_BIND": f"tcp://127.0.0.1:{publish}",
@@ -278,6 +283,7 @@ def emq_env(tmp_path: Path) -> dict[str, str]:
         "EMQ_PZQ_RECEIVE_BIND": f"tcp://127.0.0.1:{pzq_in}",
         "EMQ_PZQ_SEND_BIND": f"tcp://127.0.0.1:{pzq_out}",
         "EMQ_PZQ_MONITOR_BIND": f"tcp://127.0.0.1:{pzq_mon}",
+        "EMQ_MC0_BIND": f"tcp://127.0.0.1:{mc0}",
         "DJANGO_SETTINGS_MODULE": "project.settings",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "EMQ_FRONTEND_BIND": f"tcp://127.0.0.1:{frontend}",

@@ -270,7 +270,7 @@ class BrokerServer:
             reclaim = self.reclaimer.due(core.footprint(), now)
             if reclaim is not None:
                 self._reclaim(reclaim)
-            wake = min(core.next_deadline(), deadline)
+            wake = min(core.next_deadline(), deadline, self._port_timers(now))
             if core.tracer is not None and core.tracer.lines:
                 wake = min(wake, self._trace_due)  # lines wait: write them when due
             timeout = max(0.0, wake - self.clock())
@@ -299,6 +299,35 @@ class BrokerServer:
             else:
                 self._drain(sock, *reader, flush=False)
         self._flush()  # one journal commit per round, not per socket
+
+    def _port_timers(self, now: float) -> float:
+        """Run the ports' timers that are due (``Port.on_timer``) and send what they
+        return; the earliest timer still to come (``inf`` if none)."""
+        wake = float("inf")
+        for port in self.ports:
+            due = port.next_timer()
+            if due is None:
+                continue
+            if due <= now:
+                self._send_port_frames(port, port.on_timer(now))
+                due = port.next_timer()
+                if due is None:
+                    continue
+            wake = min(wake, due)
+        return wake
+
+    def _send_port_frames(self, port: Port, messages: list[tuple[str, list[bytes]]]) -> None:
+        """Send what a port hook returned, (socket spec name, whole frames) each, never
+        blocking: a full pipe is a dropped send, a gone peer the port's ``unroutable``."""
+        for name, frames in messages:
+            try:
+                wire.send(self.named[(port, name)], frames)
+            except zmq.Again:
+                self.dropped_sends += 1
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                port.unroutable(frames[0], self.clock())
 
     def _drain(
         self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True, flush: bool = True

@@ -60,7 +60,7 @@ class Stack:
 def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """For a module-scoped fixture: ``yield from run_stack(tmp_path_factory)``."""
     tmp = tmp_path_factory.mktemp("djtasks")
-    frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon = free_tcp_ports(7)
+    frontend, backend, monitor, mdp, pzq_in, pzq_out, pzq_mon, mc0 = free_tcp_ports(8)
     env = {
         # a module-scoped stack starts before the per-test private addresses
         # (conftest): every port of its broker must be private here
@@ -68,6 +68,7 @@ def run_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "EMQ_PZQ_RECEIVE_BIND": f"tcp://127.0.0.1:{pzq_in}",
         "EMQ_PZQ_SEND_BIND": f"tcp://127.0.0.1:{pzq_out}",
         "EMQ_PZQ_MONITOR_BIND": f"tcp://127.0.0.1:{pzq_mon}",
+        "EMQ_MC0_BIND": f"tcp://127.0.0.1:{mc0}",
         "EMQ_BUS_SNAPSHOT_BIND": "",  # the Event BUS off
         "DJANGO_SETTINGS_MODULE": "project.settings",
         "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",

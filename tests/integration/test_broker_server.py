@@ -120,6 +120,7 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
             "JOURNAL_PATH": str(tmp_path / f"journal-{len(started)}.sqlite3"),
             "MDP_BIND": mdp,
             "PZQ_RECEIVE_BIND": "",  # off: tests/e2e/test_pzq.py covers it
+            "MC0_BIND": "",  # off: tests/e2e/test_mc0.py covers it
             "BUS_SNAPSHOT_BIND": snap,  # the Event BUS (tests/integration/test_eventbus.py)
             "BUS_PUBLISH_BIND": pub,
             "BUS_COLLECT_BIND": coll,

@@ -124,6 +124,8 @@ def secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
         PZQ_RECEIVE_BIND=pzq_in,
         PZQ_SEND_BIND=pzq_out,
         PZQ_MONITOR_BIND=pzq_mon,
+        MC0_BIND="",  # off here: tests/integration/test_mc0_curve.py
+        BUS_SNAPSHOT_BIND="",  # off: not on the default ports
         HEARTBEAT_INTERVAL=0.2,
         HEARTBEAT_LIVENESS=25,
         JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),

@@ -76,6 +76,7 @@ def broker(settings: Any, tmp_path: Path) -> Iterator[str]:
         MONITOR_BIND=mon,
         MDP_BIND="",  # off
         PZQ_RECEIVE_BIND="",  # off
+        MC0_BIND="",  # off
         BUS_SNAPSHOT_BIND="",  # off
         JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
     )

@@ -12,6 +12,7 @@ from emq_django.broker.ports.base import Port
 from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.ports.eventbus import EventBusPort
+from emq_django.broker.ports.mc0 import Mc0Port
 from emq_django.broker.ports.mdp import MajordomoPort
 from emq_django.broker.ports.monitor import MonitorPort
 from emq_django.broker.ports.pzq import PzqPort
@@ -25,6 +26,7 @@ PORTS: tuple[tuple[str, type[Port]], ...] = (
     ("BUS_SNAPSHOT_BIND", EventBusPort),
     ("FRONTEND_BIND", EmqpClientPort),
     ("MONITOR_BIND", MonitorPort),
+    ("MC0_BIND", Mc0Port),
 )
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "EmqpWorkerPort",
     "EventBusPort",
     "MajordomoPort",
+    "Mc0Port",
     "MonitorPort",
     "Port",
     "PzqPort",

@@ -11,6 +11,10 @@ with ``socket_specs`` (a name, a zmq kind, an address and options each) and
 ``multi_socket = True``; the server then reads each socket through
 ``handler_for(name)`` and sends what ``encode_routed`` returns (the socket's name
 and the whole message, identity included on a ROUTER) on the named socket.
+
+A port with timers of its own (mc0: heartbeats and evictions per session) says
+when with ``next_timer``; the server's poll loop wakes up then and sends what
+``on_timer`` returns, in the same (socket name, whole message) form.
 """
 
 from __future__ import annotations
@@ -107,6 +111,17 @@ class Port(ABC):
     def encode(self, effect: Effect) -> list[bytes] | None:
         """The frames that carry ``effect`` on this wire (without the identity), or
         None when the effect means nothing here."""
+
+    def next_timer(self) -> float | None:
+        """When (server clock) the port next wants ``on_timer``, or None. The server's
+        poll loop wakes up for it, so a port with sessions of its own (mc0's
+        heartbeats and evictions) needs no thread and an idle broker still sleeps."""
+        return None
+
+    def on_timer(self, now: float) -> list[tuple[str, list[bytes]]]:
+        """The port's timer is due: the (socket spec name, whole frames, the routing
+        identity first on a ROUTER) to send. Called at or after ``next_timer``."""
+        return []
 
     # ---- topics (broker/topics.py) ---------------------------------------------
 
