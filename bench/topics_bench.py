@@ -611,7 +611,10 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         default="",
-        help="py-spy the broker during emq's throughput phases; collapsed stacks to this path",
+        help="py-spy the broker in emq's --profile-phase phases; collapsed stacks to this path",
+    )
+    parser.add_argument(
+        "--profile-phase", default="thr", choices=("thr", "lat"), help="the phase --profile samples"
     )
     # a subscriber's or the publisher's process
     parser.add_argument("--role", choices=("sub", "pub"), help=argparse.SUPPRESS)
@@ -655,8 +658,9 @@ def main() -> None:
             for phase in ("thr", "lat"):
                 for system in order:
                     spy = None
-                    if opts.profile and system.startswith("emq") and phase == "thr":
-                        spy = start_profile(broker[0].pid, opts.profile + f".{r + 1}")
+                    prof = opts.profile + f".{phase}.{r + 1}"
+                    if opts.profile and system.startswith("emq") and phase == opts.profile_phase:
+                        spy = start_profile(broker[0].pid, prof)
                     server = broker if system.startswith("emq") else peer_pids(system)
                     cpu0 = server_cpu(server)
                     res = one_phase(system, phase, opts, env, servers)
@@ -666,7 +670,7 @@ def main() -> None:
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)  # py-spy writes what it has
                         spy.wait(timeout=60)
-                        print(profile_top(opts.profile + f".{r + 1}"), flush=True)
+                        print(profile_top(prof), flush=True)
                     loads.append(os.getloadavg()[0])
                     results[system][phase].append(res)
                     print(f"round {r + 1} {system:9} {phase}: {res}", flush=True)

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-import uuid as uuidlib
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +36,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from emq_django import wire
 from emq_django.broker.topics import JSON, MSGPACK, OCTETS, Event, check_topic, matches
 from emq_django.conf import EmqSettings, cached_settings
 from emq_django.exceptions import ProtocolError
@@ -105,23 +106,44 @@ class _Publisher:
             if pid == os.getpid() and not sock.closed:  # never a parent's, after a fork
                 sock.close()
 
-    def socket(self, url: str) -> zmq.Socket[Any]:
+    def socket(self, url: str, pid: int) -> zmq.Socket[Any]:
+        """This thread's socket to ``url`` in process ``pid`` (``os.getpid()``)."""
         local = self.local
-        if getattr(local, "pid", None) != os.getpid() or local.url != url:
-            if getattr(local, "pid", None) == os.getpid():
+        if getattr(local, "pid", None) != pid or local.url != url:
+            if getattr(local, "pid", None) == pid:
                 local.sock.close()  # another address now (settings changed)
             sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
             sock.linger = 5000  # an exiting process still sends what it published
             sock.sndtimeo = 5000
             sock.connect(url)
             with self.lock:
-                self.sockets.append((os.getpid(), sock))
-            local.sock, local.url, local.pid = sock, url, os.getpid()
+                self.sockets.append((pid, sock))
+            local.sock, local.url, local.pid = sock, url, pid
         sock_: zmq.Socket[Any] = local.sock
         return sock_
 
 
 _publisher = _Publisher()
+
+
+_collect_url: list[Any] = [None, ""]  # the settings object last read, and its collector URL
+_producer: list[Any] = [0, ""]  # the pid the default producer id was made for, and the id
+
+
+def _default_producer(pid: int) -> str:
+    if _producer[0] != pid:
+        _producer[0], _producer[1] = pid, f"emq-{pid}"
+    name: str = _producer[1]
+    return name
+
+
+def new_uuid() -> bytes:
+    """A random (version 4) UUID's 16 bytes, as ``uuid.uuid4().bytes`` gives them
+    without making a UUID object."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return bytes(raw)
 
 
 def publish(
@@ -134,21 +156,32 @@ def publish(
 ) -> str:
     """Publish one event; returns its UUID. Raises ``ValueError`` for a bad topic
     or data that cannot be encoded, ``zmq.Again`` when the collector's pipe stays
-    full for 5 s."""
+    full for 5 s.
+
+    Called once per event, so it keeps what does not change between calls: the
+    collector's URL (read again when the settings object changes), the default
+    producer id, the socket; the frames go in one call per frame to libzmq
+    (``wire.send``) rather than through pyzmq's ``send_multipart``, and the UUID's
+    text is made once for the frame and the return value."""
     check_topic(topic)
     payload, ctype = encode_data(data, content_type)
-    event_id = uuidlib.uuid4()
-    frames = eventbus.pub(
-        topic,
-        producer or f"emq-{os.getpid()}",
-        time.time(),
-        event_id.bytes,
+    event_id = eventbus.encode_uuid(new_uuid())
+    pid = os.getpid()
+    frames = eventbus.pub_frames(
+        topic.encode(),
+        (producer or _default_producer(pid)).encode(),
+        eventbus.encode_ts(time.time()),
+        event_id,
         payload,
         ctype,
     )
-    sock = _publisher.socket(url or _url(cached_settings(), "COLLECT"))
-    sock.send_multipart(frames)
-    return str(event_id)
+    if url is None:
+        settings = cached_settings()
+        if _collect_url[0] is not settings:
+            _collect_url[0], _collect_url[1] = settings, _url(settings, "COLLECT")
+        url = _collect_url[1]
+    wire.send(_publisher.socket(url, pid), frames, nonblocking=False)  # sndtimeo: 5 s
+    return event_id.decode()
 
 
 def publish_on_commit(topic: str, data: Any, *, using: str | None = None, **kw: Any) -> bool:
@@ -270,7 +303,7 @@ def received(event: Event) -> Received:
         data = msgpack.unpackb(event.data, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, TypeError):
         data = event.data  # not MessagePack: as it came
-    event_id = str(uuidlib.UUID(bytes=event.uuid)) if len(event.uuid) == 16 else ""
+    event_id = eventbus.encode_uuid(event.uuid).decode()  # str(UUID), without one ("" if not 16)
     return Received(event.seq, event.topic, data, event.producer, event_id, event.ts, event.data)
 
 
@@ -312,7 +345,7 @@ class Subscription:
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.snapshot, zmq.POLLIN)
-        self._ready: list[Event] = []
+        self._ready: deque[Event] = deque()
         self._heard = time.monotonic()
         # the first snapshot request leaves now: with since=None, "live" means the
         # events the broker numbers after it answers this request
@@ -352,13 +385,16 @@ class Subscription:
             wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
             for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
                 self._heard = time.monotonic()
-                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    frames = sock.recv_multipart()
-                    if sock is self.sub:
-                        self._ready += state.on_live(frames)
-                    else:
-                        self._ready += state.on_snapshot(frames)
-        return received(self._ready.pop(0))
+                on = state.on_live if sock is self.sub else state.on_snapshot
+                # read until EAGAIN: asking ZMQ_EVENTS before each message costs
+                # more than the one failed recv at the end
+                while True:
+                    try:
+                        frames = wire.recv(sock)
+                    except zmq.Again:
+                        break
+                    self._ready += on(frames)
+        return received(self._ready.popleft())
 
 
 def subscribe(

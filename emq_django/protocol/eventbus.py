@@ -102,7 +102,34 @@ def encode_ts(ts: float) -> bytes:
     return text + b"%03dZ" % (micro // 1000)
 
 
+_decoded_second: list[Any] = [None, 0]  # the last "YYYY-MM-DDTHH:MM:SS" read, and its seconds
+
+
 def decode_ts(raw: bytes) -> float | None:
+    """Seconds since the epoch. The form every event carries (``encode_ts``'s, with
+    milliseconds and ``Z``) is read with the text of its second kept, as
+    ``encode_ts`` keeps it, and gives the float ``datetime.timestamp()`` gives."""
+    if len(raw) == 24 and raw[23:24] == b"Z" and raw[19:20] == b"." and raw[20:23].isdigit():
+        head = raw[:19]
+        if _decoded_second[0] != head:
+            whole = _iso_seconds(head)
+            if whole is None:
+                return None
+            _decoded_second[0], _decoded_second[1] = head, whole
+        sec: int = _decoded_second[1]
+        return (sec * 1_000_000 + int(raw[20:23]) * 1000) / 1_000_000
+    return _decode_ts(raw)
+
+
+def _iso_seconds(head: bytes) -> int | None:
+    try:
+        when = datetime.fromisoformat(head.decode("ascii")).replace(tzinfo=UTC)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return int(when.timestamp())
+
+
+def _decode_ts(raw: bytes) -> float | None:
     if not raw or len(raw) > MAX_FIELD:
         return None
     try:
@@ -249,10 +276,22 @@ def pub(
 ) -> list[bytes]:
     """A producer's PUB (for ``emq.publish``); ``content_type`` other than
     MessagePack adds our seventh frame."""
-    frames = [topic.encode(), b"", producer.encode(), encode_ts(ts), encode_uuid(uuid), data]
+    return pub_frames(
+        topic.encode(), producer.encode(), encode_ts(ts), encode_uuid(uuid), data, content_type
+    )
+
+
+_CTYPE_FRAMES = {c: c.encode() for c in CONTENT_TYPES}
+
+
+def pub_frames(
+    topic: bytes, producer: bytes, ts: bytes, uuid: bytes, data: bytes, content_type: str = ""
+) -> list[bytes]:
+    """``pub`` from fields already encoded (``emq.publish``: it keeps the UUID's text)."""
     if content_type and content_type != MSGPACK:
-        frames.append(content_type.encode())
-    return frames
+        ctype = _CTYPE_FRAMES.get(content_type) or content_type.encode()
+        return [topic, b"", producer, ts, uuid, data, ctype]
+    return [topic, b"", producer, ts, uuid, data]
 
 
 # ---- client side (emq_django/pubsub.py) ------------------------------------------------

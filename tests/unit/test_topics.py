@@ -175,6 +175,30 @@ def test_journal_retention_by_count_per_rule_and_rules_changed_later(
         again.close()
 
 
+def test_journal_retention_by_count_keeps_counting_after_the_first_prune(
+    journal: Journal,
+) -> None:
+    """The journal counts each rule's events once, then keeps the count itself:
+    events written between two prunes still count, and a pruned rule is not
+    pruned again until it passes its limit."""
+    core = make_core({"/tmp/": {"max_count": 3}}, journal=journal)
+    publish(core, "/tmp/x", 2)
+    commit(core, journal)
+    core.topics.prune(WALL)
+    commit(core, journal)
+    assert len(list(core.topics.since(["/tmp/"], 0))) == 2
+    publish(core, "/tmp/x", 4)
+    commit(core, journal)
+    core.topics.prune(WALL)
+    commit(core, journal)
+    assert [e.seq for e in core.topics.since(["/tmp/"], 0)] == [4, 5, 6]
+    publish(core, "/tmp/x", 1)
+    commit(core, journal)
+    core.topics.prune(WALL)
+    commit(core, journal)
+    assert [e.seq for e in core.topics.since(["/tmp/"], 0)] == [5, 6, 7]
+
+
 def test_a_failed_commit_drops_the_events_it_held(journal: Journal) -> None:
     core = make_core(journal=journal)
     publish(core, "/a", 2)
