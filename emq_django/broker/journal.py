@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from emq_django.broker.topics import Event
 
@@ -147,12 +147,15 @@ class Journal:
         counts = self._rule_counts
         try:
             db.execute("BEGIN")
-            for kind, run in groupby(ops, key=_kind):
+            for kind, group in groupby(ops, key=_kind):
                 many = _MANY.get(kind)
+                run: Iterable[JournalOp]
                 if kind == "event" and counts is not None:
-                    run = list(run)
+                    run = list(group)
                     for op in run:
                         counts[op[2]] = counts.get(op[2], 0) + 1
+                else:
+                    run = group
                 if many is not None:  # a run of puts or dones: one call for them all
                     db.executemany(many[0], map(many[1], run))
                 elif kind == "prune_events":
