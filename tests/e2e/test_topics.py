@@ -232,6 +232,14 @@ def test_10000_malformed_messages_on_each_event_bus_socket(
         [b"", b"", b"p", b"", b"", b"\x01"],
         [b"/t", b"", b"p", b"", b"uuid?", b"\x01"],
     ]
+
+    # an XSUB drops what it sends before its connection is up: wait for one good
+    # subscription to reach the broker first
+    def subscribed() -> bool:
+        xsub.send(b"\x01/warm-up")
+        return bus_subscribers(env) >= 1
+
+    wait_until(subscribed, "the XSUB's subscription", procs=[broker])
     n = 10_000
     for i in range(n):
         snapshot.send_multipart(bad_snapshot[i % 4])
