@@ -59,9 +59,15 @@ def no_horizontal_scroll(driver: Any) -> bool:
 
 
 def message(driver: Any) -> str:
+    """The page's Django messages; '' while the page is being replaced (a click's
+    POST and redirect have not loaded yet)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return " ".join(m.text for m in driver.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))
+    try:
+        return " ".join(m.text for m in driver.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))
+    except StaleElementReferenceException:
+        return ""
 
 
 def test_admin_pages_in_browser(
@@ -139,7 +145,7 @@ def test_admin_pages_in_browser(
     assert browser.find_element(By.ID, "emq-enqueued").text != "—"
     shot(browser, "03-job-failed")
     browser.find_element(By.ID, "emq-retry").click()
-    assert "Sent again as" in message(browser)
+    wait_until(lambda: "Sent again as" in message(browser), "retry's message", 10, procs)
     new_id = browser.find_element(By.CSS_SELECTOR, "ul.messagelist a").text
     assert new_id and new_id in browser.current_url
     assert failed.id in browser.find_element(By.ID, "emq-links").text  # retry of
@@ -160,7 +166,7 @@ def test_admin_pages_in_browser(
     assert "parked" in browser.find_element(By.ID, "emq-job").text  # its queue, from the trace
     shot(browser, "05-job-waiting")
     browser.find_element(By.ID, "emq-cancel").click()
-    assert "Cancelled:" in message(browser), message(browser)
+    wait_until(lambda: "Cancelled:" in message(browser), "cancel's message", 10, procs)
     wait_until(
         lambda: browser.refresh() or browser.find_elements(By.ID, "emq-cancelled-waiting"),
         "the cancelled job's page to say it will not run",
