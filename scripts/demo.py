@@ -268,6 +268,9 @@ def run(demo: Demo, web_addr: str) -> int:
         "broker (PZQ receive)": _address("EMQ_PZQ_RECEIVE_BIND", "tcp://127.0.0.1:11131"),
         "broker (PZQ send)": _address("EMQ_PZQ_SEND_BIND", "tcp://127.0.0.1:11132"),
         "broker (PZQ monitor)": _address("EMQ_PZQ_MONITOR_BIND", "tcp://127.0.0.1:11133"),
+        "broker (Event BUS snapshot)": _address("EMQ_BUS_SNAPSHOT_BIND", "tcp://127.0.0.1:5556"),
+        "broker (Event BUS publisher)": _address("EMQ_BUS_PUBLISH_BIND", "tcp://127.0.0.1:5557"),
+        "broker (Event BUS collector)": _address("EMQ_BUS_COLLECT_BIND", "tcp://127.0.0.1:5558"),
         "broker (mc0)": _address("EMQ_MC0_BIND", "tcp://127.0.0.1:61616"),
         "web server": _address("WEB_ADDR", "tcp://" + web_addr),
     }
