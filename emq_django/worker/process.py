@@ -18,12 +18,13 @@ from typing import Any
 
 import zmq
 
-from emq_django.exceptions import Cancelled
+from emq_django import wire
+from emq_django.exceptions import Cancelled, ProtocolError
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.worker.credit import CreditPolicy
-from emq_django.worker.execution import Outcome, execute
+from emq_django.worker.execution import Outcome, execute, note_open_connections
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
 
@@ -91,6 +92,8 @@ class SlotWorker:
         self._unflushed = 0  # records given to the recorder since its last flush
         self._flush_at = 0.0  # monotonic: when those must be written at the latest
         self.credit = 0
+        self._timed_sock: zmq.Socket[Any] | None = None  # the socket whose RCVTIMEO is set
+        self._timeout = 0  # ... to this many ms
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -98,6 +101,7 @@ class SlotWorker:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
+        note_open_connections()
         self.link.connect()
         try:
             self._loop()
@@ -117,24 +121,45 @@ class SlotWorker:
 
     def _loop(self) -> None:
         while not self.stopping and not self.retiring and not self.abandoning:
-            if self.link.poll(self._recorder_turn()):
-                self._drain()
+            frames = self._next(self._recorder_turn())
+            if frames is not None:
+                self._handle(frames)
             if self.stopping or self.retiring or self.abandoning:
                 break
             self.link.tick()
         self._goodbye()
 
-    def _drain(self) -> None:
-        for cmd in self.link.messages():
-            if type(cmd) is F.Request:
-                if self.abandoning:
-                    self._give_back(cmd)
-                else:
-                    self._run(cmd)
-            elif type(cmd) is F.Kbye:
-                log.info("the broker said goodbye; connecting again")
-                self.link.connect()
-                return
+    def _next(self, wait: float) -> list[bytes] | None:
+        """The next message from the broker, waiting up to ``wait`` seconds; None if
+        none came. One blocking receive (the socket's RCVTIMEO), not a poll followed
+        by a receive: a job that arrives while the process waits costs one call."""
+        sock = self.link.sock
+        assert sock is not None
+        timeout = max(int(wait * 1000), 0) + 1
+        if sock is not self._timed_sock or timeout != self._timeout:
+            sock.setsockopt(zmq.RCVTIMEO, timeout)
+            self._timed_sock, self._timeout = sock, timeout
+        try:
+            frames = wire.recv(sock, nonblocking=False)
+        except zmq.Again:
+            return None
+        self.link.last_recv = time.monotonic()
+        return frames
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            cmd = F.decode(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed message from the broker at %s: %s", self.link.url, exc)
+            return
+        if type(cmd) is F.Request:
+            if self.abandoning:
+                self._give_back(cmd)
+            else:
+                self._run(cmd)
+        elif type(cmd) is F.Kbye:
+            log.info("the broker said goodbye; connecting again")
+            self.link.connect()
 
     def _run(self, req: F.Request) -> None:
         self.credit -= 1
