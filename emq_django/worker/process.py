@@ -33,6 +33,9 @@ CANCELLED = Cancelled.TYPE
 # A PARTIAL the socket cannot queue now (the broker is not reading) waits this long
 # for room, then is dropped (and logged): a stream must not hang its task.
 PARTIAL_SEND_WAIT = 1.0
+# Extra credit goes out (READYs) once it is at least 1/READY_BATCH_DIVISOR of what
+# the process wants to hold (at once for a credit under this number).
+READY_BATCH_DIVISOR = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +190,12 @@ class SlotWorker:
         wanted = self._wanted()
         if self.stopping or self.abandoning or self._should_retire():
             wanted = 0  # no more credit from this process
-        # the REPLY gives one credit back ("ready") when we want more than we hold
-        give_back = self.credit < wanted
+        # The REPLY gives one credit back ("ready") while the process holds less than
+        # it wants, or a little more (a quarter; never past the policy's maximum or
+        # --max-jobs-per-worker): the wish is an average of job times and moves up
+        # and down by a few; following each step would cost a READY (a message, and a
+        # wake of the socket's I/O thread) after every few jobs.
+        give_back = self.credit < wanted or self.credit < self._ceiling(wanted)
         status = outcome.status(ready=give_back)
         self.link.send(F.encode_reply(self.link.new_id(), outcome.body, req.msgid, status))
         # cleared after the REPLY: killed in between, its job manager answers too,
@@ -196,7 +203,11 @@ class SlotWorker:
         self.table.clear(slot)
         if give_back:
             self.credit += 1
-            self._grant(wanted - self.credit)
+            # more credit than the REPLY returned: READYs, once the shortfall is at
+            # least an eighth of the wish (at once for a wish under 8)
+            deficit = wanted - self.credit
+            if deficit > 0 and deficit * READY_BATCH_DIVISOR >= wanted:
+                self._grant(deficit)
 
     def _send_partial(self, attempt_id: bytes, body: bytes, seq: int) -> None:
         """PARTIAL to the broker now, without blocking while the socket has room."""
@@ -302,6 +313,15 @@ class SlotWorker:
         if self.config.max_jobs:
             wanted = min(wanted, self.config.max_jobs - self.jobs_done)
         return max(wanted, 0)
+
+    def _ceiling(self, wanted: int) -> int:
+        """The most credit the process keeps when it holds more than it wants."""
+        if not wanted:
+            return 0
+        ceiling = min(wanted + wanted // 4, self.policy.maximum)
+        if self.config.max_jobs:
+            ceiling = min(ceiling, self.config.max_jobs - self.jobs_done)
+        return ceiling
 
     def _should_retire(self) -> bool:
         """After too many jobs or too much memory, finish and let the manager
