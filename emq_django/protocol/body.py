@@ -23,7 +23,9 @@ _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 _decoder = json.JSONDecoder()  # json.loads' own, without its per-call encoding guess
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: it holds lists and dicts (never hashable), and a frozen dataclass
+# costs several µs more to build, once per job in the worker.
+@dataclass(slots=True)
 class RunBody:
     path: str
     callable: str
