@@ -11,6 +11,7 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -48,6 +49,9 @@ from emq_django.security.zap import ZapHandler
 log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the next
+# the cyclic collector's thresholds in the broker's process (``tune_gc``)
+GC_YOUNG = 50_000
+GC_OLDER = 20
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -218,6 +222,23 @@ class BrokerServer:
             ", ".join(f"{spec.name} on {spec.address}" for _, spec, _, _, _ in self.endpoints),
             os.getpid(),
         )
+
+    def tune_gc(self) -> None:
+        """Tune the cyclic garbage collector for the broker's process (its command
+        calls this; tests that run a broker in their own process do not).
+
+        What the broker allocates per job (the job, its effects, frames, lists)
+        dies young and makes no cycles, and what lives long (Django, the ports,
+        the settings) was all made before the loop. Yet the collector runs every
+        700 net new objects, and while a backlog builds it goes through every
+        waiting job again and again (gen 1, then gen 2): about 5% of the broker's
+        CPU while it drained no-op jobs (perf). So: what start-up made is moved
+        out of the collector's sight (``gc.freeze``), and the young generation is
+        collected every ``GC_YOUNG`` net new objects instead. Cycles (rare here)
+        are still collected, a little later."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_YOUNG, GC_OLDER, GC_OLDER)
 
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
