@@ -11,6 +11,7 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -48,6 +49,9 @@ from emq_django.security.zap import ZapHandler
 log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the next
+# the cyclic collector's thresholds in the broker's process (``tune_gc``)
+GC_YOUNG = 50_000
+GC_OLDER = 20
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -56,6 +60,10 @@ CHUNK = 256  # messages from one socket before turning to the next
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
+_backend_recv = zmq.backend.Socket.recv
+_backend_send = zmq.backend.Socket.send
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 
 
 class BrokerServer:
@@ -215,6 +223,23 @@ class BrokerServer:
             os.getpid(),
         )
 
+    def tune_gc(self) -> None:
+        """Tune the cyclic garbage collector for the broker's process (its command
+        calls this; tests that run a broker in their own process do not).
+
+        What the broker allocates per job (the job, its effects, frames, lists)
+        dies young and makes no cycles, and what lives long (Django, the ports,
+        the settings) was all made before the loop. Yet the collector runs every
+        700 net new objects, and while a backlog builds it goes through every
+        waiting job again and again (gen 1, then gen 2): about 5% of the broker's
+        CPU while it drained no-op jobs (perf). So: what start-up made is moved
+        out of the collector's sight (``gc.freeze``), and the young generation is
+        collected every ``GC_YOUNG`` net new objects instead. Cycles (rare here)
+        are still collected, a little later."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_YOUNG, GC_OLDER, GC_OLDER)
+
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         self._signals_installed = True
@@ -339,6 +364,8 @@ class BrokerServer:
         ``_drain_ready`` flushes once per round instead: producers' messages and
         consumers' acks of the same round share one journal transaction."""
         now = self.clock()
+        if routed and self.guard is None:
+            return self._drain_router(sock, handle, now, flush)
         recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
         while n < CHUNK:
@@ -365,6 +392,38 @@ class BrokerServer:
             self._flush()
         return n
 
+    def _drain_router(self, sock: zmq.Socket[Any], handle: Handler, now: float, flush: bool) -> int:
+        """``_drain`` for a ROUTER without CURVE's guard (the hot path). The first
+        frame, the sender's identity, is read straight into bytes: libzmq always
+        flags it as followed by more, so it needs no ``zmq.Frame`` (a Frame costs
+        about 0.6 µs more than a copy, and there are two messages per job); the
+        rest are read as ``wire.recv`` does, frame by frame until the last."""
+        recv = _backend_recv
+        n = 0
+        while n < CHUNK:
+            try:
+                identity = recv(sock, _NOBLOCK, True)
+            except zmq.Again:
+                break
+            frame = recv(sock, _NOBLOCK, False)
+            frames = [frame.bytes]
+            while frame.more:
+                frame = recv(sock, _NOBLOCK, False)
+                frames.append(frame.bytes)
+            n += 1
+            try:
+                back = handle(identity, frames, now)
+                if back is not None:
+                    wire.send(sock, [identity, *back])
+            except zmq.ZMQError:
+                self.dropped_sends += 1
+            except Exception:  # a bug must not take the broker down
+                self.internal_errors += 1
+                log.exception("internal error handling a message from %r", identity[:32])
+        if n and flush:
+            self._flush()
+        return n
+
     def _flush(self, last: bool = False) -> None:
         core = self.core
         if core.life.journal_ops:
@@ -378,7 +437,7 @@ class BrokerServer:
                 self.tracer.write(tracer.take())
                 self._trace_due = now + TRACE_WRITE_INTERVAL
         sockets = self.sockets
-        send = wire.send
+        send = _backend_send
         while core.out:
             batch, core.out = core.out, []
             for effect in batch:
@@ -393,7 +452,13 @@ class BrokerServer:
                 try:
                     frames = port.encode(effect)
                     if frames is not None:
-                        send(sockets[port], [ref.identity, *frames])
+                        # as wire.send: the identity first (a message is atomic: if
+                        # its first frame is refused, nothing of it leaves)
+                        sock = sockets[port]
+                        send(sock, ref.identity, _MORE_NOBLOCK)
+                        for frame in frames[:-1]:
+                            send(sock, frame, _MORE_NOBLOCK)
+                        send(sock, frames[-1], _NOBLOCK)
                 except zmq.Again:
                     self.dropped_sends += 1
                     if self.dropped_sends % 1000 == 1:
