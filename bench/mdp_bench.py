@@ -91,10 +91,15 @@ def start_emq(servers: ServerSet, port: int) -> int:
         EMQ_BACKEND_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_MONITOR_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_MDP_BIND=f"tcp://127.0.0.1:{port}",
-        # PZQ stays on, as by default, on private ports
+        # PZQ, the Event BUS and mc0 stay on, as by default, on private ports (on
+        # their default ports they would clash with any other broker here)
         EMQ_PZQ_RECEIVE_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_PZQ_SEND_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_PZQ_MONITOR_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_BUS_SNAPSHOT_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_BUS_PUBLISH_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_BUS_COLLECT_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_MC0_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_JOURNAL_PATH="",
         EMQ_TRACE_DIR="",
     )
@@ -330,7 +335,12 @@ def measure_pair(
             stacks[name] = (url, broker, start_workers(servers, url, args, name))
         for name in names:
             socks[name] = connect(stacks[name][0])
-            wait_ready(socks[name][1])
+            try:
+                wait_ready(socks[name][1])
+            except RuntimeError:
+                for server in servers.servers:
+                    print(f"--- {server.name}:\n{server.log_tail(10)}", file=sys.stderr)
+                raise RuntimeError(f"{name}: no echo") from None
             round_trips(socks[name][1], 200)  # warm-up
         times: dict[str, list[float]] = {n: [] for n in names}
         rt_before = {n: tree_cpu([stacks[n][1]]) for n in names}
