@@ -157,10 +157,19 @@ def connect(url: str) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
     return ctx, sock
 
 
-def wait_ready(sock: zmq.Socket[Any], timeout: float = 90.0) -> None:
+class BrokerDied(RuntimeError):
+    """A broker exited before its first echo (a port taken meanwhile: free_port
+    only says that a port was free a moment ago)."""
+
+
+def wait_ready(
+    sock: zmq.Socket[Any], timeout: float = 90.0, alive: Callable[[], bool] = lambda: True
+) -> None:
     """Until an echo comes back: the broker is up and a worker has said READY."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not alive():
+            raise BrokerDied("the broker exited")
         send_request(sock, b"ping")
         if sock.poll(1000):
             recv_reply(sock)
@@ -328,19 +337,21 @@ def measure_pair(
     socks: dict[str, tuple[zmq.Context[Any], zmq.Socket[Any]]] = {}
     servers = ServerSet(logs)
     try:
+        alive: dict[str, Callable[[], bool]] = {}
         for name in names:
             port = free_port()
             url = f"tcp://127.0.0.1:{port}"
             broker = BROKERS[name](servers, port)
+            alive[name] = servers.servers[-1].alive
             stacks[name] = (url, broker, start_workers(servers, url, args, name))
         for name in names:
             socks[name] = connect(stacks[name][0])
             try:
-                wait_ready(socks[name][1])
+                wait_ready(socks[name][1], alive=alive[name])
             except RuntimeError:
                 for server in servers.servers:
-                    print(f"--- {server.name}:\n{server.log_tail(10)}", file=sys.stderr)
-                raise RuntimeError(f"{name}: no echo") from None
+                    print(f"--- {server.name}:\n{server.log_tail(5)}", file=sys.stderr)
+                raise
             round_trips(socks[name][1], 200)  # warm-up
         times: dict[str, list[float]] = {n: [] for n in names}
         rt_before = {n: tree_cpu([stacks[n][1]]) for n in names}
@@ -406,7 +417,14 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mdp-bench-") as logs:
         for pair in range(args.pairs):
-            measured = measure_pair(names, args, logs, pair)
+            for attempt in range(3):
+                try:
+                    measured = measure_pair(names, args, logs, pair)
+                    break
+                except BrokerDied:
+                    if attempt == 2:
+                        raise
+                    print("a broker did not start (a port taken?): this pair again", flush=True)
             for name in names:
                 runs[name].append(measured[name])
                 print(f"pair {pair + 1} {name:10s} {show(measured[name])}", flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket as pysocket
 import time
@@ -49,7 +50,8 @@ from emq_django.security.zap import ZapHandler
 log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the next
-_get = _BackendSocket.get
+# the backend's getsockopt: ZMQ_EVENTS as a plain int (typed int | bytes)
+_get: Callable[[zmq.Socket[Any], int], int] = _BackendSocket.get  # type: ignore[assignment]
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
@@ -261,14 +263,14 @@ class BrokerServer:
         of a socket that was read from (and stopped before it would block) or
         sent on is not trusted: ``_touched`` holds those sockets, and each is
         asked for ZMQ_EVENTS before the loop sleeps (``_waiting``)."""
-        poller = zmq.Poller()
+        poller = select.poll()  # file descriptors only: zmq_poll would poll twice
         by_fd: dict[int, int] = {}
         for i, (_, _, sock, _, _) in enumerate(self.endpoints):
-            fd = sock.getsockopt(zmq.FD)
+            fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]
             by_fd[fd] = i
-            poller.register(fd, zmq.POLLIN)
+            poller.register(fd, select.POLLIN)
         wake_fd = self._wake_r.fileno()
-        poller.register(wake_fd, zmq.POLLIN)
+        poller.register(wake_fd, select.POLLIN)
         self._touched.update(self._index)  # ask every socket once before the first sleep
         deadline = float("inf")
         core = self.core
