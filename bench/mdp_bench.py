@@ -1,6 +1,6 @@
 """Majordomo echo through our broker and through majortomo's own, in one run.
 
-    .venv/bin/python bench/mdp_bench.py [--requests 40000] [--round-trips 2000]
+    .venv/bin/python bench/mdp_bench.py [--requests 40000] [--round-trips 5000]
         [--clients 2] [--window 400] [--workers 4] [--worker-sockets 8]
         [--pairs 3] [--only emq,majortomo] [--json FILE]
 
@@ -31,7 +31,18 @@ pipelined phase the table gives each role's CPU per request (user+sys, psutil;
 clients measure their own), the broker's busy share of the wall time, and its
 share spent runnable but waiting for a CPU (/proc/PID/schedstat, other
 people's load): busy + waiting near 100% means the broker was the bottleneck;
-the rest is time it had nothing to read.
+the rest is time it had nothing to read. For the round-trip phase it gives each
+broker's CPU per round trip (user+sys, psutil, both brokers measured over the
+same interleaved phase).
+
+The workers and clients are the same for both brokers, so what they cost per
+request dilutes the ratio between the brokers (on an idle 2-core machine the
+whole run is bound by the machine's CPU): they read a message of known shape
+frame by frame as bytes with only its last frame as a ``zmq.Frame``, read
+replies in batches and send as many requests after each batch, and the workers
+sleep in a poll of their sockets' ZMQ_FDs rather than in ``zmq_poll`` (which
+asks every socket for ZMQ_EVENTS, a system call each, before and after it
+sleeps). See bench/mdp_echo_worker.py.
 
 The pipelined phases run in alternation (the order swapped every pair),
 ``--pairs`` times, so that a machine whose speed drifts affects both alike; the
@@ -397,7 +408,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=40_000)
-    parser.add_argument("--round-trips", type=int, default=2_000)
+    parser.add_argument("--round-trips", type=int, default=5_000)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--window", type=int, default=400)
     parser.add_argument("--workers", type=int, default=4)
