@@ -391,6 +391,7 @@ class BrokerServer:
         recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
         more = True
+        replied = False  # sent on since ZMQ_EVENTS was last asked
         while more:
             try:
                 frames = recv(sock)
@@ -405,18 +406,23 @@ class BrokerServer:
                 if routed:
                     back = handle(frames[0], frames[1:], now)
                     if back is not None:
+                        replied = True
                         wire.send(sock, [frames[0], *back])
                 else:
                     back = handle(b"", frames, now)
                     if back is not None:
+                        replied = True
                         wire.send(sock, back)
             except zmq.ZMQError:
                 self.dropped_sends += 1
             except Exception:  # a bug must not take the broker down
                 self.internal_errors += 1
                 log.exception("internal error handling a message from %r", frames[0][:32])
-        else:  # not ended by EAGAIN: a message may wait that the socket's FD will not say
-            self._touched.add(sock)
+        else:
+            # not ended by EAGAIN: CHUNK messages read, or the first one was the only
+            # one; then a message may wait that the socket's FD will not signal
+            if n >= CHUNK or replied:
+                self._touched.add(sock)
         if n and flush:
             self._flush()
         return n
