@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,9 @@ LATEST = 2**62  # SYNCSTART above every event: only the current sequence comes b
 # an answer with this many SYNCs may be a page of a longer replay (the broker's
 # MAX_SYNC): ask again at once rather than after idle_check
 PAGE_HINT = 1000
+PUBLISH_BATCH = 256  # events in one publish batch (publish_many)
+PUBLISH_BATCH_BYTES = 256 * 1024  # data bytes in one (it may pass it by one event)
+_BATCH_FIELDS_CAP = PUBLISH_BATCH * eventbus.PUBS_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,17 @@ def _url(settings: EmqSettings, name: str) -> str:
     if not url:
         raise ValueError(f"EMQ_BUS_{name}_URL (or EMQ_BUS_{name}_BIND) is not set")
     return url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://*:", "://127.0.0.1:")
+
+
+def _live_url(
+    settings: EmqSettings, publish_url: str | None, batch_url: str | None
+) -> tuple[str, bool]:
+    """Where a subscriber reads live events, and whether that is the batch publisher."""
+    if batch_url:
+        return batch_url, True
+    if not publish_url and (settings.BUS_BATCH_URL or settings.BUS_BATCH_BIND):
+        return _url(settings, "BATCH"), True
+    return publish_url or _url(settings, "PUBLISH"), False
 
 
 # ---- publishing --------------------------------------------------------------------------
@@ -184,6 +198,55 @@ def publish(
     return event_id.decode()
 
 
+def publish_many(
+    topic: str,
+    items: Iterable[Any],
+    *,
+    content_type: str | None = None,
+    producer: str | None = None,
+    url: str | None = None,
+) -> list[str]:
+    """Publish several events on ``topic``, in order; returns their UUIDs. Each
+    item is encoded as ``publish`` encodes its data. They go to the collector in
+    emq's publish batches (``protocol/eventbus.py``), up to ``PUBLISH_BATCH``
+    events or ``PUBLISH_BATCH_BYTES`` a message, so a burst costs one message per
+    batch, not one per event; the broker numbers them one after the other, as
+    many ``publish`` calls in a row. A bad topic or item raises before anything
+    is sent."""
+    check_topic(topic)
+    encoded = [encode_data(item, content_type) for item in items]
+    if not encoded:
+        return []
+    pid = os.getpid()
+    if url is None:
+        settings = cached_settings()
+        if _collect_url[0] is not settings:
+            _collect_url[0], _collect_url[1] = settings, _url(settings, "COLLECT")
+        url = _collect_url[1]
+    sock = _publisher.socket(url, pid)
+    topic_raw = topic.encode()
+    producer_raw = (producer or _default_producer(pid)).encode()
+    ts = time.time()
+    ids = os.urandom(16 * len(encoded))
+    uuids = []
+    flat: list[Any] = []
+    size = 0
+    ctype = encoded[0][1]
+    for i, (payload, kind) in enumerate(encoded):
+        if kind != ctype or size >= PUBLISH_BATCH_BYTES or len(flat) >= _BATCH_FIELDS_CAP:
+            wire.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat), nonblocking=False)
+            flat, size, ctype = [], 0, kind
+        raw = bytearray(ids[16 * i : 16 * i + 16])  # version 4, as new_uuid
+        raw[6] = (raw[6] & 0x0F) | 0x40
+        raw[8] = (raw[8] & 0x3F) | 0x80
+        event_id = bytes(raw)
+        flat += (ts, event_id, payload)
+        size += len(payload)
+        uuids.append(event_id)
+    wire.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat), nonblocking=False)
+    return [eventbus.encode_uuid(u).decode() for u in uuids]
+
+
 def publish_on_commit(topic: str, data: Any, *, using: str | None = None, **kw: Any) -> bool:
     """``publish`` when the transaction on ``using`` commits (now when none is
     open); returns True when it was deferred. The data is encoded now, so a bad
@@ -231,10 +294,35 @@ class CloneState:
         return not self.started or self.more or idle >= idle_check
 
     def on_live(self, frames: Sequence[bytes]) -> list[Event]:
+        """A BROADCAST from the Event BUS publisher."""
         event = self._decode(eventbus.decode_event, frames)
         if not isinstance(event, Event) or not matches(event.topic, self.prefixes):
             return []
         self.live_seen += 1
+        return self._live(event)
+
+    def on_live_batch(self, frames: Sequence[bytes]) -> list[Event]:
+        """A delivery batch from the batch publisher: consecutive events on one
+        topic, handled as that many BROADCASTs."""
+        events = self._decode(eventbus.decode_batch, frames)
+        if not events or not matches(events[0].topic, self.prefixes):
+            return []
+        self.live_seen += len(events)
+        last = self.last
+        if (
+            self.syncing_since is None
+            and last >= 0
+            and events[0].seq == last + 1
+            and events[-1].seq == last + len(events)
+        ):
+            self.last = events[-1].seq  # the usual case: they follow on
+            return events  # type: ignore[no-any-return]
+        out = []
+        for event in events:
+            out += self._live(event)
+        return out
+
+    def _live(self, event: Event) -> list[Event]:
         if self.syncing_since is not None or self.last < 0:
             if len(self.buffer) < MAX_BUFFERED:  # past it: the snapshot fills them in
                 self.buffer.append(event)
@@ -318,6 +406,7 @@ class Subscription:
         *,
         snapshot_url: str | None = None,
         publish_url: str | None = None,
+        batch_url: str | None = None,
         idle_check: float = 1.0,
         rcvhwm: int | None = None,
         rcvbuf: int | None = None,
@@ -325,10 +414,15 @@ class Subscription:
     ) -> None:
         """``rcvhwm``, ``rcvbuf``: the SUB socket's queue (messages) and kernel buffer
         (bytes); past them a slow subscriber misses live events and fills them in
-        from the snapshot."""
+        from the snapshot. Live events come from the broker's batch publisher
+        (``batch_url``, else ``EMQ_BUS_BATCH_URL`` or ``EMQ_BUS_BATCH_BIND`` when
+        no ``publish_url`` is given) when there is one, else from the Event BUS
+        publisher (``publish_url``, else ``EMQ_BUS_PUBLISH_URL`` or ``_BIND``)."""
         settings = cached_settings()
         self.state = CloneState(prefixes, since)
         self.idle_check = idle_check
+        live_url, batched = _live_url(settings, publish_url, batch_url)
+        self._on_live = self.state.on_live_batch if batched else self.state.on_live
         ctx = context or zmq.Context.instance()
         self.sub = ctx.socket(zmq.SUB)
         self.sub.linger = 0
@@ -338,7 +432,7 @@ class Subscription:
             self.sub.rcvbuf = rcvbuf
         for prefix in self.state.prefixes or ("",):
             self.sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        self.sub.connect(publish_url or _url(settings, "PUBLISH"))
+        self.sub.connect(live_url)
         self.snapshot = ctx.socket(zmq.DEALER)
         self.snapshot.linger = 0
         self.snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
@@ -385,7 +479,7 @@ class Subscription:
             wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
             for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
                 self._heard = time.monotonic()
-                on = state.on_live if sock is self.sub else state.on_snapshot
+                on = self._on_live if sock is self.sub else state.on_snapshot
                 # read until EAGAIN: asking ZMQ_EVENTS before each message costs
                 # more than the one failed recv at the end
                 while True:
@@ -413,6 +507,7 @@ async def asubscribe(
     *,
     snapshot_url: str | None = None,
     publish_url: str | None = None,
+    batch_url: str | None = None,
     idle_check: float = 1.0,
 ) -> AsyncIterator[Received]:
     """``subscribe`` for asyncio: ``async for event in emq.asubscribe(...)``."""
@@ -425,7 +520,9 @@ async def asubscribe(
         sub.linger = snapshot.linger = 0
         for prefix in state.prefixes or ("",):
             sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        sub.connect(publish_url or _url(settings, "PUBLISH"))
+        live_url, batched = _live_url(settings, publish_url, batch_url)
+        on_live = state.on_live_batch if batched else state.on_live
+        sub.connect(live_url)
         snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -439,7 +536,7 @@ async def asubscribe(
             for sock, _ in await poller.poll(idle_check * 1000):
                 heard = time.monotonic()
                 frames = await sock.recv_multipart()
-                events = state.on_live(frames) if sock is sub else state.on_snapshot(frames)
+                events = on_live(frames) if sock is sub else state.on_snapshot(frames)
                 for event in events:
                     yield received(event)
     finally:

@@ -132,6 +132,10 @@ class BrokerServer:
                 port.status = self.status
         self.internal_errors = 0
         self.dropped_sends = 0
+        # ports holding events back to send together (``Port.flush_published``)
+        self._batching = [
+            p for p in self.ports if type(p).flush_published is not Port.flush_published
+        ]
         self.reclaimer = Reclaimer()
         self._shutdown_requests = 0
         self._signals_installed = False
@@ -406,6 +410,8 @@ class BrokerServer:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     port.unroutable(ref.identity, self.clock())
+        for port in self._batching:  # events held back to go out together
+            self._send_port_frames(port, port.flush_published())
 
     def _publish(self, event: Event) -> None:
         """Every port fans the event out to its own subscribers."""
