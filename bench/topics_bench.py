@@ -96,6 +96,7 @@ class Tally:
         self.lags: list[int] = []
         self.warm = False
         self.last_seen = time.monotonic()
+        self.extra: dict[str, int] = {}  # the client's own figures (gaps filled, syncs)
 
     def feed(self, data: bytes) -> None:
         now = time.monotonic_ns()
@@ -128,6 +129,7 @@ class Tally:
                 "last_ns": self.last_ns,
                 "lags": self.lags,
                 "cpu_s": time.process_time(),
+                **self.extra,
             }
         )
 
@@ -212,6 +214,9 @@ def _emq_subscriber(topic: str, tally: Tally, deadline: float) -> None:
         return None if event is None else event.data  # raw bytes published: bytes back
 
     _loop(get, tally, deadline)
+    st = subscription.state
+    tally.extra = {"gaps": st.gaps, "syncs": st.syncs, "from_snapshot": st.from_snapshot}
+    print(f"subscriber {tally.sub_id}: {tally.count} events, {tally.extra}", file=sys.stderr)
     subscription.close()
 
 

@@ -29,7 +29,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -55,17 +54,43 @@ PUBLISH_BATCH_BYTES = 256 * 1024  # data bytes in one (it may pass it by one eve
 _BATCH_FIELDS_CAP = PUBLISH_BATCH * eventbus.PUBS_FIELDS
 
 
-@dataclass(frozen=True, slots=True)
 class Received:
-    """One event as a subscriber gets it."""
+    """One event as a subscriber gets it: ``seq``, ``topic``, ``data`` (the
+    MessagePack data, unpacked), ``producer``, ``uuid`` (its text, made when first
+    read), ``ts`` (the producer's wall-clock time) and ``raw`` (the MessagePack
+    data as received). Read-only by convention; one is made per event and per
+    subscriber, so it is a plain slotted object."""
 
-    seq: int
-    topic: str
-    data: Any  # the MessagePack data, unpacked
-    producer: str
-    uuid: str
-    ts: float  # the producer's wall-clock time
-    raw: bytes  # the MessagePack data as received
+    __slots__ = ("seq", "topic", "data", "producer", "ts", "raw", "_uuid")
+
+    def __init__(
+        self, seq: int, topic: str, data: Any, producer: str, uuid: bytes, ts: float, raw: bytes
+    ) -> None:
+        self.seq = seq
+        self.topic = topic
+        self.data = data
+        self.producer = producer
+        self._uuid = uuid  # 16 bytes (anything else reads as "")
+        self.ts = ts
+        self.raw = raw
+
+    @property
+    def uuid(self) -> str:
+        return eventbus.encode_uuid(self._uuid).decode()  # str(UUID), without making one
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.seq, self.topic, self.data, self.producer, self._uuid, self.ts, self.raw)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Received and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Received(seq={self.seq!r}, topic={self.topic!r}, data={self.data!r}, "
+            f"producer={self.producer!r}, uuid={self.uuid!r}, ts={self.ts!r}, raw={self.raw!r})"
+        )
 
 
 def _url(settings: EmqSettings, name: str) -> str:
@@ -301,26 +326,35 @@ class CloneState:
         self.live_seen += 1
         return self._live(event)
 
-    def on_live_batch(self, frames: Sequence[bytes]) -> list[Event]:
+    def on_live_batch(self, frames: Sequence[bytes]) -> list[Received]:
         """A delivery batch from the batch publisher: consecutive events on one
-        topic, handled as that many BROADCASTs."""
-        events = self._decode(eventbus.decode_batch, frames)
-        if not events or not matches(events[0].topic, self.prefixes):
+        topic, handled as that many BROADCASTs; the events to yield, already as
+        ``Received``. When they follow on from ``last`` (the usual case) they are
+        made straight from the batch's fields, without an ``Event`` each."""
+        batch = self._decode(eventbus.decode_batch_fields, frames)
+        if batch is None:
             return []
-        self.live_seen += len(events)
+        topic, flat = batch
+        if not flat or not matches(topic, self.prefixes):
+            return []
+        n = len(flat) // eventbus.BATCH_FIELDS
+        self.live_seen += n
         last = self.last
-        if (
-            self.syncing_since is None
-            and last >= 0
-            and events[0].seq == last + 1
-            and events[-1].seq == last + len(events)
-        ):
-            self.last = events[-1].seq  # the usual case: they follow on
-            return events  # type: ignore[no-any-return]
-        out = []
+        if self.syncing_since is None and last >= 0 and flat[0] == last + 1:
+            try:
+                out = _follow_on(topic, flat, last)
+            except (TypeError, ValueError):
+                out = None  # not in order, or a field of the wrong type: the long way
+            if out is not None:
+                self.last = last + n
+                return out
+        events = self._decode(eventbus.decode_batch, frames)
+        if not events:
+            return []
+        kept = []
         for event in events:
-            out += self._live(event)
-        return out
+            kept += self._live(event)
+        return [received(e) for e in kept]
 
     def _live(self, event: Event) -> list[Event]:
         if self.syncing_since is not None or self.last < 0:
@@ -386,13 +420,34 @@ class CloneState:
             return None
 
 
+def _follow_on(topic: str, flat: list[Any], last: int) -> list[Received] | None:
+    """The events of a batch's fields as ``Received``, if their sequence numbers
+    are ``last + 1, last + 2, ...``; else None."""
+    out = []
+    unpack = _unpackb
+    it = iter(flat)
+    expect = last + 1
+    for seq, producer, ts, uuid, raw in zip(it, it, it, it, it, strict=True):
+        if seq != expect or type(raw) is not bytes or type(producer) is not str:
+            return None
+        expect += 1
+        try:
+            data = unpack(raw, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException):
+            data = raw  # not MessagePack: as it came
+        out.append(Received(seq, topic, data, producer, uuid, float(ts), raw))
+    return out
+
+
 def received(event: Event) -> Received:
     try:
-        data = msgpack.unpackb(event.data, raw=False, strict_map_key=False)
+        data = _unpackb(event.data, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, TypeError):
         data = event.data  # not MessagePack: as it came
-    event_id = eventbus.encode_uuid(event.uuid).decode()  # str(UUID), without one ("" if not 16)
-    return Received(event.seq, event.topic, data, event.producer, event_id, event.ts, event.data)
+    return Received(event.seq, event.topic, data, event.producer, event.uuid, event.ts, event.data)
+
+
+_unpackb = msgpack.unpackb
 
 
 class Subscription:
@@ -422,7 +477,7 @@ class Subscription:
         self.state = CloneState(prefixes, since)
         self.idle_check = idle_check
         live_url, batched = _live_url(settings, publish_url, batch_url)
-        self._on_live = self.state.on_live_batch if batched else self.state.on_live
+        self._on_live = self.state.on_live_batch if batched else self._on_broadcast
         ctx = context or zmq.Context.instance()
         self.sub = ctx.socket(zmq.SUB)
         self.sub.linger = 0
@@ -439,7 +494,7 @@ class Subscription:
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.snapshot, zmq.POLLIN)
-        self._ready: deque[Event] = deque()
+        self._ready: deque[Received] = deque()
         self._heard = time.monotonic()
         # the first snapshot request leaves now: with since=None, "live" means the
         # events the broker numbers after it answers this request
@@ -467,6 +522,8 @@ class Subscription:
 
     def next(self, timeout: float | None = None) -> Received | None:
         """The next event, or None after ``timeout`` seconds (None: wait for ever)."""
+        if self._ready:
+            return self._ready.popleft()
         deadline = None if timeout is None else time.monotonic() + timeout
         state = self.state
         while not self._ready:
@@ -479,7 +536,7 @@ class Subscription:
             wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
             for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
                 self._heard = time.monotonic()
-                on = self._on_live if sock is self.sub else state.on_snapshot
+                on = self._on_live if sock is self.sub else self._on_snapshot
                 # read until EAGAIN: asking ZMQ_EVENTS before each message costs
                 # more than the one failed recv at the end
                 while True:
@@ -488,7 +545,13 @@ class Subscription:
                     except zmq.Again:
                         break
                     self._ready += on(frames)
-        return received(self._ready.popleft())
+        return self._ready.popleft()
+
+    def _on_snapshot(self, frames: Sequence[bytes]) -> list[Received]:
+        return [received(e) for e in self.state.on_snapshot(frames)]
+
+    def _on_broadcast(self, frames: Sequence[bytes]) -> list[Received]:
+        return [received(e) for e in self.state.on_live(frames)]
 
 
 def subscribe(
@@ -521,7 +584,11 @@ async def asubscribe(
         for prefix in state.prefixes or ("",):
             sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
         live_url, batched = _live_url(settings, publish_url, batch_url)
-        on_live = state.on_live_batch if batched else state.on_live
+
+        def on_broadcast(frames: Sequence[bytes]) -> list[Received]:
+            return [received(e) for e in state.on_live(frames)]
+
+        on_live = state.on_live_batch if batched else on_broadcast
         sub.connect(live_url)
         snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
         poller = zmq.asyncio.Poller()
@@ -536,9 +603,12 @@ async def asubscribe(
             for sock, _ in await poller.poll(idle_check * 1000):
                 heard = time.monotonic()
                 frames = await sock.recv_multipart()
-                events = on_live(frames) if sock is sub else state.on_snapshot(frames)
-                for event in events:
-                    yield received(event)
+                if sock is sub:
+                    for event in on_live(frames):
+                        yield event
+                else:
+                    for item in state.on_snapshot(frames):
+                        yield received(item)
     finally:
         sub.close()
         snapshot.close()

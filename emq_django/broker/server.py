@@ -48,6 +48,10 @@ from emq_django.security.zap import ZapHandler
 log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the next
+# events taken in one loop turn (publish batches carry many a message): then the
+# turn is committed and sent before more are read, so subscribers get the first
+# events while the broker reads the rest
+TURN_EVENTS = 1024
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -345,7 +349,8 @@ class BrokerServer:
         now = self.clock()
         recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
-        while n < CHUNK:
+        unsaved = self.core.topics.unsaved  # events taken this turn (with a journal)
+        while n < CHUNK and len(unsaved) < TURN_EVENTS:
             try:
                 frames = recv(sock)
             except zmq.Again:

@@ -365,8 +365,9 @@ def delivery_batch(topic: bytes, flat: list[Any]) -> list[bytes]:
     return [topic, BATCH, _packb(flat)]
 
 
-def decode_batch(frames: Sequence[bytes]) -> list[Event]:
-    """A delivery batch's events, in order (the data stays MessagePack)."""
+def decode_batch_fields(frames: Sequence[bytes]) -> tuple[str, list[Any]]:
+    """A delivery batch's topic and flat fields (a whole number of events; the
+    fields' types not checked: ``decode_batch`` does)."""
     if len(frames) != 3 or frames[1] != BATCH:
         raise ProtocolError("expected a delivery batch: topic, EMQB, events")
     try:
@@ -376,6 +377,12 @@ def decode_batch(frames: Sequence[bytes]) -> list[Event]:
         raise ProtocolError(f"bad delivery batch: {exc}") from None
     if type(flat) is not list or len(flat) % BATCH_FIELDS:
         raise ProtocolError("bad delivery batch: not a list of 5 fields per event")
+    return topic, flat
+
+
+def decode_batch(frames: Sequence[bytes]) -> list[Event]:
+    """A delivery batch's events, in order (the data stays MessagePack)."""
+    topic, flat = decode_batch_fields(frames)
     events = []
     try:
         for i in range(0, len(flat), BATCH_FIELDS):
