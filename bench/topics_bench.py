@@ -544,13 +544,14 @@ def one_phase(
     common += ["--events", str(n), "--rate", str(opts.rate)]
     started = len(servers.servers)
     try:
-        for k in range(opts.subscribers):
+        tag = f"{system}-{phase}{opts.round_no}"
+        subs = [
             servers.start(
-                f"{system}-sub{k}", "sub", [*me, "--role", "sub", "--id", str(k), *common], env
+                f"{tag}-sub{k}", "sub", [*me, "--role", "sub", "--id", str(k), *common], env
             )
-        servers.start(
-            f"{system}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env
-        )
+            for k in range(opts.subscribers)
+        ]
+        servers.start(f"{tag}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env)
         warm: set[int] = set()
         done: dict[int, dict[str, Any]] = {}
         published: dict[str, Any] = {}
@@ -560,6 +561,26 @@ def one_phase(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{system} {phase}: no end (warm {len(warm)}, done {len(done)})")
             if not report.poll(1000):
+                gone = [k for k, sub in enumerate(subs) if not sub.alive() and k not in done]
+                if gone and published:  # a subscriber died without its report
+                    time.sleep(1.0)
+                    while report.poll(0):
+                        msg = report.recv_json()
+                        if msg["kind"] == "done":
+                            done[msg["id"]] = msg
+                    for k in gone:
+                        if k not in done:
+                            print(
+                                f"{system} {phase}: subscriber {k} died:\n{subs[k].log_tail()}",
+                                file=sys.stderr,
+                            )
+                            done[k] = {
+                                "count": 0,
+                                "last_ns": 0,
+                                "lags": [],
+                                "cpu_s": 0.0,
+                                "died": 1,
+                            }
                 continue
             msg = report.recv_json()
             if msg["kind"] == "warm":
@@ -596,6 +617,11 @@ def one_phase(
         sum(d["cpu_s"] for d in done.values()) / max(delivered, 1) * 1e6, 1
     )
     result["pub_cpu_us_per_event"] = round(published["cpu_s"] / n * 1e6, 1)
+    for key in ("gaps", "syncs", "from_snapshot", "died"):  # emq's client figures; deaths
+        if any(key in d for d in done.values()):
+            result[key] = sum(d.get(key, 0) for d in done.values())
+    if result["missed"]:
+        result["counts"] = [done[k]["count"] for k in sorted(done)]
     if phase == "thr":
         result["events_per_s"] = round(delivered / opts.subscribers / elapsed, 1)
     else:
@@ -690,6 +716,7 @@ def main() -> None:
                         spy = start_profile(broker[0].pid, prof)
                     server = broker if system.startswith("emq") else peer_pids(system)
                     cpu0 = server_cpu(server)
+                    opts.round_no = r + 1
                     res = one_phase(system, phase, opts, env, servers)
                     cpu = server_cpu(server) - cpu0
                     res["server_cpu_s"] = round(cpu, 3)

@@ -352,8 +352,10 @@ class CloneState:
         if not events:
             return []
         kept = []
+        gaps = self.gaps
         for event in events:
             kept += self._live(event)
+        self.gaps = min(self.gaps, gaps + 1)  # one jump, however many events follow it
         return [received(e) for e in kept]
 
     def _live(self, event: Event) -> list[Event]:

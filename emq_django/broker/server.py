@@ -11,7 +11,6 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -249,11 +248,6 @@ class BrokerServer:
             pass
 
     def run(self) -> None:
-        # what start-up made (Django, the ports, the journal's reload) stays: out of
-        # the collector's way, so a full collection no longer walks it (68 ms with
-        # Django loaded, a pause every subscriber of an event waits out)
-        gc.collect()
-        gc.freeze()
         poller = zmq.Poller()
         readers: dict[Any, tuple[Handler, bool]] = {}
         for _, _, sock, handle, routed in self.endpoints:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import zmq
@@ -68,6 +69,11 @@ class Command(BaseCommand):
             server.close()
             raise CommandError(f"{exc}; is another broker running?") from exc
         server.install_signal_handlers()
+        # what start-up made (Django, the ports, the journal's reload) stays: out of
+        # the collector's way, so a full collection no longer walks it (68 ms with
+        # Django loaded: a pause every subscriber of an event at 1,000/s waits out)
+        gc.collect()
+        gc.freeze()
         try:
             server.run()
         finally:
