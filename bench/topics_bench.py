@@ -97,6 +97,7 @@ class Tally:
         self.warm = False
         self.last_seen = time.monotonic()
         self.extra: dict[str, int] = {}  # the client's own figures (gaps filled, syncs)
+        self.cpu_first = 0.0  # CPU seconds when the first counted event came
 
     def feed(self, data: bytes) -> None:
         now = time.monotonic_ns()
@@ -109,6 +110,7 @@ class Tally:
         self.count += 1
         if not self.first_ns:
             self.first_ns = now
+            self.cpu_first = time.process_time()
         self.last_ns = now
         if self.latency:
             self.lags.append(now - stamp)
@@ -129,6 +131,7 @@ class Tally:
                 "last_ns": self.last_ns,
                 "lags": self.lags,
                 "cpu_s": time.process_time(),
+                "phase_cpu_s": time.process_time() - self.cpu_first if self.count else 0.0,
                 **self.extra,
             }
         )
@@ -309,6 +312,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
         send(payload(WARM))
         time.sleep(0.02)
     start = time.monotonic_ns()
+    cpu_start = time.process_time()
     if opts.phase == "thr":
         send_many(opts.events)
     else:
@@ -320,6 +324,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
             "start_ns": start,
             "end_ns": time.monotonic_ns(),
             "cpu_s": time.process_time(),
+            "phase_cpu_s": time.process_time() - cpu_start,
         }
     )
 
@@ -370,6 +375,7 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
             await js.publish(topic, payload(WARM), stream=JS_STREAM)
         await asyncio.sleep(0.02)
     start = time.monotonic_ns()
+    cpu_start = time.process_time()
     if opts.phase == "thr":
         for seq in range(opts.events):
             if system == "nats":
@@ -398,6 +404,7 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
             "start_ns": start,
             "end_ns": time.monotonic_ns(),
             "cpu_s": time.process_time(),
+            "phase_cpu_s": time.process_time() - cpu_start,
         }
     )
     await nc.close()
@@ -617,6 +624,12 @@ def one_phase(
         sum(d["cpu_s"] for d in done.values()) / max(delivered, 1) * 1e6, 1
     )
     result["pub_cpu_us_per_event"] = round(published["cpu_s"] / n * 1e6, 1)
+    # the same from the first event on (start-up and warm-up left out)
+    result["sub_phase_cpu_us_per_event"] = round(
+        sum(d.get("phase_cpu_s", 0.0) for d in done.values()) / max(delivered, 1) * 1e6, 1
+    )
+    if "phase_cpu_s" in published:
+        result["pub_phase_cpu_us_per_event"] = round(published["phase_cpu_s"] / n * 1e6, 1)
     for key in ("gaps", "syncs", "from_snapshot", "died"):  # emq's client figures; deaths
         if any(key in d for d in done.values()):
             result[key] = sum(d.get(key, 0) for d in done.values())
@@ -771,6 +784,17 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], opts: Any) ->
             "p50_ms": statistics.median(r["p50_ms"] for r in lat) if lat else None,
             "p99_ms": statistics.median(r["p99_ms"] for r in lat) if lat else None,
             "p99_ms_rounds": [r["p99_ms"] for r in lat],
+            # CPU µs per event in the throughput phase, median of the rounds: the
+            # server's, the publisher's and one subscriber's (per delivery), from
+            # the first event on
+            "thr_cpu_us": {
+                who: statistics.median(r[key] for r in thr) if thr else None
+                for who, key in (
+                    ("server", "server_cpu_us_per_event"),
+                    ("pub", "pub_phase_cpu_us_per_event"),
+                    ("sub", "sub_phase_cpu_us_per_event"),
+                )
+            },
         }
     return out
 
@@ -778,13 +802,16 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], opts: Any) ->
 def print_table(summary: dict[str, Any], loads: list[float]) -> None:
     print()
     print(
-        f"{'system':10} {'events/s':>10} {'rounds':>22} {'missed':>7} {'p50 ms':>8} {'p99 ms':>8}"
+        f"{'system':10} {'events/s':>10} {'rounds':>22} {'missed':>7} {'p50 ms':>8} "
+        f"{'p99 ms':>8}   CPU us/event (thr): server pub sub"
     )
     for system, s in summary.items():
         rounds = "/".join(f"{x:.0f}" for x in s["events_per_s_rounds"])
+        cpu = s["thr_cpu_us"]
         print(
             f"{system:10} {s['events_per_s']:>10.0f} {rounds:>22} {s['missed']:>7} "
-            f"{s['p50_ms']:>8.3f} {s['p99_ms']:>8.3f}"
+            f"{s['p50_ms']:>8.3f} {s['p99_ms']:>8.3f}   "
+            f"{cpu['server']:>6.1f} {cpu['pub']:>6.1f} {cpu['sub']:>6.1f}"
         )
     if "emq" in summary and "redis" in summary:
         ours, theirs = summary["emq"]["events_per_s"], summary["redis"]["events_per_s"]
