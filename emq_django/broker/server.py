@@ -52,6 +52,7 @@ CHUNK = 256  # messages from one socket before turning to the next
 # turn is committed and sent before more are read, so subscribers get the first
 # events while the broker reads the rest
 TURN_EVENTS = 1024
+TURN_BYTES = 4 * 1024 * 1024  # and their data (CHUNK messages of 16 KB events)
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -349,8 +350,9 @@ class BrokerServer:
         now = self.clock()
         recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
-        unsaved = self.core.topics.unsaved  # events taken this turn (with a journal)
-        while n < CHUNK and len(unsaved) < TURN_EVENTS:
+        topics = self.core.topics
+        unsaved = topics.unsaved  # events taken this turn (with a journal)
+        while n < CHUNK and len(unsaved) < TURN_EVENTS and topics.unsaved_bytes < TURN_BYTES:
             try:
                 frames = recv(sock)
             except zmq.Again:
