@@ -558,7 +558,9 @@ def one_phase(
             )
             for k in range(opts.subscribers)
         ]
-        servers.start(f"{tag}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env)
+        pub = servers.start(
+            f"{tag}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env
+        )
         warm: set[int] = set()
         done: dict[int, dict[str, Any]] = {}
         published: dict[str, Any] = {}
@@ -568,6 +570,8 @@ def one_phase(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{system} {phase}: no end (warm {len(warm)}, done {len(done)})")
             if not report.poll(1000):
+                if not published and not pub.alive() and not report.poll(1000):
+                    raise RuntimeError(f"{system} {phase}: the publisher died:\n{pub.log_tail()}")
                 gone = [k for k, sub in enumerate(subs) if not sub.alive() and k not in done]
                 if gone and published:  # a subscriber died without its report
                     time.sleep(1.0)
@@ -714,6 +718,7 @@ def main() -> None:
         s: {"thr": [], "lat": []} for s in systems
     }
     loads = []
+    failures: list[str] = []
     try:
         env = base_env()
         if any(s.startswith("emq") for s in systems):
@@ -730,7 +735,15 @@ def main() -> None:
                     server = broker if system.startswith("emq") else peer_pids(system)
                     cpu0 = server_cpu(server)
                     opts.round_no = r + 1
-                    res = one_phase(system, phase, opts, env, servers)
+                    try:
+                        res = one_phase(system, phase, opts, env, servers)
+                    except RuntimeError as exc:
+                        if system.startswith("emq"):
+                            raise
+                        # a peer's phase that does not end: noted, the run goes on
+                        print(f"round {r + 1} {system:9} {phase}: FAILED {exc}", flush=True)
+                        failures.append(f"round {r + 1} {system} {phase}: {exc}")
+                        continue
                     cpu = server_cpu(server) - cpu0
                     res["server_cpu_s"] = round(cpu, 3)
                     res["server_cpu_us_per_event"] = round(cpu / res["events"] * 1e6, 1)
@@ -763,6 +776,7 @@ def main() -> None:
                     "load_average": [round(x, 2) for x in loads],
                     "options": {k: v for k, v in vars(opts).items() if v is not None},
                     "summary": summary,
+                    "failures": failures,
                     "rounds": results,
                 },
                 f,
@@ -806,6 +820,9 @@ def print_table(summary: dict[str, Any], loads: list[float]) -> None:
         f"{'p99 ms':>8}   CPU us/event (thr): server pub sub"
     )
     for system, s in summary.items():
+        if s["events_per_s"] is None or s["p99_ms"] is None:
+            print(f"{system:10} (a phase failed: see the rounds)")
+            continue
         rounds = "/".join(f"{x:.0f}" for x in s["events_per_s_rounds"])
         cpu = s["thr_cpu_us"]
         print(
