@@ -574,7 +574,7 @@ def one_phase(
                     raise RuntimeError(f"{system} {phase}: the publisher died:\n{pub.log_tail()}")
                 gone = [k for k, sub in enumerate(subs) if not sub.alive() and k not in done]
                 if gone and published:  # a subscriber died without its report
-                    time.sleep(1.0)
+                    time.sleep(3.0)
                     while report.poll(0):
                         msg = report.recv_json()
                         if msg["kind"] == "done":
@@ -684,7 +684,11 @@ def main() -> None:
 
         import zmq
 
-        report = zmq.Context.instance().socket(zmq.PUSH)
+        # a context of its own, terminated at the end: that waits until the report
+        # has left (a process exiting with only the socket closed could lose it,
+        # and the harness then waited for a subscriber that had finished)
+        report_ctx = zmq.Context()
+        report = report_ctx.socket(zmq.PUSH)
         report.connect(opts.report)
         # the same for every system: each client's start-up objects (its imports,
         # Django's for emq) out of the collector's way; a full collection with
@@ -706,6 +710,7 @@ def main() -> None:
         else:
             run_publisher(opts.system, opts.topic, opts, Control(opts.ctl, report))
         report.close(linger=5000)
+        report_ctx.term()
         return
 
     systems = [s for s in opts.only.split(",") if s]
