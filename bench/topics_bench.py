@@ -23,10 +23,15 @@ costs nothing measured.
 
 The systems (the peers with their documented fast paths):
 
-- ``emq``: ``emq.publish()`` / ``emq.subscribe()`` through ``manage.py emq_broker``
-  on private loopback ports, its durable event store on (the default);
-- ``emq-raw``: the same broker, subscribers reading the Event BUS PUB socket with
-  pyzmq alone (the floor under ``emq.subscribe()``);
+- ``emq``: ``emq.subscribe()`` through ``manage.py emq_broker`` on private
+  loopback ports, its durable event store on (the default), reading the broker's
+  batch publisher (``EMQ_BUS_BATCH_BIND``: several events a message in a burst,
+  one at a time otherwise); the publisher calls ``emq.publish_many()`` with 100
+  events a call (throughput, as Redis' pipeline of 100) and ``emq.publish()``
+  once per event (latency);
+- ``emq-raw``: the same broker through the Event BUS wire alone: a bare producer
+  (pyzmq and msgpack, one PUB per event) and subscribers reading the Event BUS
+  PUB socket with pyzmq alone (what a micro-toolkit client gets);
 - ``redis``: Redis pub/sub on 127.0.0.1:6379 (redis-py, hiredis parser when
   installed); the publisher pipelines 100 PUBLISHes per round trip (throughput),
   one PUBLISH per event (latency);
@@ -91,6 +96,8 @@ class Tally:
         self.lags: list[int] = []
         self.warm = False
         self.last_seen = time.monotonic()
+        self.extra: dict[str, int] = {}  # the client's own figures (gaps filled, syncs)
+        self.cpu_first = 0.0  # CPU seconds when the first counted event came
 
     def feed(self, data: bytes) -> None:
         now = time.monotonic_ns()
@@ -103,6 +110,7 @@ class Tally:
         self.count += 1
         if not self.first_ns:
             self.first_ns = now
+            self.cpu_first = time.process_time()
         self.last_ns = now
         if self.latency:
             self.lags.append(now - stamp)
@@ -123,6 +131,8 @@ class Tally:
                 "last_ns": self.last_ns,
                 "lags": self.lags,
                 "cpu_s": time.process_time(),
+                "phase_cpu_s": time.process_time() - self.cpu_first if self.count else 0.0,
+                **self.extra,
             }
         )
 
@@ -207,6 +217,9 @@ def _emq_subscriber(topic: str, tally: Tally, deadline: float) -> None:
         return None if event is None else event.data  # raw bytes published: bytes back
 
     _loop(get, tally, deadline)
+    st = subscription.state
+    tally.extra = {"gaps": st.gaps, "syncs": st.syncs, "from_snapshot": st.from_snapshot}
+    print(f"subscriber {tally.sub_id}: {tally.count} events, {tally.extra}", file=sys.stderr)
     subscription.close()
 
 
@@ -289,8 +302,8 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
             emq.publish(topic, data)  # raw bytes: application/octet-stream
 
         def send_many(n: int) -> None:
-            for seq in range(n):
-                emq.publish(topic, payload(seq))
+            for start in range(0, n, 100):  # as Redis' pipeline: 100 a call
+                emq.publish_many(topic, [payload(seq) for seq in range(start, min(n, start + 100))])
 
         def flush() -> None:
             pass  # the bus never acknowledges; the subscribers' counts end the phase
@@ -299,6 +312,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
         send(payload(WARM))
         time.sleep(0.02)
     start = time.monotonic_ns()
+    cpu_start = time.process_time()
     if opts.phase == "thr":
         send_many(opts.events)
     else:
@@ -310,6 +324,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
             "start_ns": start,
             "end_ns": time.monotonic_ns(),
             "cpu_s": time.process_time(),
+            "phase_cpu_s": time.process_time() - cpu_start,
         }
     )
 
@@ -360,6 +375,7 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
             await js.publish(topic, payload(WARM), stream=JS_STREAM)
         await asyncio.sleep(0.02)
     start = time.monotonic_ns()
+    cpu_start = time.process_time()
     if opts.phase == "thr":
         for seq in range(opts.events):
             if system == "nats":
@@ -388,6 +404,7 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
             "start_ns": start,
             "end_ns": time.monotonic_ns(),
             "cpu_s": time.process_time(),
+            "phase_cpu_s": time.process_time() - cpu_start,
         }
     )
     await nc.close()
@@ -407,6 +424,7 @@ def start_emq(servers: ServerSet) -> dict[str, str]:
             "EMQ_BUS_SNAPSHOT_BIND",
             "EMQ_BUS_PUBLISH_BIND",
             "EMQ_BUS_COLLECT_BIND",
+            "EMQ_BUS_BATCH_BIND",
         )
     }
     journal = os.path.join(tempfile.mkdtemp(prefix="emq-topics-bench-"), "journal.sqlite3")
@@ -533,12 +551,15 @@ def one_phase(
     common += ["--events", str(n), "--rate", str(opts.rate)]
     started = len(servers.servers)
     try:
-        for k in range(opts.subscribers):
+        tag = f"{system}-{phase}{opts.round_no}"
+        subs = [
             servers.start(
-                f"{system}-sub{k}", "sub", [*me, "--role", "sub", "--id", str(k), *common], env
+                f"{tag}-sub{k}", "sub", [*me, "--role", "sub", "--id", str(k), *common], env
             )
-        servers.start(
-            f"{system}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env
+            for k in range(opts.subscribers)
+        ]
+        pub = servers.start(
+            f"{tag}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env
         )
         warm: set[int] = set()
         done: dict[int, dict[str, Any]] = {}
@@ -549,6 +570,28 @@ def one_phase(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{system} {phase}: no end (warm {len(warm)}, done {len(done)})")
             if not report.poll(1000):
+                if not published and not pub.alive() and not report.poll(1000):
+                    raise RuntimeError(f"{system} {phase}: the publisher died:\n{pub.log_tail()}")
+                gone = [k for k, sub in enumerate(subs) if not sub.alive() and k not in done]
+                if gone and published:  # a subscriber died without its report
+                    time.sleep(3.0)
+                    while report.poll(0):
+                        msg = report.recv_json()
+                        if msg["kind"] == "done":
+                            done[msg["id"]] = msg
+                    for k in gone:
+                        if k not in done:
+                            print(
+                                f"{system} {phase}: subscriber {k} died:\n{subs[k].log_tail()}",
+                                file=sys.stderr,
+                            )
+                            done[k] = {
+                                "count": 0,
+                                "last_ns": 0,
+                                "lags": [],
+                                "cpu_s": 0.0,
+                                "died": 1,
+                            }
                 continue
             msg = report.recv_json()
             if msg["kind"] == "warm":
@@ -585,6 +628,17 @@ def one_phase(
         sum(d["cpu_s"] for d in done.values()) / max(delivered, 1) * 1e6, 1
     )
     result["pub_cpu_us_per_event"] = round(published["cpu_s"] / n * 1e6, 1)
+    # the same from the first event on (start-up and warm-up left out)
+    result["sub_phase_cpu_us_per_event"] = round(
+        sum(d.get("phase_cpu_s", 0.0) for d in done.values()) / max(delivered, 1) * 1e6, 1
+    )
+    if "phase_cpu_s" in published:
+        result["pub_phase_cpu_us_per_event"] = round(published["phase_cpu_s"] / n * 1e6, 1)
+    for key in ("gaps", "syncs", "from_snapshot", "died"):  # emq's client figures; deaths
+        if any(key in d for d in done.values()):
+            result[key] = sum(d.get(key, 0) for d in done.values())
+    if result["missed"]:
+        result["counts"] = [done[k]["count"] for k in sorted(done)]
     if phase == "thr":
         result["events_per_s"] = round(delivered / opts.subscribers / elapsed, 1)
     else:
@@ -626,16 +680,37 @@ def main() -> None:
     parser.add_argument("--id", type=int, default=0, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.role:
+        import gc
+
         import zmq
 
-        report = zmq.Context.instance().socket(zmq.PUSH)
+        # a context of its own, terminated at the end: that waits until the report
+        # has left (a process exiting with only the socket closed could lose it,
+        # and the harness then waited for a subscriber that had finished)
+        report_ctx = zmq.Context()
+        report = report_ctx.socket(zmq.PUSH)
         report.connect(opts.report)
+        # the same for every system: each client's start-up objects (its imports,
+        # Django's for emq) out of the collector's way; a full collection with
+        # Django loaded takes tens of ms
+        if opts.system.startswith("emq"):
+            import django
+
+            django.setup()
+            import emq_django  # noqa: F401
+        elif opts.system == "redis":
+            import redis  # noqa: F401
+        else:
+            import nats  # noqa: F401
+        gc.collect()
+        gc.freeze()
         if opts.role == "sub":
             tally = Tally(opts.events, report, opts.id, opts.phase == "lat")
             run_subscriber(opts.system, opts.topic, tally, dict(os.environ))
         else:
             run_publisher(opts.system, opts.topic, opts, Control(opts.ctl, report))
         report.close(linger=5000)
+        report_ctx.term()
         return
 
     systems = [s for s in opts.only.split(",") if s]
@@ -648,6 +723,7 @@ def main() -> None:
         s: {"thr": [], "lat": []} for s in systems
     }
     loads = []
+    failures: list[str] = []
     try:
         env = base_env()
         if any(s.startswith("emq") for s in systems):
@@ -663,7 +739,16 @@ def main() -> None:
                         spy = start_profile(broker[0].pid, prof)
                     server = broker if system.startswith("emq") else peer_pids(system)
                     cpu0 = server_cpu(server)
-                    res = one_phase(system, phase, opts, env, servers)
+                    opts.round_no = r + 1
+                    try:
+                        res = one_phase(system, phase, opts, env, servers)
+                    except RuntimeError as exc:
+                        if system.startswith("emq"):
+                            raise
+                        # a peer's phase that does not end: noted, the run goes on
+                        print(f"round {r + 1} {system:9} {phase}: FAILED {exc}", flush=True)
+                        failures.append(f"round {r + 1} {system} {phase}: {exc}")
+                        continue
                     cpu = server_cpu(server) - cpu0
                     res["server_cpu_s"] = round(cpu, 3)
                     res["server_cpu_us_per_event"] = round(cpu / res["events"] * 1e6, 1)
@@ -696,6 +781,7 @@ def main() -> None:
                     "load_average": [round(x, 2) for x in loads],
                     "options": {k: v for k, v in vars(opts).items() if v is not None},
                     "summary": summary,
+                    "failures": failures,
                     "rounds": results,
                 },
                 f,
@@ -717,6 +803,17 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], opts: Any) ->
             "p50_ms": statistics.median(r["p50_ms"] for r in lat) if lat else None,
             "p99_ms": statistics.median(r["p99_ms"] for r in lat) if lat else None,
             "p99_ms_rounds": [r["p99_ms"] for r in lat],
+            # CPU µs per event in the throughput phase, median of the rounds: the
+            # server's, the publisher's and one subscriber's (per delivery), from
+            # the first event on
+            "thr_cpu_us": {
+                who: statistics.median(r[key] for r in thr) if thr else None
+                for who, key in (
+                    ("server", "server_cpu_us_per_event"),
+                    ("pub", "pub_phase_cpu_us_per_event"),
+                    ("sub", "sub_phase_cpu_us_per_event"),
+                )
+            },
         }
     return out
 
@@ -724,13 +821,19 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], opts: Any) ->
 def print_table(summary: dict[str, Any], loads: list[float]) -> None:
     print()
     print(
-        f"{'system':10} {'events/s':>10} {'rounds':>22} {'missed':>7} {'p50 ms':>8} {'p99 ms':>8}"
+        f"{'system':10} {'events/s':>10} {'rounds':>22} {'missed':>7} {'p50 ms':>8} "
+        f"{'p99 ms':>8}   CPU us/event (thr): server pub sub"
     )
     for system, s in summary.items():
+        if s["events_per_s"] is None or s["p99_ms"] is None:
+            print(f"{system:10} (a phase failed: see the rounds)")
+            continue
         rounds = "/".join(f"{x:.0f}" for x in s["events_per_s_rounds"])
+        cpu = s["thr_cpu_us"]
         print(
             f"{system:10} {s['events_per_s']:>10.0f} {rounds:>22} {s['missed']:>7} "
-            f"{s['p50_ms']:>8.3f} {s['p99_ms']:>8.3f}"
+            f"{s['p50_ms']:>8.3f} {s['p99_ms']:>8.3f}   "
+            f"{cpu['server']:>6.1f} {cpu['pub']:>6.1f} {cpu['sub']:>6.1f}"
         )
     if "emq" in summary and "redis" in summary:
         ours, theirs = summary["emq"]["events_per_s"], summary["redis"]["events_per_s"]

@@ -20,7 +20,7 @@ from emq_django.exceptions import (
     TaskNotFound,
 )
 from emq_django.handles import Result, result
-from emq_django.pubsub import asubscribe, publish, publish_on_commit, subscribe
+from emq_django.pubsub import asubscribe, publish, publish_many, publish_on_commit, subscribe
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.streaming import partial
 from emq_django.task import Task, task
@@ -45,6 +45,7 @@ __all__ = [
     "partial",
     "periodic",
     "publish",
+    "publish_many",
     "publish_on_commit",
     "result",
     "schedule",

@@ -44,10 +44,13 @@ class EmqSettings:
     BUS_PUBLISH_BIND: str = "tcp://127.0.0.1:5557"
     BUS_COLLECT_BIND: str = "tcp://127.0.0.1:5558"
     BUS_PUBLISH_HWM: int = 10_000  # events queued per subscriber; then it misses some
+    # emq's batch publisher (several events a message; emq.subscribe reads it); '': off
+    BUS_BATCH_BIND: str = ""
     # where clients (emq.publish, emq.subscribe, emq_tail) connect; '': the bind address
     BUS_SNAPSHOT_URL: str = ""
     BUS_PUBLISH_URL: str = ""
     BUS_COLLECT_URL: str = ""
+    BUS_BATCH_URL: str = ""
     # topic retention by prefix: {"/orders/": {"max_age": 86400, "max_count": 100000}}
     # (a dict or its JSON); "" is the catch-all (default 7 days, 100,000 events)
     TOPIC_RETENTION: dict[str, Any] = field(default_factory=dict)
@@ -245,6 +248,7 @@ def _validate(s: EmqSettings) -> None:
         "BUS_SNAPSHOT_BIND",
         "BUS_PUBLISH_BIND",
         "BUS_COLLECT_BIND",
+        "BUS_BATCH_BIND",
         "MC0_BIND",
     ):
         # the protocol ports: '' turns one off

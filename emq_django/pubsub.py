@@ -28,8 +28,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -50,19 +49,48 @@ LATEST = 2**62  # SYNCSTART above every event: only the current sequence comes b
 # an answer with this many SYNCs may be a page of a longer replay (the broker's
 # MAX_SYNC): ask again at once rather than after idle_check
 PAGE_HINT = 1000
+PUBLISH_BATCH = 256  # events in one publish batch (publish_many)
+PUBLISH_BATCH_BYTES = 256 * 1024  # data bytes in one (it may pass it by one event)
+_BATCH_FIELDS_CAP = PUBLISH_BATCH * eventbus.PUBS_FIELDS
 
 
-@dataclass(frozen=True, slots=True)
 class Received:
-    """One event as a subscriber gets it."""
+    """One event as a subscriber gets it: ``seq``, ``topic``, ``data`` (the
+    MessagePack data, unpacked), ``producer``, ``uuid`` (its text, made when first
+    read), ``ts`` (the producer's wall-clock time) and ``raw`` (the MessagePack
+    data as received). Read-only by convention; one is made per event and per
+    subscriber, so it is a plain slotted object."""
 
-    seq: int
-    topic: str
-    data: Any  # the MessagePack data, unpacked
-    producer: str
-    uuid: str
-    ts: float  # the producer's wall-clock time
-    raw: bytes  # the MessagePack data as received
+    __slots__ = ("seq", "topic", "data", "producer", "ts", "raw", "_uuid")
+
+    def __init__(
+        self, seq: int, topic: str, data: Any, producer: str, uuid: bytes, ts: float, raw: bytes
+    ) -> None:
+        self.seq = seq
+        self.topic = topic
+        self.data = data
+        self.producer = producer
+        self._uuid = uuid  # 16 bytes (anything else reads as "")
+        self.ts = ts
+        self.raw = raw
+
+    @property
+    def uuid(self) -> str:
+        return eventbus.encode_uuid(self._uuid).decode()  # str(UUID), without making one
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.seq, self.topic, self.data, self.producer, self._uuid, self.ts, self.raw)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Received and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Received(seq={self.seq!r}, topic={self.topic!r}, data={self.data!r}, "
+            f"producer={self.producer!r}, uuid={self.uuid!r}, ts={self.ts!r}, raw={self.raw!r})"
+        )
 
 
 def _url(settings: EmqSettings, name: str) -> str:
@@ -70,6 +98,17 @@ def _url(settings: EmqSettings, name: str) -> str:
     if not url:
         raise ValueError(f"EMQ_BUS_{name}_URL (or EMQ_BUS_{name}_BIND) is not set")
     return url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://*:", "://127.0.0.1:")
+
+
+def _live_url(
+    settings: EmqSettings, publish_url: str | None, batch_url: str | None
+) -> tuple[str, bool]:
+    """Where a subscriber reads live events, and whether that is the batch publisher."""
+    if batch_url:
+        return batch_url, True
+    if not publish_url and (settings.BUS_BATCH_URL or settings.BUS_BATCH_BIND):
+        return _url(settings, "BATCH"), True
+    return publish_url or _url(settings, "PUBLISH"), False
 
 
 # ---- publishing --------------------------------------------------------------------------
@@ -184,6 +223,55 @@ def publish(
     return event_id.decode()
 
 
+def publish_many(
+    topic: str,
+    items: Iterable[Any],
+    *,
+    content_type: str | None = None,
+    producer: str | None = None,
+    url: str | None = None,
+) -> list[str]:
+    """Publish several events on ``topic``, in order; returns their UUIDs. Each
+    item is encoded as ``publish`` encodes its data. They go to the collector in
+    emq's publish batches (``protocol/eventbus.py``), up to ``PUBLISH_BATCH``
+    events or ``PUBLISH_BATCH_BYTES`` a message, so a burst costs one message per
+    batch, not one per event; the broker numbers them one after the other, as
+    many ``publish`` calls in a row. A bad topic or item raises before anything
+    is sent."""
+    check_topic(topic)
+    encoded = [encode_data(item, content_type) for item in items]
+    if not encoded:
+        return []
+    pid = os.getpid()
+    if url is None:
+        settings = cached_settings()
+        if _collect_url[0] is not settings:
+            _collect_url[0], _collect_url[1] = settings, _url(settings, "COLLECT")
+        url = _collect_url[1]
+    sock = _publisher.socket(url, pid)
+    topic_raw = topic.encode()
+    producer_raw = (producer or _default_producer(pid)).encode()
+    ts = time.time()
+    ids = os.urandom(16 * len(encoded))
+    uuids = []
+    flat: list[Any] = []
+    size = 0
+    ctype = encoded[0][1]
+    for i, (payload, kind) in enumerate(encoded):
+        if kind != ctype or size >= PUBLISH_BATCH_BYTES or len(flat) >= _BATCH_FIELDS_CAP:
+            wire.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat), nonblocking=False)
+            flat, size, ctype = [], 0, kind
+        raw = bytearray(ids[16 * i : 16 * i + 16])  # version 4, as new_uuid
+        raw[6] = (raw[6] & 0x0F) | 0x40
+        raw[8] = (raw[8] & 0x3F) | 0x80
+        event_id = bytes(raw)
+        flat += (ts, event_id, payload)
+        size += len(payload)
+        uuids.append(event_id)
+    wire.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat), nonblocking=False)
+    return [eventbus.encode_uuid(u).decode() for u in uuids]
+
+
 def publish_on_commit(topic: str, data: Any, *, using: str | None = None, **kw: Any) -> bool:
     """``publish`` when the transaction on ``using`` commits (now when none is
     open); returns True when it was deferred. The data is encoded now, so a bad
@@ -231,10 +319,46 @@ class CloneState:
         return not self.started or self.more or idle >= idle_check
 
     def on_live(self, frames: Sequence[bytes]) -> list[Event]:
+        """A BROADCAST from the Event BUS publisher."""
         event = self._decode(eventbus.decode_event, frames)
         if not isinstance(event, Event) or not matches(event.topic, self.prefixes):
             return []
         self.live_seen += 1
+        return self._live(event)
+
+    def on_live_batch(self, frames: Sequence[bytes]) -> list[Received]:
+        """A delivery batch from the batch publisher: consecutive events on one
+        topic, handled as that many BROADCASTs; the events to yield, already as
+        ``Received``. When they follow on from ``last`` (the usual case) they are
+        made straight from the batch's fields, without an ``Event`` each."""
+        batch = self._decode(eventbus.decode_batch_fields, frames)
+        if batch is None:
+            return []
+        topic, flat = batch
+        if not flat or not matches(topic, self.prefixes):
+            return []
+        n = len(flat) // eventbus.BATCH_FIELDS
+        self.live_seen += n
+        last = self.last
+        if self.syncing_since is None and last >= 0 and flat[0] == last + 1:
+            try:
+                out = _follow_on(topic, flat, last)
+            except (TypeError, ValueError):
+                out = None  # not in order, or a field of the wrong type: the long way
+            if out is not None:
+                self.last = last + n
+                return out
+        events = self._decode(eventbus.decode_batch, frames)
+        if not events:
+            return []
+        kept = []
+        gaps = self.gaps
+        for event in events:
+            kept += self._live(event)
+        self.gaps = min(self.gaps, gaps + 1)  # one jump, however many events follow it
+        return [received(e) for e in kept]
+
+    def _live(self, event: Event) -> list[Event]:
         if self.syncing_since is not None or self.last < 0:
             if len(self.buffer) < MAX_BUFFERED:  # past it: the snapshot fills them in
                 self.buffer.append(event)
@@ -298,13 +422,34 @@ class CloneState:
             return None
 
 
+def _follow_on(topic: str, flat: list[Any], last: int) -> list[Received] | None:
+    """The events of a batch's fields as ``Received``, if their sequence numbers
+    are ``last + 1, last + 2, ...``; else None."""
+    out = []
+    unpack = _unpackb
+    it = iter(flat)
+    expect = last + 1
+    for seq, producer, ts, uuid, raw in zip(it, it, it, it, it, strict=True):
+        if seq != expect or type(raw) is not bytes or type(producer) is not str:
+            return None
+        expect += 1
+        try:
+            data = unpack(raw, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException):
+            data = raw  # not MessagePack: as it came
+        out.append(Received(seq, topic, data, producer, uuid, float(ts), raw))
+    return out
+
+
 def received(event: Event) -> Received:
     try:
-        data = msgpack.unpackb(event.data, raw=False, strict_map_key=False)
+        data = _unpackb(event.data, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, TypeError):
         data = event.data  # not MessagePack: as it came
-    event_id = eventbus.encode_uuid(event.uuid).decode()  # str(UUID), without one ("" if not 16)
-    return Received(event.seq, event.topic, data, event.producer, event_id, event.ts, event.data)
+    return Received(event.seq, event.topic, data, event.producer, event.uuid, event.ts, event.data)
+
+
+_unpackb = msgpack.unpackb
 
 
 class Subscription:
@@ -318,6 +463,7 @@ class Subscription:
         *,
         snapshot_url: str | None = None,
         publish_url: str | None = None,
+        batch_url: str | None = None,
         idle_check: float = 1.0,
         rcvhwm: int | None = None,
         rcvbuf: int | None = None,
@@ -325,10 +471,15 @@ class Subscription:
     ) -> None:
         """``rcvhwm``, ``rcvbuf``: the SUB socket's queue (messages) and kernel buffer
         (bytes); past them a slow subscriber misses live events and fills them in
-        from the snapshot."""
+        from the snapshot. Live events come from the broker's batch publisher
+        (``batch_url``, else ``EMQ_BUS_BATCH_URL`` or ``EMQ_BUS_BATCH_BIND`` when
+        no ``publish_url`` is given) when there is one, else from the Event BUS
+        publisher (``publish_url``, else ``EMQ_BUS_PUBLISH_URL`` or ``_BIND``)."""
         settings = cached_settings()
         self.state = CloneState(prefixes, since)
         self.idle_check = idle_check
+        live_url, batched = _live_url(settings, publish_url, batch_url)
+        self._on_live = self.state.on_live_batch if batched else self._on_broadcast
         ctx = context or zmq.Context.instance()
         self.sub = ctx.socket(zmq.SUB)
         self.sub.linger = 0
@@ -338,14 +489,14 @@ class Subscription:
             self.sub.rcvbuf = rcvbuf
         for prefix in self.state.prefixes or ("",):
             self.sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        self.sub.connect(publish_url or _url(settings, "PUBLISH"))
+        self.sub.connect(live_url)
         self.snapshot = ctx.socket(zmq.DEALER)
         self.snapshot.linger = 0
         self.snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.snapshot, zmq.POLLIN)
-        self._ready: deque[Event] = deque()
+        self._ready: deque[Received] = deque()
         self._heard = time.monotonic()
         # the first snapshot request leaves now: with since=None, "live" means the
         # events the broker numbers after it answers this request
@@ -373,6 +524,8 @@ class Subscription:
 
     def next(self, timeout: float | None = None) -> Received | None:
         """The next event, or None after ``timeout`` seconds (None: wait for ever)."""
+        if self._ready:
+            return self._ready.popleft()
         deadline = None if timeout is None else time.monotonic() + timeout
         state = self.state
         while not self._ready:
@@ -385,7 +538,7 @@ class Subscription:
             wait = self.idle_check if deadline is None else min(self.idle_check, deadline - now)
             for sock, _ in self.poller.poll(int(max(wait, 0.0) * 1000) + 1):
                 self._heard = time.monotonic()
-                on = state.on_live if sock is self.sub else state.on_snapshot
+                on = self._on_live if sock is self.sub else self._on_snapshot
                 # read until EAGAIN: asking ZMQ_EVENTS before each message costs
                 # more than the one failed recv at the end
                 while True:
@@ -394,7 +547,13 @@ class Subscription:
                     except zmq.Again:
                         break
                     self._ready += on(frames)
-        return received(self._ready.popleft())
+        return self._ready.popleft()
+
+    def _on_snapshot(self, frames: Sequence[bytes]) -> list[Received]:
+        return [received(e) for e in self.state.on_snapshot(frames)]
+
+    def _on_broadcast(self, frames: Sequence[bytes]) -> list[Received]:
+        return [received(e) for e in self.state.on_live(frames)]
 
 
 def subscribe(
@@ -413,6 +572,7 @@ async def asubscribe(
     *,
     snapshot_url: str | None = None,
     publish_url: str | None = None,
+    batch_url: str | None = None,
     idle_check: float = 1.0,
 ) -> AsyncIterator[Received]:
     """``subscribe`` for asyncio: ``async for event in emq.asubscribe(...)``."""
@@ -425,7 +585,13 @@ async def asubscribe(
         sub.linger = snapshot.linger = 0
         for prefix in state.prefixes or ("",):
             sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        sub.connect(publish_url or _url(settings, "PUBLISH"))
+        live_url, batched = _live_url(settings, publish_url, batch_url)
+
+        def on_broadcast(frames: Sequence[bytes]) -> list[Received]:
+            return [received(e) for e in state.on_live(frames)]
+
+        on_live = state.on_live_batch if batched else on_broadcast
+        sub.connect(live_url)
         snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -439,9 +605,12 @@ async def asubscribe(
             for sock, _ in await poller.poll(idle_check * 1000):
                 heard = time.monotonic()
                 frames = await sock.recv_multipart()
-                events = state.on_live(frames) if sock is sub else state.on_snapshot(frames)
-                for event in events:
-                    yield received(event)
+                if sock is sub:
+                    for event in on_live(frames):
+                        yield event
+                else:
+                    for item in state.on_snapshot(frames):
+                        yield received(item)
     finally:
         sub.close()
         snapshot.close()

@@ -58,6 +58,11 @@ GC_OLDER = 20
 _get: Callable[[zmq.Socket[Any], int], int] = _BackendSocket.get  # type: ignore[assignment]
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+# events taken in one loop turn (publish batches carry many a message): then the
+# turn is committed and sent before more are read, so subscribers get the first
+# events while the broker reads the rest
+TURN_EVENTS = 1024
+TURN_BYTES = 4 * 1024 * 1024  # and their data (CHUNK messages of 16 KB events)
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -148,6 +153,10 @@ class BrokerServer:
                 port.status = self.status
         self.internal_errors = 0
         self.dropped_sends = 0
+        # ports holding events back to send together (``Port.flush_published``)
+        self._batching = [
+            p for p in self.ports if type(p).flush_published is not Port.flush_published
+        ]
         self.reclaimer = Reclaimer()
         self._shutdown_requests = 0
         self._signals_installed = False
@@ -419,7 +428,9 @@ class BrokerServer:
         n = 0
         more = True
         replied = False  # sent on since ZMQ_EVENTS was last asked
-        while more:
+        topics = self.core.topics
+        unsaved = topics.unsaved  # events taken this turn (with a journal)
+        while more and len(unsaved) < TURN_EVENTS and topics.unsaved_bytes < TURN_BYTES:
             try:
                 frames = recv(sock)
             except zmq.Again:
@@ -448,7 +459,7 @@ class BrokerServer:
         else:
             # not ended by EAGAIN: CHUNK messages read, or the first one was the only
             # one; then a message may wait that the socket's FD will not signal
-            if n >= CHUNK or replied:
+            if more or n >= CHUNK or replied:  # more: a turn's events are enough
                 self._touched.add(sock)
         if n and flush:
             self._flush()
@@ -464,7 +475,9 @@ class BrokerServer:
         n = 0
         more = True
         replied = False  # sent on since ZMQ_EVENTS was last asked (see ``_drain``)
-        while more:
+        topics = self.core.topics
+        unsaved = topics.unsaved  # events taken this turn (with a journal): as ``_drain``
+        while more and len(unsaved) < TURN_EVENTS and topics.unsaved_bytes < TURN_BYTES:
             try:
                 identity = recv(sock, _NOBLOCK, True)
             except zmq.Again:
@@ -492,7 +505,7 @@ class BrokerServer:
         else:
             # not ended by EAGAIN: as in ``_drain``, the socket is asked before the
             # loop sleeps, since its FD may not signal a message already waiting
-            if n >= CHUNK or replied:
+            if more or n >= CHUNK or replied:  # more: a turn's events are enough
                 self._touched.add(sock)
         if n and flush:
             self._flush()
@@ -547,6 +560,8 @@ class BrokerServer:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     port.unroutable(ref.identity, self.clock())
+        for port in self._batching:  # events held back to go out together
+            self._send_port_frames(port, port.flush_published())
 
     def _publish(self, event: Event) -> None:
         """Every port fans the event out to its own subscribers."""

@@ -142,6 +142,7 @@ class TopicSpace:
         self.store: EventStore | None = None
         self.sink: OpsSink | None = None  # with a journal: where "event" ops wait
         self.unsaved: list[Event] = []  # queued for the journal, not committed yet
+        self.unsaved_bytes = 0  # their data
         self.figures: dict[str, TopicFigures] = {}
         self.published = 0
         self.lost = 0  # events whose journal write failed
@@ -189,6 +190,7 @@ class TopicSpace:
         if ops is not None:
             ops.append(("event", event, rule.prefix))
             self.unsaved.append(event)
+            self.unsaved_bytes += len(data)
         else:
             kept = self._kept[rule.prefix]
             kept.append(event)
@@ -208,10 +210,12 @@ class TopicSpace:
     def saved(self) -> None:
         """The journal committed the events queued so far."""
         self.unsaved.clear()
+        self.unsaved_bytes = 0
 
     def lose_unsaved(self) -> list[Event]:
         """The journal could not write the queued events: they are gone."""
         lost, self.unsaved = self.unsaved, []
+        self.unsaved_bytes = 0
         self.lost += len(lost)
         return lost
 

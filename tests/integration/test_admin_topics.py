@@ -48,6 +48,7 @@ def broker(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         MONITOR_BIND=mon,
         MDP_BIND="",  # off
         PZQ_RECEIVE_BIND="",  # off
+        MC0_BIND="",  # off: its default port may be another broker's on this machine
         BUS_SNAPSHOT_BIND=snap,
         BUS_PUBLISH_BIND=pub,
         BUS_COLLECT_BIND=coll,

@@ -9,7 +9,7 @@ import uuid
 import msgpack
 import pytest
 
-from emq_django.broker.topics import Event
+from emq_django.broker.topics import MSGPACK, OCTETS, Event
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import eventbus
 
@@ -89,3 +89,48 @@ def test_pub_decoded_and_checked() -> None:
 def test_malformed_pub_refused(frames: list[bytes]) -> None:
     with pytest.raises(ProtocolError):
         eventbus.decode_pub(frames)
+
+
+# ---- emq's batch channels ------------------------------------------------------------
+
+
+def test_delivery_batch_round_trip() -> None:
+    flat = [7, "prod", 1.5, b"\x03" * 16, b"\x01", 8, "prod", 1.75, b"", b"\xa1s"]
+    frames = eventbus.delivery_batch(b"/t/x", flat)
+    assert frames[:2] == [b"/t/x", b"EMQB"]  # a SUB's prefix filter on the topic
+    events = eventbus.decode_batch(frames)
+    assert [(e.seq, e.topic, e.producer, e.ts, e.uuid, e.data) for e in events] == [
+        (7, "/t/x", "prod", 1.5, b"\x03" * 16, b"\x01"),
+        (8, "/t/x", "prod", 1.75, b"", b"\xa1s"),
+    ]
+
+
+def test_publish_batch_round_trip_and_never_taken_for_a_pub() -> None:
+    uuid = b"\x04" * 16
+    frames = eventbus.pubs(b"/t", OCTETS, b"me", [1.0, uuid, b"raw", 2.0, b"", b"\x00"])
+    assert len(frames) == 5 and frames[0] == b"EMQPUBS"
+    batch = eventbus.decode_pubs(frames)
+    assert (batch.topic, batch.producer, batch.content_type) == ("/t", "me", OCTETS)
+    assert batch.events == [(1.0, uuid, b"raw"), (2.0, b"", b"\x00")]
+    with pytest.raises(ProtocolError):
+        eventbus.decode_pub(frames)  # five frames: never a PUB
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"EMQPUBS", b"/t", MSGPACK.encode(), b"p"],  # four frames
+        [b"EMQPUBS", b"", MSGPACK.encode(), b"p", msgpack.packb([])],  # no topic
+        [b"EMQPUBS", b"/t", b"text/plain", b"p", msgpack.packb([])],  # unknown type
+        [b"EMQPUBS", b"/t", MSGPACK.encode(), b"p", b"\xc1"],  # not MessagePack
+        [b"EMQPUBS", b"/t", MSGPACK.encode(), b"p", msgpack.packb([1.0, b""])],  # 2 fields
+        [b"EMQPUBS", b"/t", MSGPACK.encode(), b"p", msgpack.packb([1.0, b"", b"\xc1"])],
+        [b"EMQPUBS", b"/t", OCTETS.encode(), b"p", msgpack.packb([1.0, b"short", b"x"])],
+        [b"EMQPUBS", b"/t", OCTETS.encode(), b"p", msgpack.packb(["1", b"", b"x"])],
+        [b"EMQPUBS", b"/t", OCTETS.encode(), b"p", msgpack.packb([float("inf"), b"", b"x"])],
+        [b"EMQPUBS", b"/t", OCTETS.encode(), b"p", msgpack.packb([-1.0, b"", b"x"])],
+    ],
+)
+def test_malformed_publish_batch_refused(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError):
+        eventbus.decode_pubs(frames)

@@ -84,3 +84,66 @@ def test_the_late_answer_to_a_repeated_request_neither_lowers_last_nor_repeats()
     # the second answer, late: the same event and an older sequence
     assert state.on_snapshot(sync(1)) == [] and state.on_snapshot(eventbus.syncend(b"/a/", 1)) == []
     assert state.last == 3 and seqs(state.on_live(live(4))) == [4]
+
+
+# ---- emq's delivery batches (the batch publisher) ------------------------------------
+
+
+def batch(first: int, n: int, topic: str = "/a/x") -> list[bytes]:
+    flat: list[object] = []
+    for seq in range(first, first + n):
+        flat += (seq, "p", 2.5, b"\x02" * 16, msgpack.packb(seq))
+    return eventbus.delivery_batch(topic.encode(), flat)
+
+
+def test_a_batch_that_follows_on_yields_every_event_in_order() -> None:
+    state = CloneState(["/a/"], since=0)
+    state.syncstart(0.0)
+    state.on_snapshot(eventbus.syncend(b"/a/", 4))
+    out = state.on_live_batch(batch(5, 3))
+    assert [(e.seq, e.data, e.producer, e.ts) for e in out] == [
+        (5, 5, "p", 2.5),
+        (6, 6, "p", 2.5),
+        (7, 7, "p", 2.5),
+    ]
+    assert out[0].uuid == "02020202-0202-0202-0202-020202020202" and out[0].topic == "/a/x"
+    assert state.last == 7 and state.live_seen == 3
+    assert state.on_live_batch(batch(5, 3)) == []  # again: duplicates
+    assert state.on_live_batch(batch(8, 2, "/b/x")) == []  # not under the prefix
+
+
+def test_a_batch_after_a_jump_is_held_and_the_gap_filled_from_the_snapshot() -> None:
+    state = CloneState(["/a/"], since=0)
+    state.syncstart(0.0)
+    state.on_snapshot(eventbus.syncend(b"/a/", 2))
+    assert state.on_live_batch(batch(5, 2)) == [] and state.wants_fill and state.gaps == 1
+    assert state.syncstart(1.0)[2] == b"2"
+    out = state.on_snapshot(sync(3)) + state.on_snapshot(sync(4))
+    out += state.on_snapshot(eventbus.syncend(b"/a/", 4))
+    assert seqs(out) == [3, 4, 5, 6] and state.last == 6
+
+
+def test_a_batch_overlapping_what_the_subscriber_has_yields_only_the_new_ones() -> None:
+    state = CloneState([""], since=3)
+    state.syncstart(0.0)
+    state.on_snapshot(eventbus.syncend(b"", 3))
+    assert seqs(state.on_live_batch(batch(2, 4))) == [4, 5]  # 2 and 3 it had
+
+
+def test_malformed_batches_are_dropped_and_counted() -> None:
+    state = CloneState([""], since=0)
+    state.syncstart(0.0)
+    state.on_snapshot(eventbus.syncend(b"", 0))
+    bad = [
+        [b"/a", b"EMQB"],  # two frames
+        [b"/a", b"EMQX", msgpack.packb([])],  # not a batch
+        [b"/a", b"EMQB", b"\xc1"],  # not MessagePack
+        [b"/a", b"EMQB", msgpack.packb([1, "p", 2.0, b""])],  # 4 fields
+        [b"/a", b"EMQB", msgpack.packb([1, 2, 2.0, b"", b"\x01"])],  # producer not text
+        [b"/a", b"EMQB", msgpack.packb(["1", "p", 2.0, b"", b"\x01"])],  # seq not a number
+        [b"\xff", b"EMQB", msgpack.packb([])],  # topic not UTF-8
+    ]
+    for frames in bad:
+        assert state.on_live_batch(frames) == []
+    assert state.dropped == len(bad) and state.last == 0
+    assert seqs(state.on_live_batch(batch(1, 1))) == [1]  # and it goes on

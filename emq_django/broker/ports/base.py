@@ -131,6 +131,12 @@ class Port(ABC):
         ROUTER). Every port is offered every event, whichever port it came in by."""
         return []
 
+    def flush_published(self) -> list[tuple[str, list[bytes]]]:
+        """Messages of events this port held back to send together (the Event BUS
+        port's delivery batches), in ``on_published``'s form; the server asks after
+        each round of sends."""
+        return []
+
     def unsent_published(self, event: Event, frames: list[bytes]) -> None:
         """A subscriber's pipe was full: the event was not sent to it (it can fill
         the gap by the sequence)."""

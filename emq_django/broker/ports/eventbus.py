@@ -15,7 +15,15 @@ default); the wire is ``protocol/eventbus.py``:
   (``EMQ_BUS_PUBLISH_HWM``) misses events: it sees the gap by the sequence and
   fills it from the snapshot;
 - collector (ROUTER): a producer's ``PUB`` is numbered and kept
-  (``BrokerCore.topic_publish``); the bus never answers it.
+  (``BrokerCore.topic_publish``); the bus never answers it. emq's publish batch
+  (``emq.publish_many``: ``protocol/eventbus.py``) is taken here too;
+- batch publisher (XPUB, ``EMQ_BUS_BATCH_BIND``, off when empty): emq's own
+  delivery channel, every event again but as runs of consecutive events on one
+  topic, one message per run and per loop turn (``MAX_BATCH_EVENTS``), so a burst
+  costs one send, one fan-out and one recv per batch instead of per event; an
+  event alone in its turn leaves at once, alone. ``emq.subscribe`` reads it when
+  it is configured. Its queue per subscriber is ``EMQ_BUS_PUBLISH_HWM / 4``
+  batches; a subscriber past it fills the gap from the snapshot.
 
 Malformed messages are dropped, logged within a budget and counted
 (``protocol_errors``, ``dropped_malformed`` and this port's ``malformed`` figure).
@@ -31,7 +39,7 @@ import zmq
 
 from emq_django.broker.effects import ClientRef, Effect, Send
 from emq_django.broker.ports.base import Handler, Port, SocketSpec
-from emq_django.broker.topics import Event
+from emq_django.broker.topics import Event, check_topic
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import eventbus
 from emq_django.transport import SocketOptions
@@ -39,6 +47,7 @@ from emq_django.transport import SocketOptions
 log = logging.getLogger(__name__)
 
 SNAPSHOT, PUBLISH, COLLECT = "bus-snapshot", "bus-publish", "bus-collect"
+BATCH = "bus-batch"
 SNAPSHOT_HWM = 1_000_000  # a snapshot's SYNCs wait here for a slow client
 # SYNCs in one answer: a longer replay is answered in pages (the SYNCEND then
 # carries the page's last sequence, and the client asks again from there), so one
@@ -55,6 +64,12 @@ class EventBusPort(Port):
         self.publish_address = "tcp://127.0.0.1:5557"
         self.collect_address = "tcp://127.0.0.1:5558"
         self.publish_hwm = 10_000
+        self.batch_address = ""
+        # the delivery batch being built this turn: its topic, flat fields, data bytes
+        self._run_topic = ""
+        self._run: list[Any] = []
+        self._run_bytes = 0
+        self._batches: list[tuple[str, list[bytes]]] = []
         self.max_sync = MAX_SYNC
         self.subscriptions: dict[bytes, int] = {}  # topic filter -> subscriptions
         self.figures = {
@@ -62,6 +77,9 @@ class EventBusPort(Port):
             "synced_events": 0,  # SYNCs sent
             "collected": 0,  # PUBs taken in
             "broadcast": 0,  # events sent on the publisher socket
+            "batches": 0,  # delivery batches sent on the batch publisher
+            "batched_events": 0,  # events in them
+            "collected_batches": 0,  # publish batches taken in
             "malformed": 0,
             "unsent": 0,  # snapshot messages a client's full pipe refused
         }
@@ -70,9 +88,10 @@ class EventBusPort(Port):
         self.publish_address = settings.BUS_PUBLISH_BIND
         self.collect_address = settings.BUS_COLLECT_BIND
         self.publish_hwm = settings.BUS_PUBLISH_HWM
+        self.batch_address = settings.BUS_BATCH_BIND
 
     def socket_specs(self) -> list[SocketSpec]:
-        return [
+        specs = [
             SocketSpec(
                 SNAPSHOT,
                 zmq.ROUTER,
@@ -87,18 +106,32 @@ class EventBusPort(Port):
             ),
             SocketSpec(COLLECT, zmq.ROUTER, self.collect_address, SocketOptions()),
         ]
+        if self.batch_address:
+            specs.append(
+                SocketSpec(
+                    BATCH,
+                    zmq.XPUB,
+                    self.batch_address,
+                    SocketOptions(sndhwm=max(self.publish_hwm // 4, 1), xpub_verboser=True),
+                )
+            )
+        return specs
 
     def handler_for(self, socket: str) -> Handler:
         return {
             SNAPSHOT: self.handle_snapshot,
             PUBLISH: self.handle_subscription,
             COLLECT: self.handle,
+            BATCH: self.handle_batch_subscription,
         }[socket]
 
     # ---- in -------------------------------------------------------------------------
 
     def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
-        """A producer's PUB on the collector."""
+        """A producer's PUB on the collector (or emq's publish batch)."""
+        if len(frames) == 5 and frames[0] == eventbus.PUBS:
+            self._handle_pubs(identity, frames, now)
+            return None
         try:
             message = eventbus.decode_pub(frames)
             self.core.topic_publish(
@@ -117,6 +150,25 @@ class EventBusPort(Port):
         else:
             self.figures["collected"] += 1
         return None
+
+    def _handle_pubs(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
+        """A publish batch: every event is numbered and kept, in order. The batch is
+        checked whole first, so a malformed one publishes nothing."""
+        try:
+            batch = eventbus.decode_pubs(frames)
+            check_topic(batch.topic)
+        except ProtocolError as exc:
+            self._malformed(identity, exc)
+            return
+        except ValueError as exc:  # a topic the topic space refuses
+            self._malformed(identity, ProtocolError(str(exc)))
+            return
+        publish = self.core.topic_publish
+        topic, producer, ctype = batch.topic, batch.producer, batch.content_type
+        for ts, uuid, data in batch.events:
+            publish(topic, data, producer=producer, content_type=ctype, uuid=uuid, ts=ts, now=now)
+        self.figures["collected"] += len(batch.events)
+        self.figures["collected_batches"] += 1
 
     def handle_snapshot(
         self, identity: bytes, frames: Sequence[bytes], now: float
@@ -159,6 +211,12 @@ class EventBusPort(Port):
         self._malformed(identity, ProtocolError("the publisher socket takes only subscriptions"))
         return None
 
+    def handle_batch_subscription(
+        self, identity: bytes, frames: Sequence[bytes], now: float
+    ) -> list[bytes] | None:
+        """The batch XPUB's subscription messages: counted with the publisher's."""
+        return self.handle_subscription(identity, frames, now)
+
     def _malformed(self, identity: bytes, exc: ProtocolError) -> None:
         self.figures["malformed"] += 1
         self.count_malformed(identity, exc, answered=False)
@@ -167,7 +225,38 @@ class EventBusPort(Port):
 
     def on_published(self, event: Event) -> list[tuple[str, list[bytes]]]:
         self.figures["broadcast"] += 1
-        return [(PUBLISH, eventbus.broadcast(event, eventbus.as_msgpack(event)))]
+        data = eventbus.as_msgpack(event)
+        if self.batch_address:
+            topic = event.topic
+            if (
+                topic != self._run_topic
+                or len(self._run) >= self._run_cap
+                or (self._run_bytes >= eventbus.MAX_BATCH_BYTES)
+            ):
+                self._close_run()
+                self._run_topic = topic
+            self._run += (event.seq, event.producer, event.ts, event.uuid, data)
+            self._run_bytes += len(data)
+        return [(PUBLISH, eventbus.broadcast(event, data))]
+
+    _run_cap = eventbus.MAX_BATCH_EVENTS * eventbus.BATCH_FIELDS
+
+    def _close_run(self) -> None:
+        if self._run:
+            self._batches.append(
+                (BATCH, eventbus.delivery_batch(self._run_topic.encode(), self._run))
+            )
+            self.figures["batches"] += 1
+            self.figures["batched_events"] += len(self._run) // eventbus.BATCH_FIELDS
+            self._run = []
+            self._run_bytes = 0
+
+    def flush_published(self) -> list[tuple[str, list[bytes]]]:
+        """The delivery batches of the events published since the last call (the
+        server asks once it has sent the turn's other messages)."""
+        self._close_run()
+        batches, self._batches = self._batches, []
+        return batches
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         routed = self.encode_routed(effect)

@@ -68,7 +68,7 @@ class Command(BaseCommand):
             server.close()
             raise CommandError(f"{exc}; is another broker running?") from exc
         server.install_signal_handlers()
-        server.tune_gc()
+        server.tune_gc()  # gc.freeze() of what start-up made, and a larger young generation
         try:
             server.run()
         finally:
