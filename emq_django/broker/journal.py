@@ -394,13 +394,19 @@ def _put_params(op: JournalOp) -> tuple[Any, ...]:
     return (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now)
 
 
+SET_STATE = (
+    "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ?"
+    " WHERE id = ?"
+)
+
+
 def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
+    db.execute(SET_STATE, _state_params(op))
+
+
+def _state_params(op: JournalOp) -> tuple[Any, ...]:
     _, job_id, state, attempts, run_after, error, now = op
-    db.execute(
-        "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ?"
-        " WHERE id = ?",
-        (state, attempts, run_after, error, now, job_id),
-    )
+    return (state, attempts, run_after, error, now, job_id)
 
 
 def _done(db: sqlite3.Connection, op: JournalOp) -> None:
@@ -456,10 +462,12 @@ def _headers(raw: str) -> tuple[tuple[str, str], ...]:
 
 _kind = itemgetter(0)
 
-# the two operations every message makes, run by executemany (statement, parameters)
+# the operations that come in runs, run by executemany (statement, parameters): the
+# two every message makes, and the new state of spilled jobs read back together
 _MANY = {
     "put": (PUT, _put_params),
     "done": (DONE, _done_params),
+    "state": (SET_STATE, _state_params),
     "event": (INSERT_EVENT, _event_row),
 }
 
