@@ -123,6 +123,8 @@ class Journal:
             self.db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
+        self._cur: sqlite3.Cursor | None = None  # see _cursor
+        self._cur_db: sqlite3.Connection | None = None
         self.commits = 0
         self.errors = 0
         self.checkpoints = 0
@@ -143,9 +145,9 @@ class Journal:
 
     def apply(self, ops: list[JournalOp]) -> None:
         """Write ``ops`` in one transaction; raises ``JournalError`` and rolls back."""
-        db = self.db
         counts = self._rule_counts
         try:
+            db = self._cursor()
             db.execute("BEGIN")
             for kind, group in groupby(ops, key=_kind):
                 many = _MANY.get(kind)
@@ -171,7 +173,7 @@ class Journal:
             self.errors += 1
             self._filed_rules = self._rule_counts = None  # read again from the file
             try:
-                db.execute("ROLLBACK")
+                self.db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
             raise JournalError(f"journal {self.path}: {exc}") from exc
@@ -179,6 +181,20 @@ class Journal:
         if self._restart or (self.commits % 64 == 0 and _size(self._wal) > WAL_LIMIT_BYTES):
             self._restart = False
             self._checkpoint_now()
+
+    def _cursor(self) -> sqlite3.Cursor:
+        """The one cursor the broker's statements run on (made again if ``db`` is
+        swapped). ``Connection.execute`` makes a new cursor each time, and the
+        connection keeps a weak reference to every cursor until it sweeps the dead
+        ones, every 200 cursors: those weak references, made all along a drain,
+        sat among the ids kept for de-duplication and kept dozens of otherwise
+        empty pymalloc arenas (1 MB each) alive after a backlog of guaranteed jobs
+        drained (``broker/memory.py``). Each statement's rows are read in full
+        before the next one runs, so one cursor serves them all."""
+        if self._cur is None or self._cur_db is not self.db:
+            self._cur = self.db.cursor()
+            self._cur_db = self.db
+        return self._cur
 
     def _prune_events(self, op: JournalOp) -> None:
         """Retention: each rule's events beyond its age and count. The highest number
@@ -193,7 +209,7 @@ class Journal:
         index) is applied at most every ``AGE_SWEEP_INTERVAL``. With 100,000 kept
         1 KB events these reads took tens of milliseconds every 5 s: a stall of the
         broker's loop each time (the p99 of events at 1,000/s)."""
-        db = self.db
+        db = self._cursor()
         _, rules, wall, last_seq = op
         rules = tuple(rules)
         db.execute(
@@ -236,6 +252,7 @@ class Journal:
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute(f"PRAGMA synchronous={sync.upper()}")
+            cur = db.cursor()  # one for every checkpoint (see _cursor)
         except sqlite3.Error as exc:
             log.error("journal %s: no checkpointer (%s); the WAL will grow", self.path, exc)
             return
@@ -246,7 +263,7 @@ class Journal:
                 if self._stop:
                     return
                 try:
-                    _, wal_pages, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    _, wal_pages, copied = cur.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self.checkpoints += 1
                 except sqlite3.Error as exc:
                     log.warning("journal %s: checkpoint failed: %s", self.path, exc)
@@ -264,7 +281,7 @@ class Journal:
         for (the checkpointer has copied nearly all of it already, unless the WAL
         is past its limit)."""
         try:
-            self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            self._cursor().execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
             self.checkpoints += 1
         except sqlite3.Error as exc:
             log.warning("journal %s: checkpoint failed: %s", self.path, exc)
@@ -287,7 +304,7 @@ class Journal:
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[StoredJob]:
         try:
-            return [StoredJob(*row) for row in self.db.execute(sql, params).fetchall()]
+            return [StoredJob(*row) for row in self._cursor().execute(sql, params).fetchall()]
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from exc
 
@@ -297,11 +314,12 @@ class Journal:
         """The highest event number ever given, and each kept topic's last number
         and count."""
         try:
-            (top,) = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
-            row = self.db.execute("SELECT value FROM topic_meta WHERE key = 'last_seq'").fetchone()
+            db = self._cursor()
+            (top,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+            row = db.execute("SELECT value FROM topic_meta WHERE key = 'last_seq'").fetchone()
             topics = {
                 t: (int(seq), int(n))
-                for t, seq, n in self.db.execute(
+                for t, seq, n in db.execute(
                     "SELECT topic, MAX(seq), COUNT(*) FROM events GROUP BY topic"
                 )
             }
@@ -332,7 +350,7 @@ class Journal:
             f" WHERE {where}"
         )
         try:
-            rows = self.db.execute(sql, params).fetchall()
+            rows = self._cursor().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from exc
         return [
@@ -342,8 +360,9 @@ class Journal:
 
     def stats(self) -> dict[str, Any]:
         try:
-            counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
-            (events,) = self.db.execute("SELECT COUNT(*) FROM events").fetchone()
+            db = self._cursor()
+            counts = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+            (events,) = db.execute("SELECT COUNT(*) FROM events").fetchone()
         except sqlite3.Error as exc:
             return {
                 "path": str(self.path),
@@ -385,7 +404,7 @@ PUT = (
 DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
 
 
-def _put(db: sqlite3.Connection, op: JournalOp) -> None:
+def _put(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(PUT, _put_params(op))
 
 
@@ -400,7 +419,7 @@ SET_STATE = (
 )
 
 
-def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
+def _set_state(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(SET_STATE, _state_params(op))
 
 
@@ -409,7 +428,7 @@ def _state_params(op: JournalOp) -> tuple[Any, ...]:
     return (state, attempts, run_after, error, now, job_id)
 
 
-def _done(db: sqlite3.Connection, op: JournalOp) -> None:
+def _done(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(DONE, _done_params(op))
 
 
@@ -418,11 +437,11 @@ def _done_params(op: JournalOp) -> tuple[Any, ...]:
     return (now, job_id)
 
 
-def _delete(db: sqlite3.Connection, op: JournalOp) -> None:
+def _delete(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE id = ?", (op[1],))
 
 
-def _prune_done(db: sqlite3.Connection, op: JournalOp) -> None:
+def _prune_done(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
 
 
@@ -438,11 +457,11 @@ def _event_row(op: JournalOp) -> tuple[Any, ...]:
     return (e.seq, e.topic, rule, e.producer, e.uuid, e.ts, e.content_type, headers, e.data)
 
 
-def _event(db: sqlite3.Connection, op: JournalOp) -> None:
+def _event(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(INSERT_EVENT, _event_row(op))
 
 
-def _refile_events(db: sqlite3.Connection, rules: tuple[Any, ...]) -> None:
+def _refile_events(db: sqlite3.Cursor, rules: tuple[Any, ...]) -> None:
     """The rules changed since the events were written (or this is the first
     prune since the journal was opened): file every event under today's."""
     known = [r.prefix for r in rules]
