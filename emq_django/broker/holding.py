@@ -149,7 +149,7 @@ class RecentIds:
         ids: dict[bytes, float] = {}
         at = 0
         last = fresh = -1.0
-        for size, when in zip(sizes, times):
+        for size, when in zip(sizes, times, strict=True):
             if when != last:  # the ids of a loop turn share one float: keep that
                 last = fresh = when
             ids[packed[at : at + size]] = fresh

@@ -414,8 +414,7 @@ def _put_params(op: JournalOp) -> tuple[Any, ...]:
 
 
 SET_STATE = (
-    "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ?"
-    " WHERE id = ?"
+    "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ? WHERE id = ?"
 )
 
 
