@@ -80,6 +80,10 @@ CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restar
 WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL this big is restarted once caught up with
 WAL_LIMIT_BYTES = 256 * 1024 * 1024  # past this a commit waits for a full checkpoint
 AGE_SWEEP_INTERVAL = 60.0  # seconds: events past a rule's max_age go within this
+# ``stats``: a count of the jobs by state that took longer than this is made on the
+# checkpointer's thread from then on (a scan of the whole table: 2.5 s with a
+# million jobs at load 20, on the broker's loop at each MONITOR JSON)
+COUNT_INLINE_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,12 @@ class Journal:
         self.commits = 0
         self.errors = 0
         self.checkpoints = 0
+        # ``stats``: the last count of jobs by state and of events, when it was made
+        # (monotonic), how long it took, and whether the checkpointer should count
+        self._counts: tuple[dict[str, int], int, float] | None = None
+        self._count_took = 0.0
+        self._count_wanted = False
+        self._counting = False  # the checkpointer's thread is counting (a read, maybe long)
         self._wal = Path(f"{self.path}-wal")
         self._due = threading.Event()
         self._stop = False
@@ -178,6 +188,8 @@ class Journal:
                 pass
             raise JournalError(f"journal {self.path}: {exc}") from exc
         self._due.set()
+        if self._counting:  # a checkpoint would wait for that read: at a later commit
+            return
         if self._restart or (self.commits % 64 == 0 and _size(self._wal) > WAL_LIMIT_BYTES):
             self._restart = False
             self._checkpoint_now()
@@ -262,6 +274,16 @@ class Journal:
                 self._due.clear()
                 if self._stop:
                     return
+                if self._count_wanted:
+                    # meanwhile the writer restarts no WAL: that would wait for this reader
+                    self._count_wanted = False
+                    self._counting = True
+                    try:
+                        self._count(cur)
+                    except sqlite3.Error as exc:
+                        log.warning("journal %s: could not count its jobs: %s", self.path, exc)
+                    finally:
+                        self._counting = False
                 try:
                     _, wal_pages, copied = cur.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self.checkpoints += 1
@@ -358,11 +380,27 @@ class Journal:
             for seq, topic, data, producer, uuid, ts, ctype, headers in rows
         ]
 
+    def _count(self, db: sqlite3.Cursor) -> None:
+        """Count the jobs by state and the events (scans of whole tables)."""
+        started = time.monotonic()
+        counts = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+        (events,) = db.execute("SELECT COUNT(*) FROM events").fetchone()
+        now = time.monotonic()
+        self._counts = (counts, int(events), now)
+        self._count_took = now - started
+
     def stats(self) -> dict[str, Any]:
+        """The journal's counts and sizes. The jobs by state are counted here while
+        that is quick (``COUNT_INLINE_SECONDS``); past that (a backlog of
+        guaranteed jobs), the broker's loop must not wait for a scan of the table,
+        so the count is made on the checkpointer's thread (SQLite lets the loop go
+        on meanwhile) and this returns the last one, ``counted_s_ago`` seconds old."""
         try:
-            db = self._cursor()
-            counts = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
-            (events,) = db.execute("SELECT COUNT(*) FROM events").fetchone()
+            if self._counts is None or self._count_took <= COUNT_INLINE_SECONDS:
+                self._count(self._cursor())
+            else:
+                self._count_wanted = True
+                self._due.set()
         except sqlite3.Error as exc:
             return {
                 "path": str(self.path),
@@ -370,12 +408,15 @@ class Journal:
                 "commits": self.commits,
                 "errors": self.errors,
             }
+        assert self._counts is not None
+        counts, events, counted_at = self._counts
         size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
         return {
             "path": str(self.path),
             "size_bytes": size,
-            "jobs": counts,
+            "jobs": dict(counts),
             "events": events,
+            "counted_s_ago": round(time.monotonic() - counted_at, 1),
             "commits": self.commits,
             "checkpoints": self.checkpoints,
             "errors": self.errors,
