@@ -302,11 +302,15 @@ class Journal:
         the writer's connection, between two commits, so that no writer is waited
         for (the checkpointer has copied nearly all of it already, unless the WAL
         is past its limit)."""
+        started = time.monotonic()
         try:
             self._cursor().execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
             self.checkpoints += 1
         except sqlite3.Error as exc:
             log.warning("journal %s: checkpoint failed: %s", self.path, exc)
+        took = time.monotonic() - started
+        if took >= 1.0:  # the broker's loop waited that long (a slow fsync, a reader)
+            log.warning("journal %s: restarting the WAL held the broker %.1f s", self.path, took)
 
     def load(self) -> list[StoredJob]:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
