@@ -63,7 +63,7 @@ def rss(pid: int) -> int:
 
 
 def environment(work: str, opts: argparse.Namespace) -> dict[str, str]:
-    ports = [free_port() for _ in range(7)]
+    ports = [free_port() for _ in range(10)]
     urls = [f"tcp://127.0.0.1:{p}" for p in ports]
     env = base_env(
         DJANGO_SETTINGS_MODULE="project.settings",
@@ -78,6 +78,10 @@ def environment(work: str, opts: argparse.Namespace) -> dict[str, str]:
         EMQ_PZQ_RECEIVE_BIND=urls[4],
         EMQ_PZQ_SEND_BIND=urls[5],
         EMQ_PZQ_MONITOR_BIND=urls[6],
+        EMQ_BUS_SNAPSHOT_BIND=urls[7],
+        EMQ_BUS_PUBLISH_BIND=urls[8],
+        EMQ_BUS_COLLECT_BIND=urls[9],
+        EMQ_MC0_BIND="",  # off: its default port may be taken by another broker
         EMQ_IMPORTS="bench.memory_tasks",
         EMQ_JOURNAL_PATH=os.path.join(work, "emq-journal.sqlite3"),
         EMQ_RECORDER="",  # the example project records results by default
@@ -261,6 +265,10 @@ def main(argv: list[str]) -> int:
     print(
         "  RSS by mapping at the end: "
         + ", ".join(f"{k} {v / MB:.1f} MB" for k, v in kinds.items())
+    )
+    print(
+        "  peers dropped for missed heartbeats (peers_expired): "
+        f"{final['counters'].get('peers_expired', 0)}"
     )
     memory = final.get("memory")
     if memory:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -129,17 +130,29 @@ class RecentIds:
 
     def compact(self) -> None:
         """Rebuild the index at its present size, with fresh copies of the ids. The
-        ones it keeps were allocated with their jobs, among objects
-        long freed, and keep whole allocator arenas of those alive: after a drain
-        of a million jobs, copying them took the RSS from 179 to 80 MB (in-process
-        measure, ``broker/memory.py``)."""
-        times: dict[float, float] = {}  # the ids of a loop turn share one float: keep that
+        ones it keeps were allocated with their jobs, among objects long freed, and
+        keep whole allocator arenas of those alive (pymalloc returns an arena only
+        once it is empty). So the ids and their times are first packed into one
+        buffer each (outside pymalloc's arenas), the old ones freed, and only then
+        made again: the copies then fill the arenas that something else keeps
+        alive anyway, instead of landing beside the old ids (copying them while
+        the old ones were still there left a drained guaranteed backlog's 200,000
+        ids spread over about 90 arenas, a third full)."""
+        order = self._order
+        stamps = self._ids
+        sizes = array("I", map(len, order))
+        packed = b"".join(order)
+        times = array("d", map(stamps.__getitem__, order))
+        self._ids = {}
+        self._order = deque()
+        del order, stamps  # the old ids go now, before their copies are made
         ids: dict[bytes, float] = {}
-        for job_id in self._order:
-            at = self._ids[job_id]
-            fresh = times.get(at)
-            if fresh is None:
-                fresh = times[at] = at + 0.0
-            ids[bytes(bytearray(job_id))] = fresh
+        at = 0
+        last = fresh = -1.0
+        for size, when in zip(sizes, times, strict=True):
+            if when != last:  # the ids of a loop turn share one float: keep that
+                last = fresh = when
+            ids[packed[at : at + size]] = fresh
+            at += size
         self._ids = ids
         self._order = deque(ids)

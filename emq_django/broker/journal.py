@@ -80,6 +80,10 @@ CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restar
 WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL this big is restarted once caught up with
 WAL_LIMIT_BYTES = 256 * 1024 * 1024  # past this a commit waits for a full checkpoint
 AGE_SWEEP_INTERVAL = 60.0  # seconds: events past a rule's max_age go within this
+# ``stats``: a count of the jobs by state that took longer than this is made on the
+# checkpointer's thread from then on (a scan of the whole table: 2.5 s with a
+# million jobs at load 20, on the broker's loop at each MONITOR JSON)
+COUNT_INLINE_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +127,17 @@ class Journal:
             self.db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
+        self._cur: sqlite3.Cursor | None = None  # see _cursor
+        self._cur_db: sqlite3.Connection | None = None
         self.commits = 0
         self.errors = 0
         self.checkpoints = 0
+        # ``stats``: the last count of jobs by state and of events, when it was made
+        # (monotonic), how long it took, and whether the checkpointer should count
+        self._counts: tuple[dict[str, int], int, float] | None = None
+        self._count_took = 0.0
+        self._count_wanted = False
+        self._counting = False  # the checkpointer's thread is counting (a read, maybe long)
         self._wal = Path(f"{self.path}-wal")
         self._due = threading.Event()
         self._stop = False
@@ -143,9 +155,9 @@ class Journal:
 
     def apply(self, ops: list[JournalOp]) -> None:
         """Write ``ops`` in one transaction; raises ``JournalError`` and rolls back."""
-        db = self.db
         counts = self._rule_counts
         try:
+            db = self._cursor()
             db.execute("BEGIN")
             for kind, group in groupby(ops, key=_kind):
                 many = _MANY.get(kind)
@@ -171,14 +183,30 @@ class Journal:
             self.errors += 1
             self._filed_rules = self._rule_counts = None  # read again from the file
             try:
-                db.execute("ROLLBACK")
+                self.db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
             raise JournalError(f"journal {self.path}: {exc}") from exc
         self._due.set()
+        if self._counting:  # a checkpoint would wait for that read: at a later commit
+            return
         if self._restart or (self.commits % 64 == 0 and _size(self._wal) > WAL_LIMIT_BYTES):
             self._restart = False
             self._checkpoint_now()
+
+    def _cursor(self) -> sqlite3.Cursor:
+        """The one cursor the broker's statements run on (made again if ``db`` is
+        swapped). ``Connection.execute`` makes a new cursor each time, and the
+        connection keeps a weak reference to every cursor until it sweeps the dead
+        ones, every 200 cursors: those weak references, made all along a drain,
+        sat among the ids kept for de-duplication and kept dozens of otherwise
+        empty pymalloc arenas (1 MB each) alive after a backlog of guaranteed jobs
+        drained (``broker/memory.py``). Each statement's rows are read in full
+        before the next one runs, so one cursor serves them all."""
+        if self._cur is None or self._cur_db is not self.db:
+            self._cur = self.db.cursor()
+            self._cur_db = self.db
+        return self._cur
 
     def _prune_events(self, op: JournalOp) -> None:
         """Retention: each rule's events beyond its age and count. The highest number
@@ -193,7 +221,7 @@ class Journal:
         index) is applied at most every ``AGE_SWEEP_INTERVAL``. With 100,000 kept
         1 KB events these reads took tens of milliseconds every 5 s: a stall of the
         broker's loop each time (the p99 of events at 1,000/s)."""
-        db = self.db
+        db = self._cursor()
         _, rules, wall, last_seq = op
         rules = tuple(rules)
         db.execute(
@@ -236,6 +264,7 @@ class Journal:
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute(f"PRAGMA synchronous={sync.upper()}")
+            cur = db.cursor()  # one for every checkpoint (see _cursor)
         except sqlite3.Error as exc:
             log.error("journal %s: no checkpointer (%s); the WAL will grow", self.path, exc)
             return
@@ -245,8 +274,18 @@ class Journal:
                 self._due.clear()
                 if self._stop:
                     return
+                if self._count_wanted:
+                    # meanwhile the writer restarts no WAL: that would wait for this reader
+                    self._count_wanted = False
+                    self._counting = True
+                    try:
+                        self._count(cur)
+                    except sqlite3.Error as exc:
+                        log.warning("journal %s: could not count its jobs: %s", self.path, exc)
+                    finally:
+                        self._counting = False
                 try:
-                    _, wal_pages, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    _, wal_pages, copied = cur.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self.checkpoints += 1
                 except sqlite3.Error as exc:
                     log.warning("journal %s: checkpoint failed: %s", self.path, exc)
@@ -263,11 +302,15 @@ class Journal:
         the writer's connection, between two commits, so that no writer is waited
         for (the checkpointer has copied nearly all of it already, unless the WAL
         is past its limit)."""
+        started = time.monotonic()
         try:
-            self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            self._cursor().execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
             self.checkpoints += 1
         except sqlite3.Error as exc:
             log.warning("journal %s: checkpoint failed: %s", self.path, exc)
+        took = time.monotonic() - started
+        if took >= 1.0:  # the broker's loop waited that long (a slow fsync, a reader)
+            log.warning("journal %s: restarting the WAL held the broker %.1f s", self.path, took)
 
     def load(self) -> list[StoredJob]:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
@@ -287,7 +330,7 @@ class Journal:
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[StoredJob]:
         try:
-            return [StoredJob(*row) for row in self.db.execute(sql, params).fetchall()]
+            return [StoredJob(*row) for row in self._cursor().execute(sql, params).fetchall()]
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from exc
 
@@ -297,11 +340,12 @@ class Journal:
         """The highest event number ever given, and each kept topic's last number
         and count."""
         try:
-            (top,) = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
-            row = self.db.execute("SELECT value FROM topic_meta WHERE key = 'last_seq'").fetchone()
+            db = self._cursor()
+            (top,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+            row = db.execute("SELECT value FROM topic_meta WHERE key = 'last_seq'").fetchone()
             topics = {
                 t: (int(seq), int(n))
-                for t, seq, n in self.db.execute(
+                for t, seq, n in db.execute(
                     "SELECT topic, MAX(seq), COUNT(*) FROM events GROUP BY topic"
                 )
             }
@@ -332,7 +376,7 @@ class Journal:
             f" WHERE {where}"
         )
         try:
-            rows = self.db.execute(sql, params).fetchall()
+            rows = self._cursor().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise JournalError(f"journal {self.path}: {exc}") from exc
         return [
@@ -340,10 +384,27 @@ class Journal:
             for seq, topic, data, producer, uuid, ts, ctype, headers in rows
         ]
 
+    def _count(self, db: sqlite3.Cursor) -> None:
+        """Count the jobs by state and the events (scans of whole tables)."""
+        started = time.monotonic()
+        counts = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+        (events,) = db.execute("SELECT COUNT(*) FROM events").fetchone()
+        now = time.monotonic()
+        self._counts = (counts, int(events), now)
+        self._count_took = now - started
+
     def stats(self) -> dict[str, Any]:
+        """The journal's counts and sizes. The jobs by state are counted here while
+        that is quick (``COUNT_INLINE_SECONDS``); past that (a backlog of
+        guaranteed jobs), the broker's loop must not wait for a scan of the table,
+        so the count is made on the checkpointer's thread (SQLite lets the loop go
+        on meanwhile) and this returns the last one, ``counted_s_ago`` seconds old."""
         try:
-            counts = dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
-            (events,) = self.db.execute("SELECT COUNT(*) FROM events").fetchone()
+            if self._counts is None or self._count_took <= COUNT_INLINE_SECONDS:
+                self._count(self._cursor())
+            else:
+                self._count_wanted = True
+                self._due.set()
         except sqlite3.Error as exc:
             return {
                 "path": str(self.path),
@@ -351,12 +412,15 @@ class Journal:
                 "commits": self.commits,
                 "errors": self.errors,
             }
+        assert self._counts is not None
+        counts, events, counted_at = self._counts
         size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
         return {
             "path": str(self.path),
             "size_bytes": size,
-            "jobs": counts,
+            "jobs": dict(counts),
             "events": events,
+            "counted_s_ago": round(time.monotonic() - counted_at, 1),
             "commits": self.commits,
             "checkpoints": self.checkpoints,
             "errors": self.errors,
@@ -385,7 +449,7 @@ PUT = (
 DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
 
 
-def _put(db: sqlite3.Connection, op: JournalOp) -> None:
+def _put(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(PUT, _put_params(op))
 
 
@@ -394,16 +458,21 @@ def _put_params(op: JournalOp) -> tuple[Any, ...]:
     return (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now)
 
 
-def _set_state(db: sqlite3.Connection, op: JournalOp) -> None:
+SET_STATE = (
+    "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ? WHERE id = ?"
+)
+
+
+def _set_state(db: sqlite3.Cursor, op: JournalOp) -> None:
+    db.execute(SET_STATE, _state_params(op))
+
+
+def _state_params(op: JournalOp) -> tuple[Any, ...]:
     _, job_id, state, attempts, run_after, error, now = op
-    db.execute(
-        "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ?"
-        " WHERE id = ?",
-        (state, attempts, run_after, error, now, job_id),
-    )
+    return (state, attempts, run_after, error, now, job_id)
 
 
-def _done(db: sqlite3.Connection, op: JournalOp) -> None:
+def _done(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(DONE, _done_params(op))
 
 
@@ -412,11 +481,11 @@ def _done_params(op: JournalOp) -> tuple[Any, ...]:
     return (now, job_id)
 
 
-def _delete(db: sqlite3.Connection, op: JournalOp) -> None:
+def _delete(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE id = ?", (op[1],))
 
 
-def _prune_done(db: sqlite3.Connection, op: JournalOp) -> None:
+def _prune_done(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
 
 
@@ -432,11 +501,11 @@ def _event_row(op: JournalOp) -> tuple[Any, ...]:
     return (e.seq, e.topic, rule, e.producer, e.uuid, e.ts, e.content_type, headers, e.data)
 
 
-def _event(db: sqlite3.Connection, op: JournalOp) -> None:
+def _event(db: sqlite3.Cursor, op: JournalOp) -> None:
     db.execute(INSERT_EVENT, _event_row(op))
 
 
-def _refile_events(db: sqlite3.Connection, rules: tuple[Any, ...]) -> None:
+def _refile_events(db: sqlite3.Cursor, rules: tuple[Any, ...]) -> None:
     """The rules changed since the events were written (or this is the first
     prune since the journal was opened): file every event under today's."""
     known = [r.prefix for r in rules]
@@ -456,10 +525,12 @@ def _headers(raw: str) -> tuple[tuple[str, str], ...]:
 
 _kind = itemgetter(0)
 
-# the two operations every message makes, run by executemany (statement, parameters)
+# the operations that come in runs, run by executemany (statement, parameters): the
+# two every message makes, and the new state of spilled jobs read back together
 _MANY = {
     "put": (PUT, _put_params),
     "done": (DONE, _done_params),
+    "state": (SET_STATE, _state_params),
     "event": (INSERT_EVENT, _event_row),
 }
 

@@ -63,6 +63,11 @@ _POLLIN = int(zmq.POLLIN)
 # events while the broker reads the rest
 TURN_EVENTS = 1024
 TURN_BYTES = 4 * 1024 * 1024  # and their data (CHUNK messages of 16 KB events)
+# spilled jobs read back from the journal per queue and loop turn: reading 25,000
+# at once (and committing their new state) held the loop for 1-3 s on a loaded
+# machine, long enough for job managers to miss heartbeats; the loop turns again
+# at once while a queue still wants more (see ``serve``)
+REFILL_BATCH = 2_000
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -336,6 +341,8 @@ class BrokerServer:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
                 wake = min(core.next_deadline(), deadline, self._port_timers(now))
+                if core.life.spill_requests:
+                    wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
                     wake = min(wake, self._trace_due)  # lines wait: write them when due
                 timeout = int(max(0.0, wake - self.clock()) * 1000) + 1
@@ -626,13 +633,18 @@ class BrokerServer:
         names, core.life.spill_requests = core.life.spill_requests, set()
         for name in names:
             try:
-                rows = self.journal.load_spilled(name, max(self.settings.MAX_PENDING // 4, 1))
+                limit = max(min(self.settings.MAX_PENDING // 4, REFILL_BATCH), 1)
+                rows = self.journal.load_spilled(name, limit)
             except JournalError as exc:
                 log.error(
                     "%s: could not read back spilled jobs of %r; trying again later", exc, name
                 )
                 continue
+            left = core.queues[name].spilled
             core.restore_spilled(name, rows, self.clock())
+            if len(rows) < limit or core.queues[name].spilled == left:
+                # all there was, or nothing new: no reading on at once (no busy loop)
+                core.life.spill_requests.discard(name)
         if core.life.journal_ops:
             self._commit()
 

@@ -385,3 +385,32 @@ def test_spilled_jobs_are_all_read_back_for_a_job_manager_with_several_slots(
     assert sorted(got) == [b"p-0#1", b"p-1#1", b"s-0#1", b"s-1#1", b"s-2#1"], (
         f"{left} spilled jobs never read back"
     )
+
+
+def test_a_spilled_backlog_is_read_back_in_batches_in_order(
+    start_broker: Callable[..., Broker], journal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker reads spilled jobs back a batch at a time (``REFILL_BATCH``, so
+    that no loop turn holds it for long), reading on while the queue wants more:
+    every job of a backlog many batches long runs once, oldest first."""
+    from emq_django.broker import server as server_module
+
+    monkeypatch.setattr(server_module, "REFILL_BATCH", 3)
+    broker = start_broker(JOURNAL_PATH=str(journal_path), MAX_PENDING=40)
+    client = broker.client()
+    sent = [b"j-%02d" % n for n in range(60)]
+    for msgid in sent:
+        send_request(client, msgid, headers=b"guarantee")
+        assert recv_command(client, Ack).ack_msgid == msgid
+    assert monitor_json(broker, b"MONITOR JSON")["counters"]["spilled"] == 20
+    worker = broker.worker()
+    got = []
+    for n in range(len(sent)):  # one slot: a READY after each job
+        worker.send_multipart([b"", P, b"READY", b"r-%d" % n])
+        job = recv_command(worker, Request)
+        got.append(job.msgid)
+        answer(worker, job, b"ok")
+    assert got == [m + b"#1" for m in sent]
+    assert not [c for c in no_request_within(worker, 0.5) if isinstance(c, Request)]
+    wait_until(lambda: set(rows(journal_path).values()) == {"done"}, "every job done")
+    assert broker.server.core.queues["default"].spilled == 0

@@ -293,3 +293,22 @@ def test_a_journal_with_the_old_state_index_gets_the_partial_ones(tmp_path: Path
         assert [row.id for row in journal.load_spilled("q", 10)] == [b"a"]
     finally:
         journal.close()
+
+
+def test_stats_of_a_journal_slow_to_count_come_from_the_checkpointer_thread(
+    journal: Journal,
+) -> None:
+    """Once a count of the jobs took long (a backlog of guaranteed jobs), ``stats``
+    returns the last count at once and the checkpointer's thread makes the next."""
+    journal.apply([put(b"a"), put(b"b", "spilled")])
+    assert journal.stats()["jobs"] == {"ready": 1, "spilled": 1}
+    journal._count_took = 60.0  # as if the last count had taken a minute
+    journal.apply([put(b"c", "spilled")])
+    first = journal.stats()
+    # the last count (unless that thread was quicker than this one)
+    assert first["jobs"] in ({"ready": 1, "spilled": 1}, {"ready": 1, "spilled": 2})
+    assert first["counted_s_ago"] >= 0
+    deadline = time.monotonic() + 30
+    while journal.stats()["jobs"] != {"ready": 1, "spilled": 2}:
+        assert time.monotonic() < deadline, "the checkpointer's thread never counted"
+        time.sleep(0.05)
