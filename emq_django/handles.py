@@ -32,10 +32,21 @@ HISTORY_FIRST_LOOK = 1.0
 HISTORY_POLL = 0.25
 
 
+_installed: tuple[object, bool] = (None, False)  # (apps.app_configs, the answer)
+
+
 def history_installed() -> bool:
+    global _installed
     from django.apps import apps
 
-    return apps.ready and apps.is_installed("emq_django.results")
+    configs = apps.app_configs  # a new dict when INSTALLED_APPS changes (tests)
+    seen, answer = _installed
+    if seen is configs:
+        return answer
+    answer = apps.ready and apps.is_installed("emq_django.results")
+    if apps.ready:  # once ready, that dict is never changed in place
+        _installed = (configs, answer)
+    return answer
 
 
 def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
@@ -52,6 +63,13 @@ def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
 class Result:
     """A job's handle: ``.id`` and ``.get(timeout=)``."""
 
+    # Until set on the instance (one handle per job sent: fewer stores per delay())
+    _done = False
+    _value: Any = None
+    _error: TaskFailed | None = None
+    attempt = 0  # the attempt the last streamed partial result came from
+    _seq = 0  # ... and its number within that attempt
+
     def __init__(
         self, job_id: str, task_name: str, *, reply: bool = True, client: Client | None = None
     ) -> None:
@@ -59,11 +77,6 @@ class Result:
         self.task_name = task_name
         self.reply = reply
         self._client = client
-        self._done = False
-        self._value: Any = None
-        self._error: TaskFailed | None = None
-        self.attempt = 0  # the attempt the last streamed partial result came from
-        self._seq = 0  # ... and its number within that attempt
 
     def __repr__(self) -> str:
         return f"<Result {self.id} of {self.task_name}>"
@@ -143,9 +156,11 @@ class Result:
         return self._value
 
     def _wait(self, timeout: float | None) -> None:
-        from emq_django.client import get_client
+        client = self._client
+        if client is None:
+            from emq_django.client import get_client
 
-        client = self._client or get_client()
+            client = get_client()
         if not history_installed():
             self._settle(client.wait_reply(self.id.encode(), timeout).body)
             return
