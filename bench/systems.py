@@ -253,6 +253,16 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
         EMQ_MONITOR_URL=urls[p3],
         EMQ_IMPORTS="bench.emq_bench_tasks",
         EMQ_JOURNAL_PATH=os.path.join(servers.log_dir, f"emq-journal-{p1}.sqlite3"),
+        # the other protocols' ports are off: their default ports would collide
+        # with another broker running on this machine (another run, a test)
+        EMQ_MDP_BIND="",
+        EMQ_PZQ_RECEIVE_BIND="",
+        EMQ_PZQ_SEND_BIND="",
+        EMQ_PZQ_MONITOR_BIND="",
+        EMQ_BUS_SNAPSHOT_BIND="",
+        EMQ_BUS_PUBLISH_BIND="",
+        EMQ_BUS_COLLECT_BIND="",
+        EMQ_MC0_BIND="",
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     notes = [

@@ -158,7 +158,7 @@ class Client:
             _send(sock, body, 0)
             pending[msgid] = now
             if len(pending) >= self._drain_at:
-                self._drain(sock)
+                self._drain(sock, many=True)
                 if len(pending) >= self.window:
                     self._wait_below(self.window // 2)
                 self._drain_at = min(len(pending) + DRAIN_STEP, self.window)
@@ -347,19 +347,24 @@ class Client:
 
     # ---- replies ------------------------------------------------------------
 
+    def take_reply(self, msgid: bytes) -> F.Reply | None:
+        """Job ``msgid``'s REPLY if it has come (never blocks); raises ``JobRefused``."""
+        with self._lock:
+            reply = self._take_reply(msgid)
+            if reply is None and self._sock is not None:
+                self._drain(self._sock)
+                reply = self._take_reply(msgid)
+            return reply
+
     def wait_reply(self, msgid: bytes, timeout: float | None) -> F.Reply:
         """The REPLY to job ``msgid``; raises ``ResultTimeout`` or ``JobRefused``.
 
         Every wait reads all the messages waiting, for every job: a REPLY that came
         meanwhile waits in ``_replies`` for its own ``get()``, which then costs no
         poll (the results of a batch are gathered by whichever ``get()`` waits)."""
-        with self._lock:
-            reply = self._take_reply(msgid)
-            if reply is None and self._sock is not None:
-                self._drain(self._sock)
-                reply = self._take_reply(msgid)
-            if reply is not None:
-                return reply
+        reply = self.take_reply(msgid)
+        if reply is not None:
+            return reply
         from emq_django.exceptions import ResultTimeout
 
         deadline = None if timeout is None else _monotonic() + timeout
@@ -379,9 +384,7 @@ class Client:
                     self._drain(sock)
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
-        with self._lock:
-            self._drain(self._socket())
-            return self._take_reply(msgid)
+        return self.take_reply(msgid)
 
     def _take_reply(self, msgid: bytes) -> F.Reply | None:
         reply = self._replies.pop(msgid, None)
@@ -469,12 +472,21 @@ class Client:
                 self._sock.close()
             self._sock = None
 
-    def _drain(self, sock: zmq.Socket[Any]) -> None:
+    def _drain(self, sock: zmq.Socket[Any], many: bool = False) -> None:
         """Handle every message waiting, without blocking. ACKs (one per message
-        sent) and REPLYs take a short path with the checks ``decode()`` makes."""
+        sent) and REPLYs take a short path with the checks ``decode()`` makes.
+
+        ``many``: many are likely waiting (the ACKs of a run of sends): after the
+        first, read on until ``zmq.Again`` instead of asking libzmq before each
+        message (the question costs about 2 us, the exception about 5 us once)."""
         pending = self._pending
-        while _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
-            frame = _recv(sock, _NOBLOCK, False)
+        if many and not _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
+            return
+        while many or _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
+            try:
+                frame = _recv(sock, _NOBLOCK, False)
+            except zmq.Again:
+                return
             frames = [frame.bytes]
             while frame.more:
                 frame = _recv(sock, _NOBLOCK, False)

@@ -10,6 +10,7 @@ reads only from there.
 from __future__ import annotations
 
 import json
+import json.scanner
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -161,8 +162,11 @@ class Result:
             from emq_django.client import get_client
 
             client = get_client()
+        msgid = self.id.encode()
+        # wait_reply takes a REPLY that came already without a poll (the drain that
+        # read it, for whichever handle, kept it)
         if not history_installed():
-            self._settle(client.wait_reply(self.id.encode(), timeout).body)
+            self._settle(client.wait_reply(msgid, timeout).body)
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         step = HISTORY_FIRST_LOOK
@@ -170,7 +174,7 @@ class Result:
             remaining = None if deadline is None else deadline - time.monotonic()
             wait = step if remaining is None else max(min(step, remaining), 0.0)
             try:
-                self._settle(client.wait_reply(self.id.encode(), wait).body)
+                self._settle(client.wait_reply(msgid, wait).body)
                 return
             except ResultTimeout:
                 pass
@@ -244,10 +248,26 @@ def result(job_id: str) -> Result:
     return StoredResult(job_id)
 
 
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads(body)``, without its encoding detection and whitespace
+    regexes for the UTF-8 JSON our workers write; anything else goes through it."""
+    try:
+        text = body.decode()
+        value, end = _scan(text, 0)
+        if end == len(text):
+            return value
+    except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+        pass
+    return json.loads(body)
+
+
 def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
     """(value, None) or (None, TaskFailed) from a REPLY body."""
     try:
-        data = json.loads(body)
+        data = _loads(body)
     except ValueError:
         return None, TaskFailed("ProtocolError", f"reply body is not JSON: {body[:100]!r}")
     if isinstance(data, dict) and "error" in data and isinstance(data["error"], dict):

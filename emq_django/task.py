@@ -181,14 +181,8 @@ class Task(Generic[P, R]):
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
-        msgid = client.send_request(
-            queue.encode() if queue else self._queue_bytes,
-            headers,
-            body,
-            confirm=confirm,
-            msgid=job_id.encode() if job_id else None,
-        )
-        return Result(job_id or msgid.decode(), self.name, reply=want_reply, client=client)
+        job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
+        return Result(job_id, self.name, reply=want_reply, client=client)
 
     def _send_on_commit(
         self,
@@ -242,7 +236,7 @@ class Task(Generic[P, R]):
 
 
 def _settings() -> EmqSettings:
-    return _conf.cached_settings()
+    return _conf._cached or _conf.cached_settings()
 
 
 _client_module: Any = None  # emq_django.client, once loaded (lazily: it opens sockets)

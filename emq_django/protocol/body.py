@@ -93,7 +93,21 @@ class RunBodyEncoder:
         if type(args) is not tuple and type(args) is not list:
             args = list(args)
         try:
-            text = f'{self._head}{_dumps(args)},"kwargs":{_dumps(kwargs) if kwargs else "{}"}}}]'
+            if kwargs:
+                text = f'{self._head}{_dumps(args)},"kwargs":{_dumps(kwargs)}}}]'
+            else:
+                # ints and strings alone (ids, keys: most calls) skip the encoder
+                parts = []
+                for item in args:
+                    if type(item) is int:
+                        parts.append(int.__repr__(item))
+                    elif type(item) is str:
+                        parts.append(c_encode_basestring(item))
+                    else:
+                        text = f'{self._head}{_dumps(args)},"kwargs":{{}}}}]'
+                        break
+                else:
+                    text = f'{self._head}[{",".join(parts)}],"kwargs":{{}}}}]'
         except Exception:  # the general encoder raises the same error, with its reason
             return encode_run_body(self.path, self.name, args, kwargs)
         if may_nest_deeper_than(text, BODY_DEPTH):
