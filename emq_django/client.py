@@ -264,8 +264,8 @@ class Client:
                     wire.send(sock, batch.frames(batch.index[msgid]), nonblocking=False)
                 next_resend = now + step
             wait = min(next_resend, last_progress + self.ack_timeout) - now
-            if sock.poll(int(wait * 1000) + 1):
-                self._drain(sock)
+            if _zmq_poll([(sock, _POLLIN)], int(wait * 1000) + 1):
+                self._drain(sock, ready=True)
                 if self._answered:
                     last_progress = time.monotonic()
                     next_resend = last_progress + step
@@ -361,10 +361,13 @@ class Client:
 
         Every wait reads all the messages waiting, for every job: a REPLY that came
         meanwhile waits in ``_replies`` for its own ``get()``, which then costs no
-        poll (the results of a batch are gathered by whichever ``get()`` waits)."""
-        reply = self.take_reply(msgid)
-        if reply is not None:
-            return reply
+        poll (the results of a batch are gathered by whichever ``get()`` waits).
+        A wait polls first (it returns at once when a message waits) and reads
+        what the poll announced without asking libzmq again."""
+        with self._lock:
+            reply = self._take_reply(msgid)
+            if reply is not None:
+                return reply
         from emq_django.exceptions import ResultTimeout
 
         deadline = None if timeout is None else _monotonic() + timeout
@@ -381,7 +384,7 @@ class Client:
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
                 if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
-                    self._drain(sock)
+                    self._drain(sock, ready=True)
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -416,8 +419,8 @@ class Client:
                 slice_ms = 20 if threading.active_count() > 1 else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
-                if sock.poll(max(int(wait), 1)):
-                    self._drain(sock)
+                if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
+                    self._drain(sock, ready=True)
 
     def _take_streamed(self, msgid: bytes) -> tuple[int, int, bytes] | F.Reply | None:
         if msgid in self._partials_evicted:
@@ -472,17 +475,18 @@ class Client:
                 self._sock.close()
             self._sock = None
 
-    def _drain(self, sock: zmq.Socket[Any], many: bool = False) -> None:
+    def _drain(self, sock: zmq.Socket[Any], many: bool = False, ready: bool = False) -> None:
         """Handle every message waiting, without blocking. ACKs (one per message
         sent) and REPLYs take a short path with the checks ``decode()`` makes.
 
-        ``many``: many are likely waiting (the ACKs of a run of sends): after the
-        first, read on until ``zmq.Again`` instead of asking libzmq before each
-        message (the question costs about 2 us, the exception about 5 us once)."""
+        Asking libzmq whether a message waits costs about 2 us (a getsockopt), a
+        ``zmq.Again`` about 5 us: ``ready`` says a poll has just said one waits
+        (no question before the first); ``many`` that many are likely waiting (the
+        ACKs of a run of sends): read on until ``zmq.Again``, no question between."""
         pending = self._pending
-        if many and not _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
+        if not ready and not _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
             return
-        while many or _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
+        while True:
             try:
                 frame = _recv(sock, _NOBLOCK, False)
             except zmq.Again:
@@ -492,24 +496,26 @@ class Client:
                 frame = _recv(sock, _NOBLOCK, False)
                 frames.append(frame.bytes)
             n = len(frames)
-            if (
+            if not (
                 (n == 5 or n == 7)
                 and not frames[0]
                 and frames[1] == _PROTOCOL
                 and 0 < len(frames[3]) <= _MAX_ID
             ):
-                if n == 5 and frames[2] == _ACK:
-                    self._confirmed = True
-                    ack_msgid = frames[4]
-                    pending.pop(ack_msgid, None)
-                    if self._answered is not None:
-                        self._answered.append(ack_msgid)
-                    continue
-                if n == 7 and frames[2] == _REPLY and len(frames[6]) <= F.MAX_STATUS_LENGTH:
-                    self._confirmed = True
-                    self._keep_reply(F.Reply(frames[3], frames[4], frames[5], frames[6]))
-                    continue
-            self._handle(frames)
+                self._handle(frames)
+            elif n == 5 and frames[2] == _ACK:
+                self._confirmed = True
+                ack_msgid = frames[4]
+                pending.pop(ack_msgid, None)
+                if self._answered is not None:
+                    self._answered.append(ack_msgid)
+            elif n == 7 and frames[2] == _REPLY and len(frames[6]) <= F.MAX_STATUS_LENGTH:
+                self._confirmed = True
+                self._keep_reply(F.Reply(frames[3], frames[4], frames[5], frames[6]))
+            else:
+                self._handle(frames)
+            if not many and not _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
+                return
 
     def _keep_reply(self, reply: F.Reply) -> None:
         replies = self._replies
@@ -560,8 +566,8 @@ class Client:
                 wire.send(sock, resend, nonblocking=False)
                 next_resend = now + step
             wait = min(deadline, next_resend if resend is not None else deadline) - now
-            if sock.poll(int(wait * 1000) + 1):
-                self._drain(sock)
+            if _zmq_poll([(sock, _POLLIN)], int(wait * 1000) + 1):
+                self._drain(sock, ready=True)
         if msgid in self._errors:
             raise _refusal(self._errors.pop(msgid))
 
@@ -570,10 +576,11 @@ class Client:
         sock = self._socket()
         while len(self._pending) >= limit:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
+            if remaining <= 0 or not _zmq_poll([(sock, _POLLIN)], int(remaining * 1000) + 1):
                 if len(self._pending) >= limit:
                     self._unavailable()
-            self._drain(sock)
+                continue
+            self._drain(sock, many=True, ready=True)
 
     def _check_overdue(self) -> None:
         oldest = next(iter(self._pending.values()))

@@ -34,20 +34,24 @@ HISTORY_POLL = 0.25
 
 
 _installed: tuple[object, bool] = (None, False)  # (apps.app_configs, the answer)
+_apps: Any = None  # django.apps.apps, once imported
 
 
 def history_installed() -> bool:
-    global _installed
-    from django.apps import apps
+    global _installed, _apps
+    apps = _apps
+    if apps is None:
+        from django.apps import apps
 
+        _apps = apps
     configs = apps.app_configs  # a new dict when INSTALLED_APPS changes (tests)
     seen, answer = _installed
     if seen is configs:
-        return answer
+        return bool(answer)
     answer = apps.ready and apps.is_installed("emq_django.results")
     if apps.ready:  # once ready, that dict is never changed in place
         _installed = (configs, answer)
-    return answer
+    return bool(answer)
 
 
 def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
