@@ -1,6 +1,6 @@
 """Majordomo echo through our broker and through majortomo's own, in one run.
 
-    .venv/bin/python bench/mdp_bench.py [--requests 40000] [--round-trips 2000]
+    .venv/bin/python bench/mdp_bench.py [--requests 40000] [--round-trips 5000]
         [--clients 2] [--window 400] [--workers 4] [--worker-sockets 8]
         [--pairs 3] [--only emq,majortomo] [--json FILE]
 
@@ -31,7 +31,18 @@ pipelined phase the table gives each role's CPU per request (user+sys, psutil;
 clients measure their own), the broker's busy share of the wall time, and its
 share spent runnable but waiting for a CPU (/proc/PID/schedstat, other
 people's load): busy + waiting near 100% means the broker was the bottleneck;
-the rest is time it had nothing to read.
+the rest is time it had nothing to read. For the round-trip phase it gives each
+broker's CPU per round trip (user+sys, psutil, both brokers measured over the
+same interleaved phase).
+
+The workers and clients are the same for both brokers, so what they cost per
+request dilutes the ratio between the brokers (on an idle 2-core machine the
+whole run is bound by the machine's CPU): they read a message of known shape
+frame by frame as bytes with only its last frame as a ``zmq.Frame``, read
+replies in batches and send as many requests after each batch, and the workers
+sleep in a poll of their sockets' ZMQ_FDs rather than in ``zmq_poll`` (which
+asks every socket for ZMQ_EVENTS, a system call each, before and after it
+sleeps). See bench/mdp_echo_worker.py.
 
 The pipelined phases run in alternation (the order swapped every pair),
 ``--pairs`` times, so that a machine whose speed drifts affects both alike; the
@@ -72,8 +83,11 @@ SERVICE = b"echo"
 BODY = b"x" * 64
 NOBLOCK = int(zmq.NOBLOCK)
 SNDMORE = int(zmq.SNDMORE)
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
 _send = _BackendSocket.send
 _recv = _BackendSocket.recv
+_get = _BackendSocket.get
 
 
 def start_majortomo(servers: ServerSet, port: int) -> int:
@@ -88,10 +102,15 @@ def start_emq(servers: ServerSet, port: int) -> int:
         EMQ_BACKEND_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_MONITOR_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_MDP_BIND=f"tcp://127.0.0.1:{port}",
-        # PZQ stays on, as by default, on private ports
+        # PZQ, the Event BUS and mc0 stay on, as by default, on private ports (on
+        # their default ports they would clash with any other broker here)
         EMQ_PZQ_RECEIVE_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_PZQ_SEND_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_PZQ_MONITOR_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_BUS_SNAPSHOT_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_BUS_PUBLISH_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_BUS_COLLECT_BIND=f"tcp://127.0.0.1:{free_port()}",
+        EMQ_MC0_BIND=f"tcp://127.0.0.1:{free_port()}",
         EMQ_JOURNAL_PATH="",
         EMQ_TRACE_DIR="",
     )
@@ -149,10 +168,19 @@ def connect(url: str) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
     return ctx, sock
 
 
-def wait_ready(sock: zmq.Socket[Any], timeout: float = 90.0) -> None:
+class BrokerDied(RuntimeError):
+    """A broker exited before its first echo (a port taken meanwhile: free_port
+    only says that a port was free a moment ago)."""
+
+
+def wait_ready(
+    sock: zmq.Socket[Any], timeout: float = 90.0, alive: Callable[[], bool] = lambda: True
+) -> None:
     """Until an echo comes back: the broker is up and a worker has said READY."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not alive():
+            raise BrokerDied("the broker exited")
         send_request(sock, b"ping")
         if sock.poll(1000):
             recv_reply(sock)
@@ -176,15 +204,37 @@ def round_trips(sock: zmq.Socket[Any], n: int) -> list[float]:
     return [one_round_trip(sock, i) for i in range(n)]
 
 
+def recv_echo(sock: zmq.Socket[Any], flags: int = 0) -> None:
+    """One echo reply, '' MDPC02 FINAL body, read as cheaply as pyzmq allows: the
+    first three frames as bytes, the body as a ``zmq.Frame`` (its ``more`` says
+    that nothing follows; asking RCVMORE per frame costs more); checked."""
+    empty = _recv(sock, flags, True)
+    header = _recv(sock, NOBLOCK, True)
+    command = _recv(sock, NOBLOCK, True)
+    body = _recv(sock, NOBLOCK, False)
+    if body.more or command != mdp.FINAL or body.bytes != BODY or empty or header != mdp.CLIENT:
+        raise AssertionError(f"not an echo: {[empty, header, command, body.bytes]}")
+
+
 def pipelined(sock: zmq.Socket[Any], n: int, window: int) -> None:
+    """``n`` requests, up to ``window`` outstanding. Replies are read in batches
+    (all that wait, asked with ZMQ_EVENTS: cheaper than a read that raises
+    ``zmq.Again``), and as many requests sent after each batch: the libzmq I/O
+    thread is then woken once per batch, not once per request."""
     sent = done = 0
+    while sent < n and sent < window:
+        send_request(sock, BODY)
+        sent += 1
     while done < n:
-        while sent < n and sent - done < window:
+        recv_echo(sock)
+        got = 1
+        while done + got < n and _get(sock, EVENTS) & POLLIN:
+            recv_echo(sock, NOBLOCK)
+            got += 1
+        done += got
+        for _ in range(min(got, n - sent)):
             send_request(sock, BODY)
-            sent += 1
-        frames = recv_reply(sock)
-        assert frames[3] == BODY, frames
-        done += 1
+        sent = min(n, sent + got)
 
 
 def client_main(url: str, n: int, window: int) -> None:
@@ -298,19 +348,28 @@ def measure_pair(
     socks: dict[str, tuple[zmq.Context[Any], zmq.Socket[Any]]] = {}
     servers = ServerSet(logs)
     try:
+        alive: dict[str, Callable[[], bool]] = {}
         for name in names:
             port = free_port()
             url = f"tcp://127.0.0.1:{port}"
             broker = BROKERS[name](servers, port)
+            alive[name] = servers.servers[-1].alive
             stacks[name] = (url, broker, start_workers(servers, url, args, name))
         for name in names:
             socks[name] = connect(stacks[name][0])
-            wait_ready(socks[name][1])
+            try:
+                wait_ready(socks[name][1], alive=alive[name])
+            except RuntimeError:
+                for server in servers.servers:
+                    print(f"--- {server.name}:\n{server.log_tail(5)}", file=sys.stderr)
+                raise
             round_trips(socks[name][1], 200)  # warm-up
         times: dict[str, list[float]] = {n: [] for n in names}
+        rt_before = {n: tree_cpu([stacks[n][1]]) for n in names}
         for i in range(args.round_trips):
             for name in names if i % 2 == 0 else names[::-1]:
                 times[name].append(one_round_trip(socks[name][1], i))
+        rt_cpu = {n: cpu_delta(rt_before[n], tree_cpu([stacks[n][1]])) for n in names}
         figures: dict[str, dict[str, float]] = {}
         for name in names if pair % 2 == 0 else names[::-1]:
             url, broker, workers = stacks[name]
@@ -325,6 +384,7 @@ def measure_pair(
         figures[name] = {
             "p50_ms": statistics.median(ordered) * 1000,
             "p99_ms": ordered[int(len(ordered) * 0.99)] * 1000,
+            "rt_broker_us": rt_cpu[name] / args.round_trips * 1e6,
             **figures[name],
         }
     return figures
@@ -334,6 +394,7 @@ def show(figures: dict[str, float]) -> str:
     f = figures
     return (
         f"p50 {f['p50_ms']:.3f} ms  p99 {f['p99_ms']:.3f} ms  "
+        f"(broker CPU {f['rt_broker_us']:.0f} µs/round trip)  "
         f"pipelined {f['pipelined_per_s']:,.0f}/s  broker busy {f['broker_busy']:.0%} "
         f"(waiting for a CPU {f['broker_starved']:.0%})  "
         f"CPU µs/request: broker {f['broker_us']:.0f}, workers {f['workers_us']:.0f}, "
@@ -347,7 +408,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=40_000)
-    parser.add_argument("--round-trips", type=int, default=2_000)
+    parser.add_argument("--round-trips", type=int, default=5_000)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--window", type=int, default=400)
     parser.add_argument("--workers", type=int, default=4)
@@ -367,7 +428,14 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mdp-bench-") as logs:
         for pair in range(args.pairs):
-            measured = measure_pair(names, args, logs, pair)
+            for attempt in range(3):
+                try:
+                    measured = measure_pair(names, args, logs, pair)
+                    break
+                except BrokerDied:
+                    if attempt == 2:
+                        raise
+                    print("a broker did not start (a port taken?): this pair again", flush=True)
             for name in names:
                 runs[name].append(measured[name])
                 print(f"pair {pair + 1} {name:10s} {show(measured[name])}", flush=True)

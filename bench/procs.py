@@ -23,6 +23,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The broker's other protocols' ports (on by default, on their standard ports): a
+# benchmark's broker gets private ones, so that it neither collides with another
+# broker on this machine (make demo, a test, a parallel run) nor turns them off.
+PROTOCOL_BINDS = (
+    "MDP_BIND",
+    "PZQ_RECEIVE_BIND",
+    "PZQ_SEND_BIND",
+    "PZQ_MONITOR_BIND",
+    "BUS_SNAPSHOT_BIND",
+    "BUS_PUBLISH_BIND",
+    "BUS_COLLECT_BIND",
+    "MC0_BIND",
+)
+
+
+def private_protocol_ports() -> dict[str, str]:
+    """``EMQ_*_BIND`` of every other protocol's port, each on a free loopback port."""
+    return {f"EMQ_{name}": f"tcp://127.0.0.1:{free_port()}" for name in PROTOCOL_BINDS}
+
+
 def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

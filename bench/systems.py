@@ -10,7 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from bench.procs import PYTHON, REPO, VENV_BIN, ServerSet, base_env, find_system_pids, free_port
+from bench.procs import (
+    PYTHON,
+    REPO,
+    VENV_BIN,
+    ServerSet,
+    base_env,
+    find_system_pids,
+    free_port,
+    private_protocol_ports,
+)
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
@@ -253,16 +262,7 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
         EMQ_MONITOR_URL=urls[p3],
         EMQ_IMPORTS="bench.emq_bench_tasks",
         EMQ_JOURNAL_PATH=os.path.join(servers.log_dir, f"emq-journal-{p1}.sqlite3"),
-        # the other protocols' ports are off: their default ports would collide
-        # with another broker running on this machine (another run, a test)
-        EMQ_MDP_BIND="",
-        EMQ_PZQ_RECEIVE_BIND="",
-        EMQ_PZQ_SEND_BIND="",
-        EMQ_PZQ_MONITOR_BIND="",
-        EMQ_BUS_SNAPSHOT_BIND="",
-        EMQ_BUS_PUBLISH_BIND="",
-        EMQ_BUS_COLLECT_BIND="",
-        EMQ_MC0_BIND="",
+        **private_protocol_ports(),
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     notes = [

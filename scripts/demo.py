@@ -97,9 +97,15 @@ def _give_back_terminal(old: int | None) -> None:
         pass
 
 
-def _address(env_name: str, default: str) -> tuple[str, int]:
-    url = os.environ.get(env_name, default)
+def _address(env_name: str, default: str) -> tuple[str, int] | None:
+    """The host and port an ``EMQ_*_BIND`` names, or None when it is set empty (the
+    port turned off: nothing of ours will listen there)."""
+    url = (os.environ.get(env_name, default) if env_name else default).strip()
+    if not url:
+        return None
     host, _, port = url.rpartition("://")[2].rpartition(":")
+    if not port.isdigit():
+        raise RuntimeError(f"{env_name}={url!r} names no port (expected e.g. {default})")
     return (host.strip("[]") or "127.0.0.1").replace("*", "127.0.0.1"), int(port)
 
 
@@ -226,7 +232,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 def main() -> int:
     python = os.environ.get("PYTHON") or sys.executable
-    web_addr = os.environ.get("WEB_ADDR", "127.0.0.1:8000")
+    web_addr = os.environ.get("WEB_ADDR", "").strip() or "127.0.0.1:8000"
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # The broker's trace log, for `manage.py emq_analyze` (the admin's metrics page),
     # and its journal, both under var/ (git-ignored) rather than the current directory.
@@ -272,9 +278,13 @@ def run(demo: Demo, web_addr: str) -> int:
         "broker (Event BUS publisher)": _address("EMQ_BUS_PUBLISH_BIND", "tcp://127.0.0.1:5557"),
         "broker (Event BUS collector)": _address("EMQ_BUS_COLLECT_BIND", "tcp://127.0.0.1:5558"),
         "broker (mc0)": _address("EMQ_MC0_BIND", "tcp://127.0.0.1:61616"),
-        "web server": _address("WEB_ADDR", "tcp://" + web_addr),
+        "web server": _address("", "tcp://" + web_addr),
     }
-    busy = [f"{h}:{p} ({what})" for what, (h, p) in ports.items() if not _port_free(h, p)]
+    busy = [
+        f"{a[0]}:{a[1]} ({what})"
+        for what, a in ports.items()
+        if a is not None and not _port_free(*a)
+    ]
     if busy:
         raise RuntimeError(
             "already in use: "
@@ -296,14 +306,19 @@ def run(demo: Demo, web_addr: str) -> int:
     )
     demo.say("make demo: starting the broker, job manager, scheduler, web server, producer...")
     broker = demo.spawn("broker", "emq_broker")
-    demo.wait_for_port(*ports["broker (clients)"], broker)
+    frontend = ports["broker (clients)"]
+    if frontend is None:
+        raise RuntimeError("EMQ_FRONTEND_BIND is empty: the demo's producer needs the client port")
+    demo.wait_for_port(*frontend, broker)
     demo.spawn(
         "jobmanager", "emq_jobmanager", "--queues", "default:10,email:40", "--concurrency", "2"
     )
     demo.spawn("scheduler", "emq_scheduler")
     web = demo.spawn("web", "runserver", "--noreload", web_addr)
     demo.spawn("producer", "emq_demo")
-    demo.wait_for_port(*ports["web server"], web)
+    web_port = ports["web server"]
+    assert web_port is not None  # WEB_ADDR always names one
+    demo.wait_for_port(*web_port, web)
     time.sleep(1.0)  # let the others finish starting (or fail) before the banner
     if (gone := demo.exited()) is not None:
         raise RuntimeError(demo.tail(gone, f"{gone.name} exited while starting"))

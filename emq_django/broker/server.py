@@ -11,8 +11,10 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import select
 import signal
 import socket as pysocket
 import time
@@ -22,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 import zmq
+from zmq.backend import Socket as _BackendSocket
 
 from emq_django import transport, wire
 from emq_django.broker import exposure, monitor
@@ -48,6 +51,13 @@ from emq_django.security.zap import ZapHandler
 log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the next
+# the cyclic collector's thresholds in the broker's process (``tune_gc``)
+GC_YOUNG = 50_000
+GC_OLDER = 20
+# the backend's getsockopt: ZMQ_EVENTS as a plain int (typed int | bytes)
+_get: Callable[[zmq.Socket[Any], int], int] = _BackendSocket.get  # type: ignore[assignment]
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 # Trace lines are buffered and written at most every TRACE_WRITE_INTERVAL (when
 # the broker has handled a batch of messages, or wakes up for them), or as soon
 # as TRACE_MAX_EVENTS wait. Writing at the end of every loop turn instead (a
@@ -56,6 +66,10 @@ CHUNK = 256  # messages from one socket before turning to the next
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
+_backend_recv = zmq.backend.Socket.recv
+_backend_send = zmq.backend.Socket.send
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 
 
 class BrokerServer:
@@ -121,6 +135,8 @@ class BrokerServer:
                 if hasattr(port, "new_id"):
                     port.new_id = ids  # one id sequence for the whole broker
                 self.ports.append(port)
+        # the ports with timers of their own (asked each loop turn; the others never)
+        self._timed_ports = [p for p in self.ports if type(p).next_timer is not Port.next_timer]
         self.info = {
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
@@ -141,6 +157,9 @@ class BrokerServer:
         # every socket: (port, spec, socket, its reader, whether a ROUTER)
         self.endpoints: list[tuple[Port, SocketSpec, zmq.Socket[Any], Handler, bool]] = []
         self.named: dict[tuple[Port, str], zmq.Socket[Any]] = {}
+        # sockets sent on or not read to the end since last asked for ZMQ_EVENTS (run)
+        self._touched: set[zmq.Socket[Any]] = set()
+        self._index: dict[zmq.Socket[Any], int] = {}  # a socket's place in ``endpoints``
         self.sockets: dict[Port, zmq.Socket[Any]] = {}  # each port's first socket
         # CURVE on every socket of every port when the broker has a secret key
         self.curve = server_keys(settings)
@@ -162,6 +181,7 @@ class BrokerServer:
                     handler = self.guard.wrap(port, spec.name, handler)
                 if self.handshakes is not None:
                     self.handshakes.watch(sock, spec.name)
+                self._index[sock] = len(self.endpoints)
                 self.endpoints.append((port, spec, sock, handler, spec.kind == zmq.ROUTER))
                 self.named[(port, spec.name)] = sock
                 self.sockets.setdefault(port, sock)
@@ -215,6 +235,23 @@ class BrokerServer:
             os.getpid(),
         )
 
+    def tune_gc(self) -> None:
+        """Tune the cyclic garbage collector for the broker's process (its command
+        calls this; tests that run a broker in their own process do not).
+
+        What the broker allocates per job (the job, its effects, frames, lists)
+        dies young and makes no cycles, and what lives long (Django, the ports,
+        the settings) was all made before the loop. Yet the collector runs every
+        700 net new objects, and while a backlog builds it goes through every
+        waiting job again and again (gen 1, then gen 2): about 5% of the broker's
+        CPU while it drained no-op jobs (perf). So: what start-up made is moved
+        out of the collector's sight (``gc.freeze``), and the young generation is
+        collected every ``GC_YOUNG`` net new objects instead. Cycles (rare here)
+        are still collected, a little later."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_YOUNG, GC_OLDER, GC_OLDER)
+
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         self._signals_installed = True
@@ -240,14 +277,29 @@ class BrokerServer:
             pass
 
     def run(self) -> None:
-        poller = zmq.Poller()
-        readers: dict[Any, tuple[Handler, bool]] = {}
-        for _, _, sock, handle, routed in self.endpoints:
-            poller.register(sock, zmq.POLLIN)
-            readers[sock] = (handle, routed)
-        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        """The loop. It sleeps in one ``poll`` of the sockets' ``ZMQ_FD`` file
+        descriptors and the wake-up pipe, not in ``zmq_poll`` of the sockets:
+        ``zmq_poll`` asks every socket for ZMQ_EVENTS before and after it sleeps,
+        and each ask of an idle socket is a ``poll`` and a ``getpid`` system call
+        in libzmq; with this broker's nine sockets that was about 50 system calls
+        per Majordomo round trip (strace), and as much CPU per round trip as
+        majortomo's whole broker. A ZMQ_FD only says that the socket has commands
+        to process, and any operation on the socket may process them, so the FD
+        of a socket that was read from (and stopped before it would block) or
+        sent on is not trusted: ``_touched`` holds those sockets, and each is
+        asked for ZMQ_EVENTS before the loop sleeps (``_waiting``)."""
+        poller = select.poll()  # file descriptors only: zmq_poll would poll twice
+        by_fd: dict[int, int] = {}
+        for i, (_, _, sock, _, _) in enumerate(self.endpoints):
+            fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]
+            by_fd[fd] = i
+            poller.register(fd, select.POLLIN)
+        wake_fd = self._wake_r.fileno()
+        poller.register(wake_fd, select.POLLIN)
+        self._touched.update(self._index)  # ask every socket once before the first sleep
         deadline = float("inf")
         core = self.core
+        endpoints = self.endpoints
         while True:
             now = self.clock()
             if self._shutdown_requests and not core.stopping:
@@ -270,41 +322,57 @@ class BrokerServer:
             reclaim = self.reclaimer.due(core.footprint(), now)
             if reclaim is not None:
                 self._reclaim(reclaim)
-            wake = min(core.next_deadline(), deadline, self._port_timers(now))
-            if core.tracer is not None and core.tracer.lines:
-                wake = min(wake, self._trace_due)  # lines wait: write them when due
-            timeout = max(0.0, wake - self.clock())
-            ready = poller.poll(int(timeout * 1000) + 1)
+            ready = self._waiting()
             if ready:
-                self._drain_ready(ready, readers)
-
-    def _drain_ready(
-        self, ready: list[tuple[Any, int]], readers: dict[Any, tuple[Handler, bool]]
-    ) -> None:
-        """Read each socket the poll found readable, up to CHUNK messages each, in
-        the ports' order: replies from workers return credit, so they never wait
-        behind a flood of new jobs (workers' ports come first). The loop polls
-        again before the next round.
-
-        One poll of every socket (about 7 µs for the broker's eight sockets and
-        the wake-up pipe) is cheaper than asking each socket in turn whether a
-        message waits: pyzmq's ZMQ_EVENTS get costs about 2 µs a socket (its
-        option enum is looked up in Python), and that was asked of every socket
-        once per round with messages and once more to find them all empty.
-        """
-        for sock, _ in ready:
-            reader = readers.get(sock)
-            if reader is None:  # the wake-up pipe: a signal
-                self._clear_wakeups()
+                timeout = 0  # messages wait: only see which other sockets have some
             else:
-                self._drain(sock, *reader, flush=False)
+                wake = min(core.next_deadline(), deadline, self._port_timers(now))
+                if core.tracer is not None and core.tracer.lines:
+                    wake = min(wake, self._trace_due)  # lines wait: write them when due
+                timeout = int(max(0.0, wake - self.clock()) * 1000) + 1
+            signalled = poller.poll(timeout)
+            if not signalled and not ready:
+                # a timer's turn: ask every socket (a safety net, at the timers' pace)
+                self._touched.update(self._index)
+                continue
+            for fd, _ in signalled:
+                if fd == wake_fd:  # a signal
+                    self._clear_wakeups()
+                    continue
+                i = by_fd[fd]
+                if i not in ready and _get(endpoints[i][2], _EVENTS) & _POLLIN:
+                    ready.append(i)
+            if ready:
+                self._drain_ready(sorted(ready))
+
+    def _waiting(self) -> list[int]:
+        """The sockets used since they were last asked (``_touched``) on which a
+        message waits (ZMQ_EVENTS), as indexes in ``endpoints``."""
+        touched = self._touched
+        if not touched:
+            return []
+        index = self._index
+        ready = [index[sock] for sock in touched if _get(sock, _EVENTS) & _POLLIN]
+        touched.clear()
+        return ready
+
+    def _drain_ready(self, ready: list[int]) -> None:
+        """Read each socket that has messages, up to CHUNK messages each, in the
+        ports' order: replies from workers return credit, so they never wait
+        behind a flood of new jobs (workers' ports come first). A socket not
+        read until EAGAIN is asked again before the loop sleeps (``_drain``).
+        """
+        endpoints = self.endpoints
+        for i in ready:
+            _, _, sock, handle, routed = endpoints[i]
+            self._drain(sock, handle, routed, flush=False)
         self._flush()  # one journal commit per round, not per socket
 
     def _port_timers(self, now: float) -> float:
         """Run the ports' timers that are due (``Port.on_timer``) and send what they
         return; the earliest timer still to come (``inf`` if none)."""
         wake = float("inf")
-        for port in self.ports:
+        for port in self._timed_ports:
             due = port.next_timer()
             if due is None:
                 continue
@@ -320,8 +388,10 @@ class BrokerServer:
         """Send what a port hook returned, (socket spec name, whole frames) each, never
         blocking: a full pipe is a dropped send, a gone peer the port's ``unroutable``."""
         for name, frames in messages:
+            sock = self.named[(port, name)]
+            self._touched.add(sock)
             try:
-                wire.send(self.named[(port, name)], frames)
+                wire.send(sock, frames)
             except zmq.Again:
                 self.dropped_sends += 1
             except zmq.ZMQError as exc:
@@ -335,32 +405,95 @@ class BrokerServer:
         """Handle up to CHUNK waiting messages, then (``flush``) send what they
         produced. ``routed``: a ROUTER, whose first frame is the sender's identity.
         Reads until EAGAIN: asking ZMQ_EVENTS before each message would cost a
-        mailbox check per message under load (the poll has said that one waits).
+        mailbox check (a system call) per message under load. After the first
+        message, though, ZMQ_EVENTS is asked once: when that was the only one (a
+        request-reply round trip), the EAGAIN would have cost the same system call
+        and a Python exception besides (zmq.Again: 8% of the broker's time per
+        Majordomo round trip, py-spy).
         ``_drain_ready`` flushes once per round instead: producers' messages and
         consumers' acks of the same round share one journal transaction."""
         now = self.clock()
+        if routed and self.guard is None:
+            return self._drain_router(sock, handle, now, flush)
         recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
-        while n < CHUNK:
+        more = True
+        replied = False  # sent on since ZMQ_EVENTS was last asked
+        while more:
             try:
                 frames = recv(sock)
             except zmq.Again:
                 break
             n += 1
+            if n == 1:
+                more = bool(_get(sock, _EVENTS) & _POLLIN)
+            elif n == CHUNK:
+                more = False
             try:
                 if routed:
                     back = handle(frames[0], frames[1:], now)
                     if back is not None:
+                        replied = True
                         wire.send(sock, [frames[0], *back])
                 else:
                     back = handle(b"", frames, now)
                     if back is not None:
+                        replied = True
                         wire.send(sock, back)
             except zmq.ZMQError:
                 self.dropped_sends += 1
             except Exception:  # a bug must not take the broker down
                 self.internal_errors += 1
                 log.exception("internal error handling a message from %r", frames[0][:32])
+        else:
+            # not ended by EAGAIN: CHUNK messages read, or the first one was the only
+            # one; then a message may wait that the socket's FD will not signal
+            if n >= CHUNK or replied:
+                self._touched.add(sock)
+        if n and flush:
+            self._flush()
+        return n
+
+    def _drain_router(self, sock: zmq.Socket[Any], handle: Handler, now: float, flush: bool) -> int:
+        """``_drain`` for a ROUTER without CURVE's guard (the hot path). The first
+        frame, the sender's identity, is read straight into bytes: libzmq always
+        flags it as followed by more, so it needs no ``zmq.Frame`` (a Frame costs
+        about 0.6 µs more than a copy, and there are two messages per job); the
+        rest are read as ``wire.recv`` does, frame by frame until the last."""
+        recv = _backend_recv
+        n = 0
+        more = True
+        replied = False  # sent on since ZMQ_EVENTS was last asked (see ``_drain``)
+        while more:
+            try:
+                identity = recv(sock, _NOBLOCK, True)
+            except zmq.Again:
+                break
+            frame = recv(sock, _NOBLOCK, False)
+            frames = [frame.bytes]
+            while frame.more:
+                frame = recv(sock, _NOBLOCK, False)
+                frames.append(frame.bytes)
+            n += 1
+            if n == 1:
+                more = bool(_get(sock, _EVENTS) & _POLLIN)
+            elif n == CHUNK:
+                more = False
+            try:
+                back = handle(identity, frames, now)
+                if back is not None:
+                    replied = True
+                    wire.send(sock, [identity, *back])
+            except zmq.ZMQError:
+                self.dropped_sends += 1
+            except Exception:  # a bug must not take the broker down
+                self.internal_errors += 1
+                log.exception("internal error handling a message from %r", identity[:32])
+        else:
+            # not ended by EAGAIN: as in ``_drain``, the socket is asked before the
+            # loop sleeps, since its FD may not signal a message already waiting
+            if n >= CHUNK or replied:
+                self._touched.add(sock)
         if n and flush:
             self._flush()
         return n
@@ -378,7 +511,8 @@ class BrokerServer:
                 self.tracer.write(tracer.take())
                 self._trace_due = now + TRACE_WRITE_INTERVAL
         sockets = self.sockets
-        send = wire.send
+        send = _backend_send
+        touched = self._touched
         while core.out:
             batch, core.out = core.out, []
             for effect in batch:
@@ -393,7 +527,14 @@ class BrokerServer:
                 try:
                     frames = port.encode(effect)
                     if frames is not None:
-                        send(sockets[port], [ref.identity, *frames])
+                        # as wire.send: the identity first (a message is atomic: if
+                        # its first frame is refused, nothing of it leaves)
+                        sock = sockets[port]
+                        touched.add(sock)
+                        send(sock, ref.identity, _MORE_NOBLOCK)
+                        for frame in frames[:-1]:
+                            send(sock, frame, _MORE_NOBLOCK)
+                        send(sock, frames[-1], _NOBLOCK)
                 except zmq.Again:
                     self.dropped_sends += 1
                     if self.dropped_sends % 1000 == 1:
@@ -417,8 +558,10 @@ class BrokerServer:
                 log.exception("internal error in the %s port publishing %d", port.name, event.seq)
                 continue
             for name, frames in messages:
+                sock = self.named[(port, name)]
+                self._touched.add(sock)
                 try:
-                    wire.send(self.named[(port, name)], frames)
+                    wire.send(sock, frames)
                 except zmq.Again:
                     port.unsent_published(event, frames)
                 except zmq.ZMQError as exc:
@@ -432,8 +575,10 @@ class BrokerServer:
         if routed is None:
             return
         name, frames = routed
+        sock = self.named[(port, name)]
+        self._touched.add(sock)
         try:
-            wire.send(self.named[(port, name)], frames)
+            wire.send(sock, frames)
         except zmq.Again:
             port.unsent(effect, self.clock())
         except zmq.ZMQError as exc:

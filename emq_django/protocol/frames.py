@@ -319,10 +319,31 @@ def _count(frames: Sequence[bytes], name: str, *allowed: int) -> None:
 
 
 def _queue_name(frame: bytes, frames: Sequence[bytes]) -> str:
+    name = _QUEUE_NAMES.get(frame)
+    if name is not None:
+        return name
     name = _text(frame, "queue name", frames, codes=_QUEUE_CODES)
     if not name:
         raise ProtocolError("empty queue name", frames, REFUSED_BAD_QUEUE_NAME)
+    if len(_QUEUE_NAMES) >= MAX_QUEUE_NAMES_KEPT:
+        _QUEUE_NAMES.clear()  # names are cheap to check again
+    _QUEUE_NAMES[bytes(frame)] = name
     return name
+
+
+# Queue names already checked, as their frame: the same few repeat on every message.
+MAX_QUEUE_NAMES_KEPT = 4096
+_QUEUE_NAMES: dict[bytes, str] = {}
+
+
+def request_fields(f: Sequence[bytes]) -> tuple[str, Headers] | None:
+    """The queue name and headers of a well-formed 7-frame REQUEST (the broker's
+    hot path: no ``Request`` object); None when ``f`` is not one such, and
+    ``ProtocolError`` as ``decode`` raises it for a bad queue name or headers.
+    ``decode`` handles whatever this does not."""
+    if f[0] or f[1] != PROTOCOL or f[2] != REQUEST or not 0 < len(f[3]) <= MAX_ID_LENGTH:
+        return None
+    return _queue_name(f[4], f), parse_headers(f[5])
 
 
 STATUS_OK = b"ok"

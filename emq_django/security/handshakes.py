@@ -11,12 +11,13 @@ the ZAP handler, which knows the key.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from emq_django.security.service import SocketThread
 
 log = logging.getLogger(__name__)
 
@@ -24,63 +25,25 @@ EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTO
 LOG_BUDGET = 100
 
 
-class HandshakeWatch:
+class HandshakeWatch(SocketThread):
+    thread_name = "emq-handshakes"
+
     def __init__(self, context: zmq.Context[Any]) -> None:
-        self.context = context
+        super().__init__(context)
         self.counters: Counter[str] = Counter(handshake_failed=0)
-        self._monitors: list[tuple[zmq.Socket[Any], str]] = []
-        self._stop_endpoint = f"inproc://emq-handshakes-stop-{id(self):x}"
-        self._thread: threading.Thread | None = None
+        self._monitors: dict[zmq.Socket[Any], str] = {}
         self._log_budget = LOG_BUDGET
 
     def watch(self, sock: zmq.Socket[Any], name: str) -> None:
         """Watch ``sock`` (before the thread starts; from the socket's thread)."""
-        self._monitors.append((sock.get_monitor_socket(EVENTS), name))
+        self._monitors[sock.get_monitor_socket(EVENTS)] = name
 
     def start(self) -> None:
-        stop_in = self.context.socket(zmq.PAIR)
-        stop_in.linger = 0
-        stop_in.bind(self._stop_endpoint)
-        self._thread = threading.Thread(
-            target=self._serve, args=(stop_in,), name="emq-handshakes", daemon=True
-        )
-        self._thread.start()
+        self._start(list(self._monitors))
 
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-        stop_out = self.context.socket(zmq.PAIR)
-        stop_out.linger = 0
-        stop_out.connect(self._stop_endpoint)
-        try:
-            stop_out.send(b"", zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-        self._thread.join(timeout=5)
-        stop_out.close()
-        self._thread = None
-
-    def _serve(self, stop_in: zmq.Socket[Any]) -> None:
-        poller = zmq.Poller()
-        poller.register(stop_in, zmq.POLLIN)
-        names = {}
-        for monitor, name in self._monitors:
-            poller.register(monitor, zmq.POLLIN)
-            names[monitor] = name
-        try:
-            while True:
-                ready = dict(poller.poll())
-                if stop_in in ready:
-                    return
-                for monitor in ready:
-                    event: Any = recv_monitor_message(monitor)
-                    self._note(event, names[monitor])
-        except zmq.ContextTerminated:
-            return
-        finally:
-            stop_in.close(linger=0)
-            for monitor, _ in self._monitors:
-                monitor.close(linger=0)
+    def _on_readable(self, sock: zmq.Socket[Any]) -> None:
+        event: Any = recv_monitor_message(sock)
+        self._note(event, self._monitors[sock])
 
     def _note(self, event: dict[str, Any], port: str) -> None:
         self.counters["handshake_failed"] += 1

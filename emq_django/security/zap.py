@@ -14,7 +14,6 @@ connection waits for it, never the server loop.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from typing import Any
 
@@ -23,6 +22,7 @@ import zmq.utils.z85
 
 from emq_django.security.allow import AllowList
 from emq_django.security.roles import domain_roles
+from emq_django.security.service import SocketThread
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +49,14 @@ def _error_reply(request: list[bytes]) -> list[bytes] | None:
     return [*request[: d + 1], ZAP_VERSION, request_id, b"500", b"internal error", b"", b""]
 
 
-class ZapHandler:
+class ZapHandler(SocketThread):
+    thread_name = "emq-zap"
+
     def __init__(self, context: zmq.Context[Any], allow: AllowList) -> None:
-        self.context = context
+        super().__init__(context)
         self.allow = allow
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._log_budget = LOG_BUDGET
-        self._sock: zmq.Socket[Any] | None = None
-        self._stop_endpoint = f"inproc://emq-zap-stop-{id(self):x}"
-        self._stop_sock: zmq.Socket[Any] | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Bind (here, so that an error shows in the caller) and serve in a thread.
@@ -70,53 +68,18 @@ class ZapHandler:
         except zmq.ZMQError:
             sock.close()
             raise
-        stop_in = self.context.socket(zmq.PAIR)
-        stop_in.linger = 0
-        stop_in.bind(self._stop_endpoint)
-        self._sock = sock
-        self._thread = threading.Thread(
-            target=self._serve, args=(sock, stop_in), name="emq-zap", daemon=True
-        )
-        self._thread.start()
+        self._start([sock])
 
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-        stop_out = self.context.socket(zmq.PAIR)
-        stop_out.linger = 0
-        stop_out.connect(self._stop_endpoint)
+    def _on_readable(self, sock: zmq.Socket[Any]) -> None:
+        request = sock.recv_multipart()
         try:
-            stop_out.send(b"", zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the thread is gone already
-        self._thread.join(timeout=5)
-        stop_out.close()
-        self._thread = None
-
-    def _serve(self, sock: zmq.Socket[Any], stop_in: zmq.Socket[Any]) -> None:
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(stop_in, zmq.POLLIN)
-        try:
-            while True:
-                ready = dict(poller.poll())
-                if stop_in in ready:
-                    return
-                if sock in ready:
-                    request = sock.recv_multipart()
-                    try:
-                        reply = self.answer(request)
-                    except Exception:  # a bug must not stop the handler: refuse this one
-                        log.exception("ZAP handler error; refusing the connection")
-                        self.counters["zap_errors"] += 1
-                        reply = _error_reply(request)
-                    if reply is not None:
-                        sock.send_multipart(reply)
-        except zmq.ContextTerminated:
-            return
-        finally:
-            sock.close(linger=0)
-            stop_in.close(linger=0)
+            reply = self.answer(request)
+        except Exception:  # a bug must not stop the handler: refuse this one
+            log.exception("ZAP handler error; refusing the connection")
+            self.counters["zap_errors"] += 1
+            reply = _error_reply(request)
+        if reply is not None:
+            sock.send_multipart(reply)
 
     def answer(self, request: list[bytes]) -> list[bytes] | None:
         """The reply to one ZAP request (``[routing id, b"", version, request id,

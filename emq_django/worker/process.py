@@ -18,12 +18,13 @@ from typing import Any
 
 import zmq
 
-from emq_django.exceptions import Cancelled
+from emq_django import wire
+from emq_django.exceptions import Cancelled, ProtocolError
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.worker.credit import CreditPolicy
-from emq_django.worker.execution import Outcome, execute
+from emq_django.worker.execution import Outcome, execute, note_open_connections
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
 
@@ -32,6 +33,9 @@ CANCELLED = Cancelled.TYPE
 # A PARTIAL the socket cannot queue now (the broker is not reading) waits this long
 # for room, then is dropped (and logged): a stream must not hang its task.
 PARTIAL_SEND_WAIT = 1.0
+# Extra credit goes out (READYs) once it is at least 1/READY_BATCH_DIVISOR of what
+# the process wants to hold (at once for a credit under this number).
+READY_BATCH_DIVISOR = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,8 @@ class SlotWorker:
         self._unflushed = 0  # records given to the recorder since its last flush
         self._flush_at = 0.0  # monotonic: when those must be written at the latest
         self.credit = 0
+        self._timed_sock: zmq.Socket[Any] | None = None  # the socket whose RCVTIMEO is set
+        self._timeout = 0  # ... to this many ms
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -98,6 +104,7 @@ class SlotWorker:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
+        note_open_connections()
         self.link.connect()
         try:
             self._loop()
@@ -117,24 +124,45 @@ class SlotWorker:
 
     def _loop(self) -> None:
         while not self.stopping and not self.retiring and not self.abandoning:
-            if self.link.poll(self._recorder_turn()):
-                self._drain()
+            frames = self._next(self._recorder_turn())
+            if frames is not None:
+                self._handle(frames)
             if self.stopping or self.retiring or self.abandoning:
                 break
             self.link.tick()
         self._goodbye()
 
-    def _drain(self) -> None:
-        for cmd in self.link.messages():
-            if type(cmd) is F.Request:
-                if self.abandoning:
-                    self._give_back(cmd)
-                else:
-                    self._run(cmd)
-            elif type(cmd) is F.Kbye:
-                log.info("the broker said goodbye; connecting again")
-                self.link.connect()
-                return
+    def _next(self, wait: float) -> list[bytes] | None:
+        """The next message from the broker, waiting up to ``wait`` seconds; None if
+        none came. One blocking receive (the socket's RCVTIMEO), not a poll followed
+        by a receive: a job that arrives while the process waits costs one call."""
+        sock = self.link.sock
+        assert sock is not None
+        timeout = max(int(wait * 1000), 0) + 1
+        if sock is not self._timed_sock or timeout != self._timeout:
+            sock.setsockopt(zmq.RCVTIMEO, timeout)
+            self._timed_sock, self._timeout = sock, timeout
+        try:
+            frames = wire.recv(sock, nonblocking=False)
+        except zmq.Again:
+            return None
+        self.link.last_recv = time.monotonic()
+        return frames
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            cmd = F.decode(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed message from the broker at %s: %s", self.link.url, exc)
+            return
+        if type(cmd) is F.Request:
+            if self.abandoning:
+                self._give_back(cmd)
+            else:
+                self._run(cmd)
+        elif type(cmd) is F.Kbye:
+            log.info("the broker said goodbye; connecting again")
+            self.link.connect()
 
     def _run(self, req: F.Request) -> None:
         self.credit -= 1
@@ -162,8 +190,12 @@ class SlotWorker:
         wanted = self._wanted()
         if self.stopping or self.abandoning or self._should_retire():
             wanted = 0  # no more credit from this process
-        # the REPLY gives one credit back ("ready") when we want more than we hold
-        give_back = self.credit < wanted
+        # The REPLY gives one credit back ("ready") while the process holds less than
+        # it wants, or a little more (a quarter; never past the policy's maximum or
+        # --max-jobs-per-worker): the wish is an average of job times and moves up
+        # and down by a few; following each step would cost a READY (a message, and a
+        # wake of the socket's I/O thread) after every few jobs.
+        give_back = self.credit < wanted or self.credit < self._ceiling(wanted)
         status = outcome.status(ready=give_back)
         self.link.send(F.encode_reply(self.link.new_id(), outcome.body, req.msgid, status))
         # cleared after the REPLY: killed in between, its job manager answers too,
@@ -171,7 +203,11 @@ class SlotWorker:
         self.table.clear(slot)
         if give_back:
             self.credit += 1
-            self._grant(wanted - self.credit)
+            # more credit than the REPLY returned: READYs, once the shortfall is at
+            # least an eighth of the wish (at once for a wish under 8)
+            deficit = wanted - self.credit
+            if deficit > 0 and deficit * READY_BATCH_DIVISOR >= wanted:
+                self._grant(deficit)
 
     def _send_partial(self, attempt_id: bytes, body: bytes, seq: int) -> None:
         """PARTIAL to the broker now, without blocking while the socket has room."""
@@ -277,6 +313,15 @@ class SlotWorker:
         if self.config.max_jobs:
             wanted = min(wanted, self.config.max_jobs - self.jobs_done)
         return max(wanted, 0)
+
+    def _ceiling(self, wanted: int) -> int:
+        """The most credit the process keeps when it holds more than it wants."""
+        if not wanted:
+            return 0
+        ceiling = min(wanted + wanted // 4, self.policy.maximum)
+        if self.config.max_jobs:
+            ceiling = min(ceiling, self.config.max_jobs - self.jobs_done)
+        return ceiling
 
     def _should_retire(self) -> bool:
         """After too many jobs or too much memory, finish and let the manager

@@ -18,7 +18,11 @@ import pytest
 
 from tests.conftest import REPO_ROOT, EmqProcesses, free_tcp_port
 from tests.e2e import spine_tasks as tasks
-from tests.e2e.test_browser_dashboard import browser, login  # noqa: F401  (fixture)
+from tests.e2e.test_browser_dashboard import (  # noqa: F401  (fixture)
+    browser,
+    login,
+    migrate_with_admin,
+)
 from tests.e2e.test_spine import run_manage, start_broker, start_jm, wait_jm_ready, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -80,18 +84,7 @@ def test_admin_pages_in_browser(
 
     env = emq_client_env
     trace = {"EMQ_TRACE_DIR": str(tmp_path / "trace")}
-    assert run_manage(env, "migrate", "--noinput").returncode == 0
-    made = run_manage(
-        env,
-        "createsuperuser",
-        "--noinput",
-        extra_env={
-            "DJANGO_SUPERUSER_USERNAME": "admin",
-            "DJANGO_SUPERUSER_PASSWORD": "admin",
-            "DJANGO_SUPERUSER_EMAIL": "admin@example.com",
-        },
-    )
-    assert made.returncode == 0, made.stderr
+    migrate_with_admin(env)
     setup = run_manage(env, "shell", "-c", SETUP)
     assert setup.returncode == 0, setup.stderr
 

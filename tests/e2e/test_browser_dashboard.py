@@ -107,6 +107,22 @@ def number(driver: Any, element_id: str) -> int:
     return int(text) if text.isdigit() else -1
 
 
+def migrate_with_admin(env: dict[str, str]) -> None:
+    """Migrate the test database and make the superuser admin/admin that `login` uses."""
+    assert run_manage(env, "migrate", "--noinput").returncode == 0
+    made = run_manage(
+        env,
+        "createsuperuser",
+        "--noinput",
+        extra_env={
+            "DJANGO_SUPERUSER_USERNAME": "admin",
+            "DJANGO_SUPERUSER_PASSWORD": "admin",
+            "DJANGO_SUPERUSER_EMAIL": "admin@example.com",
+        },
+    )
+    assert made.returncode == 0, made.stderr
+
+
 def login(driver: Any, base: str, next_url: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -123,18 +139,7 @@ def test_dashboard_live_in_browser(
 
     env = client
     ARTIFACTS.mkdir(exist_ok=True)
-    assert run_manage(env, "migrate", "--noinput").returncode == 0
-    made = run_manage(
-        env,
-        "createsuperuser",
-        "--noinput",
-        extra_env={
-            "DJANGO_SUPERUSER_USERNAME": "admin",
-            "DJANGO_SUPERUSER_PASSWORD": "admin",
-            "DJANGO_SUPERUSER_EMAIL": "admin@example.com",
-        },
-    )
-    assert made.returncode == 0, made.stderr
+    migrate_with_admin(env)
 
     recorder = {
         "EMQ_RECORDER": "emq_django.results.recorder.DatabaseRecorder",

@@ -20,8 +20,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import EmqProcesses, free_tcp_port
-from tests.e2e.test_browser_dashboard import ARTIFACTS, browser, client, login  # noqa: F401
-from tests.e2e.test_spine import run_manage, start_broker, wait_until
+from tests.e2e.test_browser_dashboard import (  # noqa: F401
+    ARTIFACTS,
+    browser,
+    client,
+    login,
+    migrate_with_admin,
+)
+from tests.e2e.test_spine import start_broker, wait_until
 from tests.eventbus_client import BusClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -74,18 +80,7 @@ def test_topics_page_live_in_browser(
 
     env = client
     ARTIFACTS.mkdir(exist_ok=True)
-    assert run_manage(env, "migrate", "--noinput").returncode == 0
-    made = run_manage(
-        env,
-        "createsuperuser",
-        "--noinput",
-        extra_env={
-            "DJANGO_SUPERUSER_USERNAME": "admin",
-            "DJANGO_SUPERUSER_PASSWORD": "admin",
-            "DJANGO_SUPERUSER_EMAIL": "admin@example.com",
-        },
-    )
-    assert made.returncode == 0, made.stderr
+    migrate_with_admin(env)
     broker = start_broker(emq_processes, env)
     web_port = free_tcp_port()
     web = emq_processes.start(

@@ -80,3 +80,15 @@ class History:
 
     def _near_fault(self, t: float, window: float) -> bool:
         return any(start - window <= t <= end + window for start, end in self.faults)
+
+
+def report(name: str, verdict: Verdict) -> None:
+    print(f"\n[{name}] {verdict.summary()}")
+    if verdict.duplicates:
+        print(f"[{name}] duplicated: {sorted(verdict.duplicates)[:20]}")
+
+
+def assert_clean(verdict: Verdict) -> None:
+    assert verdict.lost == [], f"lost: {verdict.lost[:20]} ({verdict.summary()})"
+    assert verdict.unexpected == [], f"unexpected: {verdict.unexpected[:20]}"
+    assert verdict.unexplained == {}, f"duplicates outside faults: {verdict.unexplained}"

@@ -23,7 +23,7 @@ import zmq
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.monitor_client import query, status
 from tests.conftest import EmqProcesses, ManagedProcess
-from tests.faults.history import History, Verdict
+from tests.faults.history import History, assert_clean, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -127,18 +127,6 @@ def wait_done(history: History, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not done() and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def report(name: str, verdict: Verdict) -> None:
-    print(f"\n[{name}] {verdict.summary()}")
-    if verdict.duplicates:
-        print(f"[{name}] duplicated: {sorted(verdict.duplicates)[:20]}")
-
-
-def assert_clean(verdict: Verdict) -> None:
-    assert verdict.lost == [], f"lost: {verdict.lost[:20]} ({verdict.summary()})"
-    assert verdict.unexpected == [], f"unexpected: {verdict.unexpected[:20]}"
-    assert verdict.unexplained == {}, f"duplicates outside faults: {verdict.unexplained}"
 
 
 # ---- a. SIGKILL a job manager mid-job, 5 times -----------------------------------

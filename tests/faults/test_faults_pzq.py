@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e.test_pzq import pzq_monitor, start_pzq_broker
-from tests.faults.history import History, Verdict
+from tests.faults.history import History, assert_clean, report
 from tests.pzq_client import ConfirmingProducer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(420)]
@@ -70,18 +70,6 @@ def drain(history: History, timeout: float = 120.0) -> None:
         if history.accepted <= set(history.completions()):
             return
         time.sleep(0.3)
-
-
-def report(name: str, verdict: Verdict) -> None:
-    print(f"\n[{name}] {verdict.summary()}")
-    if verdict.duplicates:
-        print(f"[{name}] duplicated: {sorted(verdict.duplicates)[:20]}")
-
-
-def assert_clean(verdict: Verdict) -> None:
-    assert verdict.lost == [], f"lost: {verdict.lost[:20]} ({verdict.summary()})"
-    assert verdict.unexpected == [], f"unexpected: {verdict.unexpected[:20]}"
-    assert verdict.unexplained == {}, f"duplicates outside faults: {verdict.unexplained}"
 
 
 # ---- p1. SIGKILL the broker while confirmations and deliveries are in flight --------

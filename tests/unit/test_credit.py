@@ -44,3 +44,38 @@ def test_credit_falls_when_jobs_get_slower() -> None:
 def test_maximum_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         CreditPolicy(0)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "maximum", "max_jobs", "done", "ceiling"),
+    [
+        (0, 64, 0, 0, 0),  # retiring or stopping: no credit back
+        (1, 64, 0, 0, 1),  # small wishes: no slack
+        (3, 64, 0, 0, 3),
+        (20, 64, 0, 0, 25),  # a quarter over the wish
+        (60, 64, 0, 0, 64),  # never past EMQ_PREFETCH
+        (20, 64, 100, 90, 10),  # never more than the jobs left before recycling
+    ],
+)
+def test_a_worker_keeps_a_little_more_credit_than_it_wants(
+    wanted: int, maximum: int, max_jobs: int, done: int, ceiling: int
+) -> None:
+    from emq_django.worker.process import SlotConfig, SlotWorker
+    from emq_django.worker.slots import SlotTable
+
+    config = SlotConfig(
+        broker_url="tcp://127.0.0.1:1",  # never connected here
+        queues=((10, "default"),),
+        manager="m",
+        slot=0,
+        heartbeat_interval=1.0,
+        heartbeat_liveness=3,
+        prefetch=maximum,
+        max_jobs=max_jobs,
+    )
+    worker = SlotWorker(config, SlotTable(1))
+    try:
+        worker.jobs_done = done
+        assert worker._ceiling(wanted) == ceiling
+    finally:
+        worker.context.term()

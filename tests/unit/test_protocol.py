@@ -353,6 +353,24 @@ def test_run_body_decodes_eventmq_class_form() -> None:
     assert decoded.task_name == "tasks_pkg.demo.tasks:Calc.plus"
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b' ["run", {"path": "p", "callable": "f", "args": [1]}]',  # leading space
+        '["run", {"path": "p", "callable": "f", "args": [1]}]'.encode("utf-16"),
+        '["run", {"path": "p", "callable": "f", "args": [1]}]'.encode("utf-8-sig"),
+    ],
+)
+def test_run_body_decodes_what_json_loads_decodes(body: bytes) -> None:
+    """Bodies off the fast path (not starting with '["') decode as json.loads does."""
+    assert decode_run_body(body) == RunBody("p", "f", [1])
+
+
+def test_run_body_that_is_not_utf8_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="not JSON"):
+        decode_run_body(b'["run", {"path": "p\xff", "callable": "f"}]')
+
+
 @pytest.mark.parametrize("args", [(object(),), ({1, 2},), (float("nan"),), (b"bytes",)])
 def test_run_body_refuses_non_json_arguments(args: tuple[object, ...]) -> None:
     with pytest.raises(TypeError, match="JSON"):

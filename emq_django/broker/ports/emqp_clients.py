@@ -32,6 +32,7 @@ from emq_django.transport import SocketOptions
 
 FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
 MAX_CLIENTS_KEPT = 100_000  # ClientRefs cached by identity
+_PROTOCOL, _ACK = F.PROTOCOL, F.ACK
 
 
 class EmqpClientPort(Port):
@@ -59,6 +60,17 @@ class EmqpClientPort(Port):
 
     def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
         try:
+            if len(frames) == 7:  # a REQUEST, most likely: straight to the core
+                fields = F.request_fields(frames)
+                if fields is not None:
+                    if self.schedulers:
+                        scheduler = self.schedulers.get(identity)
+                        if scheduler is not None:
+                            scheduler.last_seen = now
+                    ref = self.clients.get(identity) or self.client(identity)
+                    msgid = frames[3]
+                    self.core.client_request(ref, msgid, fields[0], fields[1], frames[6], now)
+                    return None
             cmd = F.decode(frames)
             handler = _HANDLERS.get(type(cmd))
             if handler is None:
@@ -140,7 +152,7 @@ class EmqpClientPort(Port):
         kind = type(effect)
         e: Any = effect  # one of the effect types, told apart by ``kind``
         if kind is Acknowledge:
-            return F.encode_ack(self.new_id(), e.msgid)
+            return [b"", _PROTOCOL, _ACK, self.new_id(), e.msgid]  # F.encode_ack's frames
         if kind is Answer:
             return self._answer(e)
         if kind is Refuse:

@@ -128,7 +128,7 @@ class MajordomoPort(Port):
         client = ClientRef(self, identity, message.request_id, (message.framing, message.service))
         body = message.body[0] if message.body else b""
         self.core.client_request(
-            client, job_id, message.service, _HEADERS, body, now, message.body[1:]
+            client, job_id, message.service, _HEADERS, body, now, message.body[1:], fresh=True
         )
 
     def _ready(self, identity: bytes, message: mdp.WorkerReady, now: float) -> None:

@@ -68,6 +68,7 @@ class Command(BaseCommand):
             server.close()
             raise CommandError(f"{exc}; is another broker running?") from exc
         server.install_signal_handlers()
+        server.tune_gc()
         try:
             server.run()
         finally:
