@@ -10,6 +10,7 @@ reads only from there.
 from __future__ import annotations
 
 import json
+import json.scanner
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -32,10 +33,25 @@ HISTORY_FIRST_LOOK = 1.0
 HISTORY_POLL = 0.25
 
 
-def history_installed() -> bool:
-    from django.apps import apps
+_installed: tuple[object, bool] = (None, False)  # (apps.app_configs, the answer)
+_apps: Any = None  # django.apps.apps, once imported
 
-    return apps.ready and apps.is_installed("emq_django.results")
+
+def history_installed() -> bool:
+    global _installed, _apps
+    apps = _apps
+    if apps is None:
+        from django.apps import apps
+
+        _apps = apps
+    configs = apps.app_configs  # a new dict when INSTALLED_APPS changes (tests)
+    seen, answer = _installed
+    if seen is configs:
+        return bool(answer)
+    answer = apps.ready and apps.is_installed("emq_django.results")
+    if apps.ready:  # once ready, that dict is never changed in place
+        _installed = (configs, answer)
+    return bool(answer)
 
 
 def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
@@ -52,6 +68,13 @@ def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
 class Result:
     """A job's handle: ``.id`` and ``.get(timeout=)``."""
 
+    # Until set on the instance (one handle per job sent: fewer stores per delay())
+    _done = False
+    _value: Any = None
+    _error: TaskFailed | None = None
+    attempt = 0  # the attempt the last streamed partial result came from
+    _seq = 0  # ... and its number within that attempt
+
     def __init__(
         self, job_id: str, task_name: str, *, reply: bool = True, client: Client | None = None
     ) -> None:
@@ -59,11 +82,6 @@ class Result:
         self.task_name = task_name
         self.reply = reply
         self._client = client
-        self._done = False
-        self._value: Any = None
-        self._error: TaskFailed | None = None
-        self.attempt = 0  # the attempt the last streamed partial result came from
-        self._seq = 0  # ... and its number within that attempt
 
     def __repr__(self) -> str:
         return f"<Result {self.id} of {self.task_name}>"
@@ -143,11 +161,16 @@ class Result:
         return self._value
 
     def _wait(self, timeout: float | None) -> None:
-        from emq_django.client import get_client
+        client = self._client
+        if client is None:
+            from emq_django.client import get_client
 
-        client = self._client or get_client()
+            client = get_client()
+        msgid = self.id.encode()
+        # wait_reply takes a REPLY that came already without a poll (the drain that
+        # read it, for whichever handle, kept it)
         if not history_installed():
-            self._settle(client.wait_reply(self.id.encode(), timeout).body)
+            self._settle(client.wait_reply(msgid, timeout).body)
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         step = HISTORY_FIRST_LOOK
@@ -155,7 +178,7 @@ class Result:
             remaining = None if deadline is None else deadline - time.monotonic()
             wait = step if remaining is None else max(min(step, remaining), 0.0)
             try:
-                self._settle(client.wait_reply(self.id.encode(), wait).body)
+                self._settle(client.wait_reply(msgid, wait).body)
                 return
             except ResultTimeout:
                 pass
@@ -229,10 +252,26 @@ def result(job_id: str) -> Result:
     return StoredResult(job_id)
 
 
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads(body)``, without its encoding detection and whitespace
+    regexes for the UTF-8 JSON our workers write; anything else goes through it."""
+    try:
+        text = body.decode()
+        value, end = _scan(text, 0)
+        if end == len(text):
+            return value
+    except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+        pass
+    return json.loads(body)
+
+
 def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
     """(value, None) or (None, TaskFailed) from a REPLY body."""
     try:
-        data = json.loads(body)
+        data = _loads(body)
     except ValueError:
         return None, TaskFailed("ProtocolError", f"reply body is not JSON: {body[:100]!r}")
     if isinstance(data, dict) and "error" in data and isinstance(data["error"], dict):

@@ -7,8 +7,8 @@ unique without coordination (two equal ids among 2**40 have odds below 2**-48).
 
 ``os.urandom`` is a system call; one per id cost more than the old prefix and
 counter did. So the generator draws a block of ``BLOCK_IDS`` ids in one call,
-hex-encodes it once, and hands out slices: about as cheap per id as the
-counter was (``bench/id_cost.py`` measures both). A forked child drops the
+hex-encodes and slices it once, and hands out the slices: cheaper per id than
+the counter was (``bench/id_cost.py`` measures both). A forked child drops the
 block it inherited, so that parent and child never hand out the same ids.
 
 Ids are ASCII, 32 bytes: within every protocol's id limit (eMQP and Majordomo
@@ -39,13 +39,12 @@ class IdGenerator:
     purpose, for tests and replays that compare ids; never for real traffic.
     """
 
-    __slots__ = ("_prefix", "_n", "_block", "_pos", "__weakref__")
+    __slots__ = ("_prefix", "_n", "_ready", "__weakref__")
 
     def __init__(self, prefix: bytes | None = None) -> None:
         self._prefix = prefix
         self._n = 0
-        self._block = b""
-        self._pos = 0
+        self._ready: list[bytes] = []  # the current block's ids not handed out yet
         _generators.add(self)
 
     @property
@@ -53,22 +52,24 @@ class IdGenerator:
         return self._prefix
 
     def __call__(self) -> bytes:
+        try:
+            return self._ready.pop()
+        except IndexError:
+            pass
         if self._prefix is not None:
             self._n += 1
             return b"%s%08x" % (self._prefix, self._n)
-        pos = self._pos
-        if pos >= len(self._block):
-            self._block = os.urandom(ID_BYTES * BLOCK_IDS).hex().encode()
-            pos = 0
-        self._pos = pos + ID_CHARS
-        return self._block[pos : pos + ID_CHARS]
+        block = os.urandom(ID_BYTES * BLOCK_IDS).hex().encode()
+        # sliced once per block: handing one out is then a list pop
+        ready = [block[i : i + ID_CHARS] for i in range(0, len(block), ID_CHARS)]
+        self._ready = ready
+        return ready.pop()
 
     def text(self) -> str:
         return self().decode()
 
     def _after_fork(self) -> None:
-        self._block = b""
-        self._pos = 0
+        self._ready = []
 
 
 def _forget_after_fork() -> None:

@@ -7,13 +7,18 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
+from emq_django import conf as _conf
 from emq_django import registry
 from emq_django.handles import EagerResult, Result
-from emq_django.protocol.body import encode_run_body
+from emq_django.protocol.body import RunBodyEncoder, encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.protocol.limits import MAX_DELAY, check_count, check_queue_name, check_seconds
+
+if TYPE_CHECKING:
+    from emq_django.client import Client
+    from emq_django.conf import EmqSettings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,6 +57,8 @@ class Task(Generic[P, R]):
         self.reply = reply
         self.on_commit = on_commit
         self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0)
+        self._queue_bytes = queue.encode()
+        self._body = RunBodyEncoder(self.path, self.callable)
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -62,7 +69,20 @@ class Task(Generic[P, R]):
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Result:
         """Send the task with these arguments; see ``apply_async``."""
-        return self.apply_async(args, kwargs)
+        # apply_async without options, on its shortest path: the headers are the
+        # task's, made once; so are the queue's bytes and the body's JSON around
+        # the arguments (each call used to build them).
+        settings = _settings()
+        body = self._body.encode(args, kwargs)
+        if len(body) > settings.MAX_BODY_BYTES:
+            _check_size(body, settings.MAX_BODY_BYTES, self.name)
+        if self.on_commit and _in_transaction():
+            return self.apply_async(args, kwargs)
+        if settings.EAGER:
+            return self._run_eagerly(body, self.reply)
+        client = _get_client()
+        msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=self.guarantee)
+        return Result(msgid.decode(), self.name, reply=self.reply, client=client)
 
     def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> Result:
         """Send the task once the surrounding transaction commits (never if it rolls
@@ -130,13 +150,11 @@ class Task(Generic[P, R]):
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
         when it commits (emq_django/transaction.py) and the result says so."""
-        from emq_django.client import get_client
-        from emq_django.conf import cached_settings
-
         _check_options(queue, retries, timeout, guarantee, reply, job_id)
         run_after = _run_after(countdown, eta)  # bad timing fails now, not at commit
-        body = encode_run_body(self.path, self.callable, args, kwargs)
-        _check_size(body, cached_settings().MAX_BODY_BYTES, self.name)
+        body = self._body.encode(args, kwargs)
+        settings = _settings()
+        _check_size(body, settings.MAX_BODY_BYTES, self.name)
         want_reply = self.reply if reply is None else reply
         if (self.on_commit if on_commit is None else on_commit) and _in_transaction():
             options = {
@@ -149,7 +167,7 @@ class Task(Generic[P, R]):
                 "eta": eta,
             }
             return self._send_on_commit(args, kwargs, job_id, options)
-        if cached_settings().EAGER:
+        if settings.EAGER:
             return self._run_eagerly(body, want_reply)
         if (retries, timeout, guarantee, reply, run_after) == (None, None, None, None, 0.0):
             headers = self._headers
@@ -162,7 +180,7 @@ class Task(Generic[P, R]):
                 run_after,
             )
         confirm = self.guarantee if guarantee is None else guarantee
-        client = get_client()
+        client = _get_client()
         job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
         return Result(job_id, self.name, reply=want_reply, client=client)
 
@@ -215,6 +233,23 @@ class Task(Generic[P, R]):
         finally:
             partial_sink.reset(token)
         return EagerResult(self.name, value=value, partials=partials)
+
+
+def _settings() -> EmqSettings:
+    return _conf._cached or _conf.cached_settings()
+
+
+_client_module: Any = None  # emq_django.client, once loaded (lazily: it opens sockets)
+
+
+def _get_client() -> Client:
+    global _client_module
+    module = _client_module
+    if module is None:
+        from emq_django import client as module
+
+        _client_module = module
+    return module.get_client()
 
 
 def _in_transaction() -> bool:
