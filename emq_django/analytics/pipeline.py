@@ -179,20 +179,22 @@ class Analyzer:
             open_events = encoded.join(open_ids, "job", "left_semi")
             open_events = transforms.decode_events(open_events, dictionary)
             open_events.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
-        jobs = transforms.decode_jobs(codes, dictionary)
-        finished = jobs.where(F.col("outcome").isNotNull())
+        # Decoded once: the metrics and the append each read these two caches.
+        finished = transforms.decode_jobs(codes.where(transforms.is_finished(codes)), dictionary)
+        finished = finished.persist()
         new_events = encoded.where(F.col("_new")).drop("_new")
         attempts = transforms.encoded_attempt_facts(new_events, dictionary).persist()
         try:
-            # Dates of finished jobs and of attempts, from the two small caches.
+            # Dates of finished jobs and of attempts; this fills both caches.
             dated = finished.select("date").union(attempts.select("date")).distinct()
             result.dates = sorted(r["date"] for r in dated.collect() if r["date"] is not None)
             if result.dates:
                 self._write_metrics(result.dates, finished, attempts)
-            io.append(finished, self.out / "jobs")
-            io.append(attempts, self.out / "attempts")
+            io.append(finished, self.out / "jobs", unique="job")
+            io.append(attempts, self.out / "attempts", unique="job")
         finally:
             attempts.unpersist()
+            finished.unpersist()
         if result.dates and self.config.update_db:
             result.db_rows = self._update_db(result.dates)
         with self._lock:

@@ -187,9 +187,7 @@ class Dictionary:
             if not self.pairs:
                 lookup = F.create_map().cast("map<bigint,string>")
             else:
-                lookup = F.create_map(
-                    *[x for h, s in self.pairs for x in (F.lit(h), F.lit(s))]
-                )
+                lookup = F.create_map(*[x for h, s in self.pairs for x in (F.lit(h), F.lit(s))])
             exprs = {name: F.try_element_at(lookup, F.col(h)) for h, name in columns.items()}
             return df.withColumns(exprs).drop(*columns)
         for h, name in columns.items():
