@@ -98,6 +98,20 @@ def synth_trace(trace: Path, events: int, rate: float) -> tuple[int, int, int]:
     return n, jobs, size
 
 
+def process_cpu() -> float:
+    """CPU seconds (user + system) of this process and its children (the Spark
+    JVM) so far: on a loaded machine, steadier than the wall clock."""
+    total = 0.0
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def bare_read(spark: Any, trace: Path) -> tuple[float, int]:
     """Seconds for a bare Spark read and count of the trace files (the same
     explicit schema as the pipeline, no cleaning), and the count."""
@@ -158,15 +172,21 @@ def main() -> int:
         spark.read.json(str(smallest)).write.format("noop").mode("overwrite").save()
         # The bare read before and after the pipeline: the machine is shared, so
         # the ratio is taken to their mean, and each is shown.
+        c0 = process_cpu()
         bare_before, bare_n = bare_read(spark, trace)
-        print(f"bare read and count: {bare_n} lines in {bare_before:.1f} s")
+        cpu_before = process_cpu() - c0
+        print(
+            f"bare read and count: {bare_n} lines in {bare_before:.1f} s ({cpu_before:.1f} CPU s)"
+        )
         config = AnalyzeConfig(trace_dir=trace, output=out)
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), process_cpu()
         result = Analyzer(spark, config).run_once()
-        run_s = time.monotonic() - t0
-        print(f"pipeline: {result.describe()}")
+        run_s, run_cpu = time.monotonic() - t0, process_cpu() - c0
+        print(f"pipeline: {result.describe()} ({run_cpu:.1f} CPU s)")
+        c0 = process_cpu()
         bare_after, _ = bare_read(spark, trace)
-        print(f"bare read and count again: {bare_after:.1f} s")
+        cpu_after = process_cpu() - c0
+        print(f"bare read and count again: {bare_after:.1f} s ({cpu_after:.1f} CPU s)")
         # For context, not the ratio: reading every field of every line, no more.
         paths = [str(p) for p in sorted(trace.glob("trace-*.jsonl"))]
         t0 = time.monotonic()
@@ -178,6 +198,7 @@ def main() -> int:
         rerun_s = time.monotonic() - t0
         spark.stop()
     bare_s = (bare_before + bare_after) / 2
+    bare_cpu = (cpu_before + cpu_after) / 2
     figures = {
         "events": events,
         "jobs": jobs,
@@ -188,6 +209,9 @@ def main() -> int:
         "bare_read_count_s": [round(bare_before, 1), round(bare_after, 1)],
         "run_s": round(run_s, 1),
         "ratio_to_bare": round(run_s / bare_s, 2),
+        "bare_read_count_cpu_s": [round(cpu_before, 1), round(cpu_after, 1)],
+        "run_cpu_s": round(run_cpu, 1),
+        "cpu_ratio_to_bare": round(run_cpu / bare_cpu, 2),
         "bare_parse_all_s": round(parse_s, 1),
         "events_per_s": round(events / run_s),
         "peak_rss_total_mb": mem.peak_total // 2**20,
@@ -203,7 +227,8 @@ def main() -> int:
     print(json.dumps(figures, indent=1))
     print(
         f"pipeline {run_s:.1f} s, bare read and count {bare_s:.1f} s "
-        f"(mean of {bare_before:.1f} and {bare_after:.1f}): {run_s / bare_s:.2f}x"
+        f"(mean of {bare_before:.1f} and {bare_after:.1f}): {run_s / bare_s:.2f}x; "
+        f"CPU {run_cpu:.1f} s against {bare_cpu:.1f} s: {run_cpu / bare_cpu:.2f}x"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

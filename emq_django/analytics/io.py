@@ -110,8 +110,14 @@ def read_dates(spark: SparkSession, path: Path, dates: Iterable[dt.date]) -> Dat
     return df
 
 
-def append(df: DataFrame, path: Path) -> None:
-    df.write.mode("append").partitionBy("date").parquet(str(path))
+def append(df: DataFrame, path: Path, unique: str | None = None) -> None:
+    """Append ``df`` to the date-partitioned table at ``path``. ``unique``: a column
+    whose values (nearly) never repeat, such as job ids, written without a Parquet
+    dictionary (it would be built for every page and then dropped)."""
+    writer = df.write.mode("append").partitionBy("date")
+    if unique is not None:
+        writer = writer.option(f"parquet.enable.dictionary#{unique}", "false")
+    writer.parquet(str(path))
 
 
 def overwrite_dates(df: DataFrame, path: Path) -> None:

@@ -26,11 +26,12 @@ import logging
 import shutil
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from emq_django.analytics import io, transforms
@@ -113,9 +114,11 @@ class Analyzer:
     def process(self, events: DataFrame) -> BatchResult:
         """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs.
 
-        The events are parsed once and cached: the job facts, the attempts and the
-        open jobs' events all come from that cache, and the metrics from the cached
-        job facts, not from Parquet written and read back in the same run."""
+        The events are parsed once, into a cached narrow form (``encode_events``:
+        longs and the job id); the strings' dictionary is observed during that
+        same pass. The job facts, the attempts and the open jobs' events all come
+        from that cache, and the metrics from the job facts, not from Parquet
+        written and read back in the same run."""
         cfg = self.config
         events = io.window_events(events, cfg.since, cfg.until).select(*transforms.FACT_COLUMNS)
         events = events.withColumn("_new", F.lit(True))
@@ -127,57 +130,71 @@ class Analyzer:
             carried = self.spark.read.parquet(str(self.out / old_open))
             carried = carried.select(*transforms.FACT_COLUMNS).withColumn("_new", F.lit(False))
             all_events = events.unionByName(carried)
-        all_events = all_events.persist()
+        strings = Observation(f"strings-{batch}-{uuid.uuid4().hex}")
+        observed = all_events.observe(strings, *transforms.string_observations())
+        encoded = transforms.encode_events(observed).persist()
         try:
-            return self._process(all_events, batch, old_open)
+            codes = transforms.job_codes(encoded.drop("_new")).persist()
+            try:
+                return self._process(encoded, codes, strings, batch, old_open)
+            finally:
+                codes.unpersist()
         finally:
-            all_events.unpersist()
+            encoded.unpersist()
 
-    def _process(self, all_events: DataFrame, batch: int, old_open: str) -> BatchResult:
-        events = all_events.drop("_new")
-        # The first pass over the trace: it fills the cache, and the dictionary
-        # then reaches each of job_facts' look-ups as a local relation.
-        words = transforms.string_dictionary(events).collect()
-        dictionary = self.spark.createDataFrame(words, "h long, s string")
-        jobs = transforms.job_facts(events, dictionary).persist()
-        try:
-            return self._process_jobs(all_events, jobs, batch, old_open)
-        finally:
-            jobs.unpersist()
-
-    def _process_jobs(
-        self, all_events: DataFrame, jobs: DataFrame, batch: int, old_open: str
+    def _process(
+        self,
+        encoded: DataFrame,
+        codes: DataFrame,
+        strings: Observation,
+        batch: int,
+        old_open: str,
     ) -> BatchResult:
-        summary = jobs.agg(
+        finished_ts = F.when(transforms.is_finished(codes), F.col("_last"))
+        # The first action: it parses the trace into the cache, observes the
+        # strings and fills the job codes' cache.
+        summary = codes.agg(
             F.sum("events").alias("n"),
-            F.max("last_ts").alias("max_ts"),
-            F.count("outcome").alias("finished"),
+            F.max("_last").alias("max_code"),
+            F.count(finished_ts).alias("finished"),
             F.count(F.lit(1)).alias("jobs"),
-            F.collect_set("date").alias("dates"),
         ).first()
         assert summary is not None
         result = BatchResult(events=int(summary["n"] or 0))
         if not result.events:
             return result
+        words = [w for values in strings.get.values() for w in values or ()]
+        dictionary = transforms.Dictionary(self.spark, words)
         result.finished_jobs = int(summary["finished"])
         result.open_jobs = int(summary["jobs"]) - result.finished_jobs
-        cutoff = int(summary["max_ts"]) - int(self.config.open_job_ttl * 1_000_000)
-        still_open = jobs.where(F.col("outcome").isNull() & (F.col("last_ts") >= cutoff))
-        open_ids = still_open.select("job")
-        if result.open_jobs <= BROADCAST_OPEN_JOBS:
-            open_ids = F.broadcast(open_ids)
-        new_open = f"_open/batch-{batch}"
-        open_events = all_events.join(open_ids, "job", "left_semi").drop("_new")
-        open_events.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
-        finished = jobs.where(F.col("outcome").isNotNull())
-        attempts = transforms.attempt_facts(all_events.where(F.col("_new")).drop("_new"))
-        attempt_dates = attempts.select("date").distinct().collect()
-        dates = set(summary["dates"]) | {r["date"] for r in attempt_dates}
-        result.dates = sorted(d for d in dates if d is not None)
-        if result.dates:
-            self._write_metrics(result.dates, finished, attempts)
-        io.append(finished, self.out / "jobs")
-        io.append(attempts, self.out / "attempts")
+        new_open = ""
+        if result.open_jobs:
+            max_ts = int(summary["max_code"]) >> transforms.TS_SHIFT
+            cutoff = (max_ts - int(self.config.open_job_ttl * 1_000_000)) << transforms.TS_SHIFT
+            still_open = codes.where(~transforms.is_finished(codes) & (F.col("_last") >= cutoff))
+            open_ids = still_open.select("job")
+            if result.open_jobs <= BROADCAST_OPEN_JOBS:
+                open_ids = F.broadcast(open_ids)
+            new_open = f"_open/batch-{batch}"
+            open_events = encoded.join(open_ids, "job", "left_semi")
+            open_events = transforms.decode_events(open_events, dictionary)
+            open_events.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
+        # Decoded once: the metrics and the append each read these two caches.
+        finished = transforms.decode_jobs(codes.where(transforms.is_finished(codes)), dictionary)
+        finished = finished.persist()
+        new_events = encoded.where(F.col("_new")).drop("_new")
+        attempts = transforms.encoded_attempt_facts(new_events, dictionary).persist()
+        try:
+            # Dates of finished jobs and of attempts; this fills both caches.
+            dated = finished.select("date").union(attempts.select("date")).distinct()
+            result.dates = sorted(r["date"] for r in dated.collect() if r["date"] is not None)
+            if result.dates:
+                self._write_metrics(result.dates, finished, attempts)
+            io.append(finished, self.out / "jobs", unique="job")
+            io.append(attempts, self.out / "attempts", unique="job")
+        finally:
+            attempts.unpersist()
+            finished.unpersist()
         if result.dates and self.config.update_db:
             result.db_rows = self._update_db(result.dates)
         with self._lock:

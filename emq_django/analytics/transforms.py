@@ -15,7 +15,9 @@ partition key of every output. Null tasks become ``""``.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from collections.abc import Iterable
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     IntegerType,
@@ -114,84 +116,132 @@ def _order_code() -> Column:
     )
 
 
+TS_SHIFT = _ATTEMPT_BITS + _CODE_BITS
+
+
 def _ts_of(code: Column) -> Column:
-    return F.shiftright(code, _ATTEMPT_BITS + _CODE_BITS)
+    return F.shiftright(code, TS_SHIFT)
 
 
 # Strings (queue, task, job manager, error) enter the aggregate as their 64-bit
-# hash and are looked up afterwards in a small dictionary of the distinct values.
+# hash and are looked up afterwards in a small dictionary of the distinct values
+# (a few hundred: queues, tasks, job managers, error types).
 _STRINGS = ("queue", "task", "jm", "error")
+# Up to this many strings, the look-up is a map literal in the projection; beyond
+# it, a broadcast join per column.
+MAP_LOOKUP_LIMIT = 1024
+_FINISH_CODES = [EVENT_CODES[e] for e in FINISH_EVENTS]
+_FINAL_CODES = [EVENT_CODES[e] for e in FINAL_EVENTS]
 
 
 def _hash(column: str) -> Column:
     return F.when(F.col(column).isNotNull(), F.xxhash64(F.col(column)))
 
 
-def string_dictionary(events: DataFrame) -> DataFrame:
-    """(h, s): every distinct string of ``_STRINGS`` with its hash (a few hundred
-    rows). ``job_facts`` looks its hashes up there; collect it first (and hand it
-    over as a local DataFrame) to scan the events for it once, not once per column."""
-    # The distinct combinations first: a hash aggregate keyed by the four strings,
-    # which stays tiny (queues x tasks x job managers x errors that occur together).
+def encode_events(events: DataFrame) -> DataFrame:
+    """Events (``FACT_COLUMNS``) -> the narrow form the facts are computed from:
+    ``job``, ``code`` (the order code: time, attempt and event in one long),
+    ``attempt``, ``run_us``, ``total_us`` and the hashes ``_queue``, ``_task``,
+    ``_jm``, ``_error``. Columns other than ``FACT_COLUMNS`` are kept."""
+    extra = [c for c in events.columns if c not in FACT_COLUMNS]
+    return events.select(
+        "job",
+        _order_code().alias("code"),
+        "attempt",
+        "run_us",
+        "total_us",
+        *[_hash(c).alias(f"_{c}") for c in _STRINGS],
+        *extra,
+    )
+
+
+def string_observations() -> list[Column]:
+    """Aggregates for ``DataFrame.observe`` on the events: the distinct strings of
+    each column, gathered during a pass that runs anyway (no scan of their own)."""
+    return [F.collect_set(c).alias(c) for c in _STRINGS]
+
+
+def string_values(events: DataFrame) -> list[str]:
+    """The distinct strings of ``_STRINGS`` in ``events`` (one scan)."""
     combos = events.select(*_STRINGS).distinct()
     words = combos.select(F.explode(F.array(*_STRINGS)).alias("s")).where(F.col("s").isNotNull())
-    return words.distinct().select(F.xxhash64("s").alias("h"), "s")
+    return [r["s"] for r in words.distinct().collect()]
 
 
-def _job_codes(events: DataFrame) -> DataFrame:
+class Dictionary:
+    """Hash -> string for the hashed columns: ``decode(column)`` is a column
+    expression (a map literal look-up), or, for many strings, a broadcast join."""
+
+    def __init__(self, spark: SparkSession, words: Iterable[str]) -> None:
+        unique = sorted(set(words))
+        frame = spark.createDataFrame([(w,) for w in unique], "s string")
+        self.frame = frame.select(F.xxhash64("s").alias("h"), "s")
+        self.pairs = [(int(r["h"]), str(r["s"])) for r in self.frame.collect()] if unique else []
+        self.small = len(self.pairs) <= MAP_LOOKUP_LIMIT
+        if self.small:
+            self.frame = spark.createDataFrame(self.pairs, "h long, s string")
+
+    def decode(self, df: DataFrame, columns: dict[str, str]) -> DataFrame:
+        """``df`` with each hash column of ``columns`` (hash -> name) replaced by its string."""
+        if self.small:
+            if not self.pairs:
+                lookup = F.create_map().cast("map<bigint,string>")
+            else:
+                lookup = F.create_map(*[x for h, s in self.pairs for x in (F.lit(h), F.lit(s))])
+            exprs = {name: F.try_element_at(lookup, F.col(h)) for h, name in columns.items()}
+            return df.withColumns(exprs).drop(*columns)
+        for h, name in columns.items():
+            table = F.broadcast(self.frame.select(F.col("h").alias(h), F.col("s").alias(name)))
+            df = df.join(table, h, "left").drop(h)
+        return df
+
+
+def _event_code() -> Column:
+    return F.col("code").bitwiseAND((1 << _CODE_BITS) - 1)
+
+
+def job_codes(encoded: DataFrame) -> DataFrame:
     """One row per job, of longs only (a hash aggregate): order codes, hashes, counts."""
-    code = _order_code()
-    fin = F.when(F.col("event").isin(list(FINISH_EVENTS)), code)
-    dead = F.when(F.col("event") == DEAD_LETTERED, code)
-    return events.groupBy("job").agg(
+    code = F.col("code")
+    event = _event_code()
+    fin = F.when(event.isin(_FINISH_CODES), code)
+    dead = F.when(event == EVENT_CODES[DEAD_LETTERED], code)
+    return encoded.groupBy("job").agg(
         F.max(code).alias("_last"),
-        F.max(fin).alias("_fin"),
         F.max_by("run_us", fin).alias("_fin_run"),
         F.max_by("total_us", fin).alias("_fin_total"),
-        F.max_by(_hash("jm"), fin).alias("_fin_jm"),
-        F.max_by(_hash("error"), fin).alias("_fin_error"),
-        F.max_by(_hash("error"), dead).alias("_dead_error"),
-        F.max(_hash("queue")).alias("_queue"),
-        F.max(_hash("task")).alias("_task"),
+        F.max_by("_jm", fin).alias("_fin_jm"),
+        F.max_by("_error", fin).alias("_fin_error"),
+        F.max_by("_error", dead).alias("_dead_error"),
+        F.max("_queue").alias("_queue"),
+        F.max("_task").alias("_task"),
         F.max("attempt").alias("attempts"),
-        F.sum(F.when(F.col("event") == RETRIED, 1).otherwise(0)).alias("retries"),
-        F.sum(F.when(F.col("event") == REQUEUED, 1).otherwise(0)).alias("requeues"),
-        F.min(F.when(F.col("event") == ENQUEUED, F.col("ts"))).alias("enqueued_ts"),
-        F.max("ts").alias("last_ts"),
+        F.sum(F.when(event == EVENT_CODES[RETRIED], 1).otherwise(0)).alias("retries"),
+        F.sum(F.when(event == EVENT_CODES[REQUEUED], 1).otherwise(0)).alias("requeues"),
+        F.min(F.when(event == EVENT_CODES[ENQUEUED], code)).alias("_enqueued"),
         F.count(F.lit(1)).alias("events"),
     )
 
 
-def _decode(jobs: DataFrame, dictionary: DataFrame, column: str, name: str) -> DataFrame:
-    lookup = F.broadcast(dictionary.select(F.col("h").alias(column), F.col("s").alias(name)))
-    return jobs.join(lookup, column, "left")
+def is_finished(codes: DataFrame) -> Column:
+    """On ``job_codes`` rows: the job has its final outcome."""
+    return F.col("_last").bitwiseAND((1 << _CODE_BITS) - 1).isin(_FINAL_CODES)
 
 
-def job_facts(events: DataFrame, dictionary: DataFrame | None = None) -> DataFrame:
-    """One row per job id.
-
-    ``outcome`` is the final event (succeeded, failed, timed_out, dead_lettered),
-    or null while the job is still open (its last event is anything else).
-    ``run_us`` and ``e2e_us`` come from the last finished attempt; ``wait_us`` is
-    ``e2e_us - run_us``: that attempt's dispatch minus the enqueue, which is the
-    ``wait_us`` the broker wrote on that dispatch (so it needs no other event).
-    ``queue`` and ``task``: the broker writes the same on every event of a job;
-    should they differ, the one with the highest hash is taken. ``dictionary``:
-    ``string_dictionary(events)`` (by default, computed here).
-    """
-    if dictionary is None:
-        dictionary = string_dictionary(events)
-    jobs = _job_codes(events)
-    for column, name in (
-        ("_queue", "queue"),
-        ("_task", "task"),
-        ("_fin_jm", "jm"),
-        ("_fin_error", "_fin_err"),
-        ("_dead_error", "_dead_err"),
-    ):
-        jobs = _decode(jobs, dictionary, column, name)
+def decode_jobs(codes: DataFrame, dictionary: Dictionary) -> DataFrame:
+    """``job_codes`` rows -> job facts (see ``job_facts``)."""
+    jobs = dictionary.decode(
+        codes,
+        {
+            "_queue": "queue",
+            "_task": "task",
+            "_fin_jm": "jm",
+            "_fin_error": "_fin_err",
+            "_dead_error": "_dead_err",
+        },
+    )
     last_event = _name_of(F.col("_last"))
-    finished = last_event.isin(list(FINAL_EVENTS))
+    finished = is_finished(codes)
     outcome = F.when(finished, last_event)
     error = (
         F.when(outcome == DEAD_LETTERED, F.coalesce(F.col("_dead_err"), F.col("_fin_err")))
@@ -212,29 +262,80 @@ def job_facts(events: DataFrame, dictionary: DataFrame | None = None) -> DataFra
         (F.col("_fin_total") - F.col("_fin_run")).alias("wait_us"),
         F.col("_fin_run").alias("run_us"),
         F.col("_fin_total").alias("e2e_us"),
-        "enqueued_ts",
+        _ts_of(F.col("_enqueued")).alias("enqueued_ts"),
         finished_ts.alias("finished_ts"),
-        "last_ts",
+        _ts_of(F.col("_last")).alias("last_ts"),
         "events",
         _minute(finished_ts).alias("minute"),
         F.to_date(_minute(finished_ts)).alias("date"),
     )
 
 
-def attempt_facts(events: DataFrame) -> DataFrame:
-    """One row per finished attempt (succeeded, failed or timed_out event)."""
-    return events.where(F.col("event").isin(list(FINISH_EVENTS))).select(
+def job_facts(events: DataFrame, dictionary: Dictionary | None = None) -> DataFrame:
+    """One row per job id.
+
+    ``outcome`` is the final event (succeeded, failed, timed_out, dead_lettered),
+    or null while the job is still open (its last event is anything else).
+    ``run_us`` and ``e2e_us`` come from the last finished attempt; ``wait_us`` is
+    ``e2e_us - run_us``: that attempt's dispatch minus the enqueue, which is the
+    ``wait_us`` the broker wrote on that dispatch (so it needs no other event).
+    ``queue`` and ``task``: the broker writes the same on every event of a job;
+    should they differ, the one with the highest hash is taken. ``dictionary``:
+    the strings of ``events`` (by default, gathered here with one scan).
+    """
+    if dictionary is None:
+        dictionary = Dictionary(events.sparkSession, string_values(events))
+    return decode_jobs(job_codes(encode_events(events.select(*FACT_COLUMNS))), dictionary)
+
+
+def encoded_attempt_facts(encoded: DataFrame, dictionary: Dictionary) -> DataFrame:
+    """``attempt_facts`` from ``encode_events`` rows."""
+    event = _event_code()
+    done = encoded.where(event.isin(_FINISH_CODES)).select(
+        "job",
+        "attempt",
+        "_queue",
+        "_task",
+        "_jm",
+        _name_of(F.col("code")).alias("outcome"),
+        "run_us",
+        _ts_of(F.col("code")).alias("ts"),
+    )
+    done = dictionary.decode(done, {"_queue": "queue", "_task": "task", "_jm": "jm"})
+    return done.select(
         "job",
         "attempt",
         "queue",
         F.coalesce(F.col("task"), F.lit("")).alias("task"),
         F.coalesce(F.col("jm"), F.lit("")).alias("jm"),
-        F.col("event").alias("outcome"),
+        "outcome",
         "run_us",
         "ts",
         _minute(F.col("ts")).alias("minute"),
         F.to_date(_minute(F.col("ts"))).alias("date"),
     )
+
+
+def attempt_facts(events: DataFrame, dictionary: Dictionary | None = None) -> DataFrame:
+    """One row per finished attempt (succeeded, failed or timed_out event)."""
+    if dictionary is None:
+        dictionary = Dictionary(events.sparkSession, string_values(events))
+    return encoded_attempt_facts(encode_events(events.select(*FACT_COLUMNS)), dictionary)
+
+
+def decode_events(encoded: DataFrame, dictionary: Dictionary) -> DataFrame:
+    """``encode_events`` rows back to events (``FACT_COLUMNS``)."""
+    back = encoded.select(
+        _ts_of(F.col("code")).alias("ts"),
+        _name_of(F.col("code")).alias("event"),
+        "job",
+        "attempt",
+        *[f"_{c}" for c in _STRINGS],
+        "run_us",
+        "total_us",
+    )
+    back = dictionary.decode(back, {f"_{c}": c for c in _STRINGS})
+    return back.select(*FACT_COLUMNS)
 
 
 def dedupe_jobs(jobs: DataFrame) -> DataFrame:
