@@ -48,7 +48,7 @@ _EVENTS = wire._EVENTS
 _POLLIN = wire._POLLIN
 _monotonic = time.monotonic
 _PROTOCOL = F.PROTOCOL
-_REQUEST = F.REQUEST
+_encode_request = F.encode_request
 _ACK = F.ACK
 _REPLY = F.REPLY
 _MAX_ID = F.MAX_ID_LENGTH
@@ -149,13 +149,14 @@ class Client:
             now = _monotonic()
             if pending and now - next(iter(pending.values())) > self.ack_timeout:
                 self._check_overdue()
-            _send(sock, b"", _SNDMORE)
-            _send(sock, _PROTOCOL, _SNDMORE)
-            _send(sock, _REQUEST, _SNDMORE)
-            _send(sock, msgid, _SNDMORE)
-            _send(sock, queue, _SNDMORE)
-            _send(sock, headers, _SNDMORE)
-            _send(sock, body, 0)
+            f = _encode_request(msgid, queue, headers, body)  # frames come from protocol/
+            _send(sock, f[0], _SNDMORE)
+            _send(sock, f[1], _SNDMORE)
+            _send(sock, f[2], _SNDMORE)
+            _send(sock, f[3], _SNDMORE)
+            _send(sock, f[4], _SNDMORE)
+            _send(sock, f[5], _SNDMORE)
+            _send(sock, f[6], 0)
             pending[msgid] = now
             if len(pending) >= self._drain_at:
                 self._drain(sock, many=True)

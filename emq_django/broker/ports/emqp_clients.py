@@ -32,7 +32,7 @@ from emq_django.transport import SocketOptions
 
 FRONTEND_HWM = 100_000  # ACKs and REPLYs waiting for a slow client
 MAX_CLIENTS_KEPT = 100_000  # ClientRefs cached by identity
-_PROTOCOL, _ACK = F.PROTOCOL, F.ACK
+_encode_ack = F.encode_ack  # frames are built in protocol/ only
 
 
 class EmqpClientPort(Port):
@@ -152,7 +152,7 @@ class EmqpClientPort(Port):
         kind = type(effect)
         e: Any = effect  # one of the effect types, told apart by ``kind``
         if kind is Acknowledge:
-            return [b"", _PROTOCOL, _ACK, self.new_id(), e.msgid]  # F.encode_ack's frames
+            return _encode_ack(self.new_id(), e.msgid)
         if kind is Answer:
             return self._answer(e)
         if kind is Refuse:

@@ -33,7 +33,7 @@ from emq_django.protocol.limits import REFUSED_WRONG_PORT
 from emq_django.security.roles import WORKER
 
 DEFAULT_QUEUES = ((10, "default"),)
-_PROTOCOL, _REQUEST = F.PROTOCOL, F.REQUEST
+_encode_request = F.encode_request  # frames are built in protocol/ only
 
 
 @lru_cache(maxsize=4096)
@@ -171,8 +171,7 @@ class EmqpWorkerPort(Port):
         if kind is Deliver:
             job = e.job
             headers = _reply_always(job.headers.raw)
-            # F.encode_request's frames, built here: one call less per job
-            return [b"", _PROTOCOL, _REQUEST, job.attempt_id, job.queue.encode(), headers, job.body]
+            return _encode_request(job.attempt_id, job.queue.encode(), headers, job.body)
         if kind is Beat:
             return F.encode_heartbeat(self.new_id(), e.wall)
         if kind is Acknowledge:
