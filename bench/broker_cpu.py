@@ -30,18 +30,11 @@ import time
 
 import zmq
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.procs import PROTOCOL_BINDS  # noqa: E402
+
 PROTOCOL = b"eMQP/1.0"
 CLK = os.sysconf("SC_CLK_TCK")
-OTHER_BINDS = (
-    "MDP_BIND",
-    "PZQ_RECEIVE_BIND",
-    "PZQ_SEND_BIND",
-    "PZQ_MONITOR_BIND",
-    "BUS_SNAPSHOT_BIND",
-    "BUS_PUBLISH_BIND",
-    "BUS_COLLECT_BIND",
-    "MC0_BIND",
-)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -87,7 +80,7 @@ def start_broker(tree: str, work: str) -> tuple[subprocess.Popen[bytes], str, st
     env.pop("EMQ_TRACE_DIR", None)
     # the other ports on free ports too (other brokers may hold the defaults): the
     # broker polls the same sockets as in bench/run.py
-    for name in OTHER_BINDS:
+    for name in PROTOCOL_BINDS:
         env[f"EMQ_{name}"] = url % free_port()
     python = os.path.join(tree, ".venv", "bin", "python")
     proc = subprocess.Popen(
