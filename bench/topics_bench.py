@@ -69,6 +69,7 @@ EVENT_SIZE = 1024
 HEAD = struct.Struct("<qq")  # seq (-1: warm-up), monotonic_ns at the publish call
 WARM = -1
 IDLE_END = 5.0  # a subscriber stops this long after its last event (missed events)
+LATE_MS = 50  # an event this late at a subscriber counts as late (where the tail comes from)
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222")
 JS_STREAM = "EMQBENCHTOPICS"
@@ -283,14 +284,17 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
             pass
 
     elif system == "emq-raw":
-        send = _bus_sender(topic)
+        send, close = _bus_sender(topic)
 
         def send_many(n: int) -> None:
             for seq in range(n):
                 send(payload(seq))
 
         def flush() -> None:
-            pass  # the bus never acknowledges; the subscribers' counts end the phase
+            # the bus never acknowledges; the subscribers' counts end the phase.
+            # What still waits in the pipe leaves before the process ends (as
+            # emq.publish's socket at exit: pubsub._Publisher.close_all)
+            close()
 
     else:
         import django
@@ -331,15 +335,18 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
     )
 
 
-def _bus_sender(topic: str) -> Callable[[bytes], None]:
-    """An Event BUS producer (DEALER to the collector): PUB frames, MessagePack data."""
+def _bus_sender(topic: str) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """An Event BUS producer (DEALER to the collector): PUB frames, MessagePack data;
+    and its close, which returns once what was sent has left (or 10 s)."""
     import uuid
     from datetime import UTC, datetime
 
     import msgpack
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 10_000
     sock.connect(os.environ["EMQ_BUS_COLLECT_BIND"])
     head = [topic.encode(), b"", b"topics-bench"]
 
@@ -349,7 +356,11 @@ def _bus_sender(topic: str) -> Callable[[bytes], None]:
             [*head, stamp.encode(), str(uuid.uuid4()).encode(), msgpack.packb(data)]
         )
 
-    return send
+    def close() -> None:
+        sock.close()
+        ctx.term()
+
+    return send, close
 
 
 def paced(n: int, rate: float, send: Callable[[int], None]) -> None:
@@ -691,6 +702,18 @@ def one_phase(
             p99_ms=round(q[98], 3),
             max_ms=round(lags[-1], 3),
         )
+        # where the tail comes from: each subscriber's p99, and the events late
+        # (LATE_MS or more) at most subscribers (held before the fan-out: the
+        # publisher, the server) or at one or two (a subscriber's own wait)
+        per_sub = [d["lags"] for _, d in sorted(done.items()) if len(d["lags"]) >= 2]
+        result["sub_p99_ms"] = [
+            round(statistics.quantiles(x, n=100, method="inclusive")[98] / 1e6, 1) for x in per_sub
+        ]
+        if per_sub and all(len(x) == len(per_sub[0]) for x in per_sub):
+            cut = LATE_MS * 1e6
+            late = [sum(1 for x in per_sub if x[i] >= cut) for i in range(len(per_sub[0]))]
+            result["late_at_most_subs"] = sum(1 for k in late if k > len(per_sub) // 2)
+            result["late_at_few_subs"] = sum(1 for k in late if 0 < k <= 2)
     return result
 
 
