@@ -267,7 +267,9 @@ class HandshakeWatch:
                 f"({os.strerror(code) if 0 < code < 4096 else code})"
             )
             if key:
-                text += ": is EMQ_CURVE_SERVER_KEY that broker's public key?"
+                text += (
+                    ": is EMQ_CURVE_SERVER_KEY that broker's public key (and does it speak CURVE)?"
+                )
             else:  # a CURVE broker may close on a plain-text greeting before we read its own
                 text += (
                     ": does it require CURVE? Then set EMQ_CURVE_SECRET_KEY and "

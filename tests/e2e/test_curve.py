@@ -314,17 +314,23 @@ def test_delay_with_a_refused_key_raises_the_reason_not_the_time_out(
     assert stack.status()["counters"]["zap_refused_role"] >= 3
 
 
-def test_job_manager_with_a_refused_key_exits_naming_the_cause(
-    stack: CurveStack, emq_processes: EmqProcesses
+@pytest.mark.parametrize("command", ["emq_jobmanager", "emq_scheduler"])
+def test_peer_with_a_refused_key_exits_naming_the_cause(
+    stack: CurveStack, emq_processes: EmqProcesses, command: str
 ) -> None:
-    # the app key (client, monitor) is no worker: the workers port refuses it
-    jm = start_jm(emq_processes, "refused", extra_env=stack.key_env("app"))
-    code = jm.popen.wait(timeout=60)  # it stops by itself; the bound only ends a hang
-    assert code == REFUSED_EXIT, jm.log_tail()
-    log = jm.stderr()
-    assert stack.keys("app").public.decode() in log
+    if command == "emq_jobmanager":
+        # the app key (client, monitor) is no worker: the workers port refuses it
+        key, role = "app", "worker"
+        proc = start_jm(emq_processes, "refused", extra_env=stack.key_env(key))
+    else:  # the jm key (worker) can neither send jobs nor schedule on the clients port
+        key, role = "jm", "scheduler"
+        proc = emq_processes.start("emq_scheduler", env=stack.key_env(key), name="sched")
+    code = proc.popen.wait(timeout=60)  # it stops by itself; the bound only ends a hang
+    assert code == REFUSED_EXIT, proc.log_tail()
+    log = proc.stderr()
+    assert stack.keys(key).public.decode() in log
     assert "refused this process's CURVE key" in log and "ZAP: 400" in log
-    assert f"Stopping (exit code {REFUSED_EXIT})" in log and "the worker role" in log
+    assert f"Stopping (exit code {REFUSED_EXIT})" in log and f"the {role} role" in log
     assert stack.status()["job_managers"] == []
 
 
