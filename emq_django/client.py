@@ -6,6 +6,13 @@ its ACK. Other jobs are pipelined: the client keeps up to ``EMQ_ACK_WINDOW``
 unacknowledged messages and checks their ACKs as it goes, as publisher confirms
 do, so that a burst of ``delay()`` calls does not pay a round trip each. The very
 first message on a socket always waits, so a missing broker is reported at once.
+
+A broker that refuses the socket's handshake (ZAP refusing its CURVE key, or a
+CURVE/plain-text mismatch) never answers it, and libzmq never connects it again:
+the socket's monitor events (``transport.HandshakeWatch``) say so, and the wait
+raises ``HandshakeRefused`` with the reason at once, not ``BrokerUnavailable``
+after ``ack_timeout``. No send blocks on such a socket (it may have no connection
+left to queue on).
 """
 
 from __future__ import annotations
