@@ -61,6 +61,10 @@ PUBLISH_BATCH = 256  # events in one publish batch (publish_many)
 PUBLISH_BATCH_BYTES = 256 * 1024  # data bytes in one (it may pass it by one event)
 _BATCH_FIELDS_CAP = PUBLISH_BATCH * eventbus.PUBS_FIELDS
 SEND_TIMEOUT = 5.0  # seconds a publish waits for room in the collector's pipe
+# a publisher reads its handshake events every this many sends (and whenever the
+# pipe is full): a refusal after a reconnect is reported, without a getsockopt
+# (about as dear as sending a frame) on every publish
+WATCH_EVERY = 256
 
 
 class Received:
@@ -175,6 +179,7 @@ class _Publisher:
                 self.sockets.append((pid, sock))
             local.sock, local.watch, local.url, local.pid = sock, watch, url, pid
             local.fresh = True  # its first publish waits for the handshake's outcome
+            local.sends = 0
         sock_: zmq.Socket[Any] = local.sock
         return sock_
 
@@ -188,10 +193,11 @@ class _Publisher:
         try:
             if not watch.send(sock, frames, int(SEND_TIMEOUT * 1000)):
                 raise zmq.Again()
+            local.sends += 1
             if local.fresh:
                 local.fresh = False
                 watch.wait_outcome(SEND_TIMEOUT)
-            else:
+            elif not local.sends % WATCH_EVERY:
                 watch.check()
         except HandshakeRefused:
             with self.lock:
