@@ -546,12 +546,9 @@ class Client:
             self._send_blocked(sock, frames)
 
     def _send_blocked(self, sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        """The socket took nothing now: wait for room, or for the watch to say why."""
         watch = self._watch
-        if watch is None:
-            if not _zmq_poll([(sock, int(zmq.POLLOUT))], int(self.ack_timeout * 1000)):
-                self._unavailable()
-            wire.send(sock, frames, nonblocking=False)
-            return
+        assert watch is not None  # made with the socket
         try:
             sent = watch.send(sock, frames, int(self.ack_timeout * 1000))
         except HandshakeRefused:
