@@ -6,6 +6,13 @@ its ACK. Other jobs are pipelined: the client keeps up to ``EMQ_ACK_WINDOW``
 unacknowledged messages and checks their ACKs as it goes, as publisher confirms
 do, so that a burst of ``delay()`` calls does not pay a round trip each. The very
 first message on a socket always waits, so a missing broker is reported at once.
+
+A broker that refuses the socket's handshake (ZAP refusing its CURVE key, or a
+CURVE/plain-text mismatch) never answers it, and libzmq never connects it again:
+the socket's monitor events (``transport.HandshakeWatch``) say so, and the wait
+raises ``HandshakeRefused`` with the reason at once, not ``BrokerUnavailable``
+after ``ack_timeout``. No send blocks on such a socket (it may have no connection
+left to queue on).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from emq_django import transport, wire
 from emq_django.exceptions import (
     BatchUnacknowledged,
     BrokerUnavailable,
+    HandshakeRefused,
     JobRefused,
     ProtocolError,
     QueueFull,
@@ -33,7 +41,7 @@ from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
-from emq_django.transport import SocketOptions
+from emq_django.transport import HandshakeWatch, SocketOptions
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,7 @@ _recv = wire._recv
 _getsockopt = wire._get
 _SNDMORE = wire.SNDMORE
 _NOBLOCK = wire.NOBLOCK
+_MORE_NOBLOCK = _SNDMORE | _NOBLOCK
 _EVENTS = wire._EVENTS
 _POLLIN = wire._POLLIN
 _monotonic = time.monotonic
@@ -93,6 +102,9 @@ class Client:
         self.window = window
         self._context = context
         self._sock: zmq.Socket[Any] | None = None
+        # the socket's handshakes: a broker refusing this process's key (or its lack
+        # of one) is reported at once, as ``HandshakeRefused``, not after ack_timeout
+        self._watch: HandshakeWatch | None = None
         self._lock = threading.RLock()
         self._pending: OrderedDict[bytes, float] = OrderedDict()  # msgid -> sent at
         self._replies: OrderedDict[bytes, F.Reply] = OrderedDict()
@@ -150,13 +162,19 @@ class Client:
             if pending and now - next(iter(pending.values())) > self.ack_timeout:
                 self._check_overdue()
             f = _encode_request(msgid, queue, headers, body)  # frames come from protocol/
-            _send(sock, f[0], _SNDMORE)
-            _send(sock, f[1], _SNDMORE)
-            _send(sock, f[2], _SNDMORE)
-            _send(sock, f[3], _SNDMORE)
-            _send(sock, f[4], _SNDMORE)
-            _send(sock, f[5], _SNDMORE)
-            _send(sock, f[6], 0)
+            try:
+                # NOBLOCK: a socket the broker refused may have no connection left to
+                # queue on (libzmq does not connect again), and would block for ever
+                _send(sock, f[0], _MORE_NOBLOCK)
+            except zmq.Again:
+                self._send_blocked(sock, f)
+            else:  # the first frame went: the rest of the message goes with it
+                _send(sock, f[1], _SNDMORE)
+                _send(sock, f[2], _SNDMORE)
+                _send(sock, f[3], _SNDMORE)
+                _send(sock, f[4], _SNDMORE)
+                _send(sock, f[5], _SNDMORE)
+                _send(sock, f[6], 0)
             pending[msgid] = now
             if len(pending) >= self._drain_at:
                 self._drain(sock, many=True)
@@ -175,7 +193,7 @@ class Client:
         if self._pending:
             self._check_overdue()
         frames = F.encode_request(msgid, queue, headers, body)
-        wire.send(sock, frames, nonblocking=False)
+        self._send_frames(sock, frames)
         self._pending[msgid] = _monotonic()
         self._wait_ack(msgid, resend=frames if confirm else None)
 
@@ -215,7 +233,9 @@ class Client:
             try:
                 self._send_batch(batch, confirm)
             except BrokerUnavailable as exc:
-                raise self._batch_failed(batch, exc, queue, confirm, results) from None
+                # a refused handshake stays the cause: its reason is in the message too
+                cause = exc if isinstance(exc, HandshakeRefused) else None
+                raise self._batch_failed(batch, exc, queue, confirm, results) from cause
             finally:
                 self._answered = None
             if confirm:
@@ -235,7 +255,7 @@ class Client:
             batch.sent = 1
         self._answered = []
         for k in range(batch.sent, len(batch.msgids)):
-            wire.send(sock, batch.frames(k), nonblocking=False)
+            self._send_frames(sock, batch.frames(k))
             self._pending[batch.msgids[k]] = time.monotonic()
             batch.unanswered.add(batch.msgids[k])
             batch.sent = k + 1
@@ -261,11 +281,12 @@ class Client:
                     f"the broker at {self.url} acknowledged nothing for {self.ack_timeout:g} s"
                 )
             if now >= next_resend:
+                self._check_handshake()
                 for msgid in list(batch.unanswered):
-                    wire.send(sock, batch.frames(batch.index[msgid]), nonblocking=False)
+                    self._send_frames(sock, batch.frames(batch.index[msgid]))
                 next_resend = now + step
             wait = min(next_resend, last_progress + self.ack_timeout) - now
-            if _zmq_poll([(sock, _POLLIN)], int(wait * 1000) + 1):
+            if self._poll(sock, int(wait * 1000) + 1):
                 self._drain(sock, ready=True)
                 if self._answered:
                     last_progress = time.monotonic()
@@ -315,7 +336,7 @@ class Client:
         with self._lock:
             sock = self._socket()
             self._drain(sock)
-            wire.send(sock, frames, nonblocking=False)
+            self._send_frames(sock, frames)
             self._pending[msgid] = time.monotonic()
             if confirm or not self._confirmed:
                 self._wait_ack(msgid)
@@ -386,6 +407,8 @@ class Client:
                 sock = self._socket()
                 if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
                     self._drain(sock, ready=True)
+                elif self._watch is not None:
+                    self._check_handshake()  # a quiet slice: was the broker refusing us?
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -422,6 +445,8 @@ class Client:
                 sock = self._socket()
                 if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
                     self._drain(sock, ready=True)
+                elif self._watch is not None:
+                    self._check_handshake()  # a quiet slice: was the broker refusing us?
 
     def _take_streamed(self, msgid: bytes) -> tuple[int, int, bytes] | F.Reply | None:
         if msgid in self._partials_evicted:
@@ -459,13 +484,16 @@ class Client:
             # no high-water marks: the ACK window bounds what is queued
             curve = resolve(self.curve)
             options = SocketOptions(linger=1000, sndhwm=0, rcvhwm=0, curve=curve)
-            self._sock = transport.connect(context, zmq.DEALER, self.url, options)
+            self._sock, self._watch = transport.connect_watched(
+                context, zmq.DEALER, self.url, options, role="client"
+            )
         return self._sock
 
     def _reset(self) -> None:
         if self._sock is not None:
             self._sock.close(linger=0)  # drop what was queued: the caller was told it failed
         self._sock = None
+        self._close_watch()
         self._pending.clear()
         self._confirmed = False
         self._drain_at = 0
@@ -475,6 +503,59 @@ class Client:
             if self._sock is not None:
                 self._sock.close()
             self._sock = None
+            self._close_watch()
+
+    def _close_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        self._watch = None
+
+    # ---- handshakes ---------------------------------------------------------
+
+    def _check_handshake(self) -> None:
+        """Raise ``HandshakeRefused`` (the socket reset: the next call makes a fresh
+        one) when the watch says the broker refused this socket's handshake."""
+        watch = self._watch
+        if watch is None:
+            return
+        try:
+            watch.check()
+        except HandshakeRefused:
+            self._reset()
+            raise
+
+    def _poll(self, sock: zmq.Socket[Any], timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for a message on ``sock``; True when one waits.
+        Until the broker has answered once, the handshake watch is polled too: a
+        refused handshake raises ``HandshakeRefused`` as soon as libzmq reports it."""
+        watch = self._watch
+        if watch is None or self._confirmed:
+            return bool(_zmq_poll([(sock, _POLLIN)], timeout_ms))
+        ready = _zmq_poll([(sock, _POLLIN), (watch.pair, _POLLIN)], timeout_ms)
+        if ready and ready[-1][0] is watch.pair:
+            self._check_handshake()
+        return bool(ready) and ready[0][0] is sock
+
+    def _send_frames(self, sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        """Send one message, never blocking for ever on a socket the broker refused:
+        raises ``HandshakeRefused`` then, and ``BrokerUnavailable`` when the socket
+        takes nothing for ``ack_timeout``."""
+        try:
+            wire.send(sock, frames)
+        except zmq.Again:
+            self._send_blocked(sock, frames)
+
+    def _send_blocked(self, sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        """The socket took nothing now: wait for room, or for the watch to say why."""
+        watch = self._watch
+        assert watch is not None  # made with the socket
+        try:
+            sent = watch.send(sock, frames, int(self.ack_timeout * 1000))
+        except HandshakeRefused:
+            self._reset()
+            raise
+        if not sent:
+            self._unavailable()
 
     def _drain(self, sock: zmq.Socket[Any], many: bool = False, ready: bool = False) -> None:
         """Handle every message waiting, without blocking. ACKs (one per message
@@ -564,10 +645,11 @@ class Client:
             if now >= deadline:
                 self._unavailable()
             if resend is not None and now >= next_resend:
-                wire.send(sock, resend, nonblocking=False)
+                self._check_handshake()
+                self._send_frames(sock, resend)
                 next_resend = now + step
             wait = min(deadline, next_resend if resend is not None else deadline) - now
-            if _zmq_poll([(sock, _POLLIN)], int(wait * 1000) + 1):
+            if self._poll(sock, int(wait * 1000) + 1):
                 self._drain(sock, ready=True)
         if msgid in self._errors:
             raise _refusal(self._errors.pop(msgid))
@@ -577,7 +659,7 @@ class Client:
         sock = self._socket()
         while len(self._pending) >= limit:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not _zmq_poll([(sock, _POLLIN)], int(remaining * 1000) + 1):
+            if remaining <= 0 or not self._poll(sock, int(remaining * 1000) + 1):
                 if len(self._pending) >= limit:
                     self._unavailable()
                 continue
@@ -594,6 +676,7 @@ class Client:
                 self._unavailable()
 
     def _unavailable(self) -> None:
+        self._check_handshake()  # a refusal says why better than the time-out
         count = len(self._pending)
         self._reset()
         raise BrokerUnavailable(

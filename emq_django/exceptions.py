@@ -42,6 +42,23 @@ class BrokerUnavailable(EmqError):
     """The broker did not acknowledge in time."""
 
 
+class HandshakeRefused(BrokerUnavailable):
+    """The broker refused this process's connection in the ZeroMQ handshake, so it
+    will never answer on it: ZAP refused its CURVE key (``kind`` ``auth``, ``code``
+    the ZAP status: 400 refused, 500 the broker's key handler failed), one side
+    speaks CURVE and the other plain text (``protocol``, ``code`` libzmq's ZMTP
+    error), or the handshake failed again and again without a reason (``no-detail``:
+    most likely ``EMQ_CURVE_SERVER_KEY`` is not the broker's public key). Raised as
+    soon as libzmq reports it, not after a time-out; a ``BrokerUnavailable``, so code
+    that handles an unreachable broker handles this too."""
+
+    def __init__(self, message: str, url: str = "", kind: str = "", code: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.kind = kind
+        self.code = code
+
+
 class BatchUnacknowledged(BrokerUnavailable):
     """``map()`` gave up waiting for the broker's ACKs (it crashed, or is away).
 

@@ -5,6 +5,12 @@ that INFORMs on connect, sends HEARTBEAT when it has sent nothing for an
 interval, treats any message from the broker as a sign of life, and connects
 again (a fresh socket, so a fresh identity, and a fresh INFORM) when the broker
 has been silent for ``liveness`` intervals or said KBYE.
+
+A broker that refuses the link's handshake (its CURVE key, or a CURVE/plain-text
+mismatch) never answers on that socket, and libzmq does not connect it again:
+``poll()``, ``send()`` and ``tick()`` raise ``HandshakeRefused`` with the reason
+as soon as libzmq reports it (``transport.HandshakeWatch``), and the owner decides
+(a job manager logs it and exits, ``worker/jobmanager.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +28,17 @@ from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
-from emq_django.transport import SocketOptions
+from emq_django.transport import HandshakeWatch, SocketOptions
 
 log = logging.getLogger(__name__)
+
+# The exit code of a job manager, worker process or scheduler whose handshake the
+# broker refused (EX_CONFIG in sysexits.h): a configuration fault (the key is not
+# registered with the port's role, or the wrong server key) that no retry inside
+# the process mends. A supervisor restarts it on failure (systemd Restart=on-failure,
+# Docker's restart policies, supervisord up to startretries), each start a fresh
+# handshake; systemd's RestartPreventExitStatus=78 stops that instead.
+REFUSED_EXIT = 78
 
 
 class BrokerLink:
@@ -51,6 +65,7 @@ class BrokerLink:
         self.silence_limit = heartbeat_interval * heartbeat_liveness
         self.on_connect = on_connect  # e.g. a worker sending its READYs again
         self.sock: zmq.Socket[Any] | None = None
+        self.watch: HandshakeWatch | None = None  # the socket's handshakes
         self.last_recv = self.last_send = 0.0
         self.new_id = IdGenerator()
         self.identity = identity  # a fresh socket identity per connection; None: libzmq's
@@ -63,7 +78,10 @@ class BrokerLink:
         self.connections += 1
         curve = resolve(self.curve)
         options = SocketOptions(identity=self.identity() if self.identity else None, curve=curve)
-        self.sock = transport.connect(self.context, zmq.DEALER, self.url, options)
+        # the role the port admits, for a refusal's message: the peer type's
+        self.sock, self.watch = transport.connect_watched(
+            self.context, zmq.DEALER, self.url, options, role=self.peer_type
+        )
         self.last_recv = time.monotonic()
         self.send(F.Inform(self.new_id(), self.queues, self.peer_type, self.meta).encode())
         if self.on_connect is not None:
@@ -72,13 +90,30 @@ class BrokerLink:
     def send(self, frames: list[bytes], nonblocking: bool = False) -> None:
         """Send one message; with ``nonblocking``, raises ``zmq.Again`` when it
         cannot be queued now."""
-        assert self.sock is not None, "connect() first"
-        wire.send(self.sock, frames, nonblocking=nonblocking)
+        assert self.sock is not None and self.watch is not None, "connect() first"
+        if nonblocking:
+            wire.send(self.sock, frames)
+        else:  # waits while the socket cannot take it, never on a refused one
+            self.watch.send(self.sock, frames)
         self.last_send = time.monotonic()
 
     def poll(self, timeout: float) -> bool:
-        assert self.sock is not None
-        return bool(self.sock.poll(max(int(timeout * 1000), 0) + 1))
+        """Wait up to ``timeout`` s for a message; True when one waits. Until a
+        handshake has succeeded the watch is polled too: raises ``HandshakeRefused``."""
+        sock, watch = self.sock, self.watch
+        assert sock is not None and watch is not None
+        ms = max(int(timeout * 1000), 0) + 1
+        if watch.succeeded:
+            return bool(sock.poll(ms))
+        ready = dict(zmq.zmq_poll([(sock, zmq.POLLIN), (watch.pair, zmq.POLLIN)], ms))
+        if watch.pair in ready:
+            watch.check()
+        return sock in ready
+
+    def check_handshake(self) -> None:
+        """Raise ``HandshakeRefused`` if the broker refused the socket's handshake."""
+        if self.watch is not None:
+            self.watch.check()
 
     def messages(self) -> Iterator[F.Command]:
         """The commands waiting now, decoded; malformed ones are logged and dropped.
@@ -96,6 +131,8 @@ class BrokerLink:
         """Heartbeat if due, connect again if the broker went silent. Returns True
         when it connected again."""
         now = time.monotonic()
+        if now - self.last_recv > self.interval:
+            self.check_handshake()  # silent: did it refuse us? (it says nothing then)
         if now - self.last_recv > self.silence_limit:
             log.info(
                 "broker at %s silent for %.1f s; connecting again", self.url, now - self.last_recv
@@ -121,3 +158,6 @@ class BrokerLink:
         if self.sock is not None:
             self.sock.close(linger=linger)
         self.sock = None
+        if self.watch is not None:
+            self.watch.close()
+        self.watch = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import zmq
@@ -19,21 +20,31 @@ def query(
     timeout: float = 2.0,
     curve: CurveKeys | None | str = FROM_SETTINGS,
 ) -> bytes:
-    """Send one monitor request; raises ``BrokerUnavailable`` after ``timeout`` s.
-    ``curve``: CURVE keys, by default this process's (``EMQ_CURVE_*``)."""
+    """Send one monitor request; raises ``BrokerUnavailable`` after ``timeout`` s, and
+    ``HandshakeRefused`` (a ``BrokerUnavailable``) as soon as the broker refuses the
+    connection's handshake (a key without the monitor role, or none where CURVE is
+    on). ``curve``: CURVE keys, by default this process's (``EMQ_CURVE_*``)."""
     context: zmq.Context[Any] = zmq.Context.instance()
     keys = resolve(curve)
-    sock = transport.connect(context, zmq.REQ, url, SocketOptions(curve=keys))
+    sock, watch = transport.connect_watched(
+        context, zmq.REQ, url, SocketOptions(curve=keys), role="monitor"
+    )
     try:
-        sock.send(request)
-        if not sock.poll(int(timeout * 1000)):
-            raise BrokerUnavailable(
-                f"broker unreachable at {url}: the monitor channel did not "
-                f"answer within {timeout:g} s"
-            )
-        return sock.recv()
+        deadline = time.monotonic() + timeout
+        if watch.send(sock, [request], int(timeout * 1000)):
+            items = [(sock, zmq.POLLIN), (watch.pair, zmq.POLLIN)]
+            while (left := deadline - time.monotonic()) > 0:
+                ready = dict(zmq.zmq_poll(items, max(int(left * 1000), 1)))
+                if watch.pair in ready:
+                    watch.check()
+                if sock in ready:
+                    return sock.recv()
+        raise BrokerUnavailable(
+            f"broker unreachable at {url}: the monitor channel did not answer within {timeout:g} s"
+        )
     finally:
         sock.close()
+        watch.close()
 
 
 def status(url: str, timeout: float = 2.0) -> dict[str, Any]:

@@ -17,6 +17,12 @@ subscriber asks the snapshot for the events above the last one it has and
 buffers live ones meanwhile. When nothing arrives for ``idle_check`` seconds it
 asks too, so a lost last event, or a broker restart, is noticed. Use
 ``async for event in emq.asubscribe(...)`` in asyncio code.
+
+With CURVE on (``EMQ_CURVE_SECRET_KEY``) every socket here carries this process's
+keys, as the client's do. A broker that refuses the handshake (a key it does not
+know, or none) raises ``HandshakeRefused`` with the reason: ``publish`` waits for
+the outcome of its socket's first handshake (a round trip, once per thread; not
+when nobody listens), a subscription as soon as libzmq reports it.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ import zmq
 import zmq.asyncio
 from zmq.backend import Socket as _BackendSocket
 
-from emq_django import wire
+from emq_django import transport, wire
 from emq_django.broker.topics import JSON, MSGPACK, OCTETS, Event, check_topic, matches
 from emq_django.conf import EmqSettings, cached_settings
-from emq_django.exceptions import ProtocolError
+from emq_django.exceptions import HandshakeRefused, ProtocolError
 from emq_django.protocol import eventbus
+from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
+from emq_django.transport import HandshakeWatch, SocketOptions
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,11 @@ PAGE_HINT = 1000
 PUBLISH_BATCH = 256  # events in one publish batch (publish_many)
 PUBLISH_BATCH_BYTES = 256 * 1024  # data bytes in one (it may pass it by one event)
 _BATCH_FIELDS_CAP = PUBLISH_BATCH * eventbus.PUBS_FIELDS
+SEND_TIMEOUT = 5.0  # seconds a publish waits for room in the collector's pipe
+# a publisher reads its handshake events every this many sends (and whenever the
+# pipe is full): a refusal after a reconnect is reported, without a getsockopt
+# (about as dear as sending a frame) on every publish
+WATCH_EVERY = 256
 
 
 class Received:
@@ -150,6 +163,7 @@ class _Publisher:
         # every thread's socket, so a thread that ends does not leave its socket
         # to the garbage collector; closed at exit (sending what waits, up to linger)
         self.sockets: list[tuple[int, zmq.Socket[Any]]] = []  # (pid, socket)
+        self.watches: list[tuple[int, HandshakeWatch]] = []  # (pid, each socket's watch)
         self.context: zmq.Context[Any] | None = None
         self.context_pid = 0  # the process ``context`` was made in
         self.lock = threading.Lock()
@@ -161,13 +175,27 @@ class _Publisher:
         pid = os.getpid()
         with self.lock:
             sockets, self.sockets = self.sockets, []
+            watches, self.watches = self.watches, []
             context = self.context if self.context_pid == pid else None
             self.context, self.context_pid = None, 0
         for sock_pid, sock in sockets:
             if sock_pid == pid and not sock.closed:  # never a parent's, after a fork
                 sock.close()
+        for watch_pid, watch in watches:
+            if watch_pid == pid:
+                watch.close()
         if context is not None and not context.closed:
             context.term()
+
+    def _forget(
+        self, sock: zmq.Socket[Any], watch: HandshakeWatch, linger: int | None = None
+    ) -> None:
+        """Close one thread's socket and its watch (another address, or refused)."""
+        with self.lock:
+            self.sockets = [(p, s) for p, s in self.sockets if s is not sock]
+            self.watches = [(p, w) for p, w in self.watches if w is not watch]
+        sock.close(linger=linger)
+        watch.close()
 
     def _context(self, pid: int) -> zmq.Context[Any]:
         with self.lock:
@@ -177,21 +205,51 @@ class _Publisher:
             return self.context
 
     def socket(self, url: str, pid: int) -> zmq.Socket[Any]:
-        """This thread's socket to ``url`` in process ``pid`` (``os.getpid()``)."""
+        """This thread's socket to ``url`` in process ``pid`` (``os.getpid()``),
+        with this process's CURVE keys (``EMQ_CURVE_*``) when it has them."""
         local = self.local
         sock_: zmq.Socket[Any] | None = getattr(local, "sock", None)
         if getattr(local, "pid", None) != pid or local.url != url or sock_ is None or sock_.closed:
             if getattr(local, "pid", None) == pid and sock_ is not None:
-                sock_.close()  # another address now (settings changed)
-            sock: zmq.Socket[Any] = self._context(pid).socket(zmq.DEALER)
-            sock.linger = 5000  # an exiting process still sends what it published
-            sock.sndtimeo = 5000
-            sock.connect(url)
+                self._forget(sock_, local.watch)  # another address now (settings changed)
+            # linger: an exiting process still sends what it published
+            options = SocketOptions(linger=5000, curve=resolve(FROM_SETTINGS))
+            sock, watch = transport.connect_watched(
+                self._context(pid),
+                zmq.DEALER,
+                url,
+                options,
+                events=transport.HANDSHAKE_EVENTS | transport.CONNECT_RETRIED,
+            )
             with self.lock:
                 self.sockets.append((pid, sock))
-            local.sock, local.url, local.pid = sock, url, pid
+                self.watches.append((pid, watch))
+            local.sock, local.watch, local.url, local.pid = sock, watch, url, pid
+            local.fresh = True  # its first publish waits for the handshake's outcome
+            local.sends = 0
             sock_ = sock
         return sock_
+
+    def send(self, sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        """Send on this thread's ``sock`` (from ``socket()``). Raises ``zmq.Again``
+        when the collector's pipe stays full for ``SEND_TIMEOUT``, and
+        ``HandshakeRefused`` when the broker refused the socket (closed then: the
+        next publish tries a fresh one)."""
+        local = self.local
+        watch: HandshakeWatch = local.watch
+        try:
+            if not watch.send(sock, frames, int(SEND_TIMEOUT * 1000)):
+                raise zmq.Again()
+            local.sends += 1
+            if local.fresh:
+                local.fresh = False
+                watch.wait_outcome(SEND_TIMEOUT)
+            elif not local.sends % WATCH_EVERY:
+                watch.check()
+        except HandshakeRefused:
+            self._forget(sock, watch, linger=0)  # refused: nothing it holds will go
+            local.pid = None
+            raise
 
 
 _publisher = _Publisher()
@@ -227,7 +285,8 @@ def publish(
 ) -> str:
     """Publish one event; returns its UUID. Raises ``ValueError`` for a bad topic
     or data that cannot be encoded, ``zmq.Again`` when the collector's pipe stays
-    full for 5 s.
+    full for 5 s, ``HandshakeRefused`` when the broker refuses this process's
+    connection (its CURVE key, or none where CURVE is on).
 
     Called once per event, so it keeps what does not change between calls: the
     collector's URL (read again when the settings object changes), the default
@@ -251,7 +310,7 @@ def publish(
         if _collect_url[0] is not settings:
             _collect_url[0], _collect_url[1] = settings, _url(settings, "COLLECT")
         url = _collect_url[1]
-    wire.send(_publisher.socket(url, pid), frames, nonblocking=False)  # sndtimeo: 5 s
+    _publisher.send(_publisher.socket(url, pid), frames)
     return event_id.decode()
 
 
@@ -291,7 +350,7 @@ def publish_many(
     ctype = encoded[0][1]
     for i, (payload, kind) in enumerate(encoded):
         if kind != ctype or size >= PUBLISH_BATCH_BYTES or len(flat) >= _BATCH_FIELDS_CAP:
-            wire.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat), nonblocking=False)
+            _publisher.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat))
             flat, size, ctype = [], 0, kind
         raw = bytearray(ids[16 * i : 16 * i + 16])  # version 4, as new_uuid
         raw[6] = (raw[6] & 0x0F) | 0x40
@@ -300,7 +359,7 @@ def publish_many(
         flat += (ts, event_id, payload)
         size += len(payload)
         uuids.append(event_id)
-    wire.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat), nonblocking=False)
+    _publisher.send(sock, eventbus.pubs(topic_raw, ctype, producer_raw, flat))
     return [eventbus.encode_uuid(u).decode() for u in uuids]
 
 
@@ -506,8 +565,11 @@ class Subscription:
         rcvhwm: int | None = None,
         rcvbuf: int | None = None,
         context: zmq.Context[Any] | None = None,
+        curve: CurveKeys | None | str = FROM_SETTINGS,
     ) -> None:
-        """``rcvhwm``, ``rcvbuf``: the SUB socket's queue (messages) and kernel buffer
+        """``curve``: CURVE keys, by default this process's (``EMQ_CURVE_*``); a
+        broker refusing them makes ``next()`` raise ``HandshakeRefused``.
+        ``rcvhwm``, ``rcvbuf``: the SUB socket's queue (messages) and kernel buffer
         (bytes); past them a slow subscriber misses live events and fills them in
         from the snapshot. Live events come from the broker's batch publisher
         (``batch_url``, else ``EMQ_BUS_BATCH_URL`` or ``EMQ_BUS_BATCH_BIND`` when
@@ -519,21 +581,25 @@ class Subscription:
         live_url, batched = _live_url(settings, publish_url, batch_url)
         self._on_live = self.state.on_live_batch if batched else self._on_broadcast
         ctx = context or zmq.Context.instance()
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.linger = 0
-        if rcvhwm is not None:
-            self.sub.rcvhwm = rcvhwm
-        if rcvbuf is not None:
-            self.sub.rcvbuf = rcvbuf
-        for prefix in self.state.prefixes or ("",):
-            self.sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        self.sub.connect(live_url)
-        self.snapshot = ctx.socket(zmq.DEALER)
-        self.snapshot.linger = 0
-        self.snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
+        keys = resolve(curve)
+        self.sub, sub_watch = _open_sub(ctx, live_url, self.state.prefixes, keys, rcvhwm, rcvbuf)
+        try:
+            self.snapshot, snap_watch = transport.connect_watched(
+                ctx,
+                zmq.DEALER,
+                snapshot_url or _url(settings, "SNAPSHOT"),
+                SocketOptions(curve=keys),
+            )
+        except BaseException:
+            self.sub.close()
+            sub_watch.close()
+            raise
+        self.watches = {sub_watch.pair: sub_watch, snap_watch.pair: snap_watch}
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.snapshot, zmq.POLLIN)
+        for pair in self.watches:
+            self.poller.register(pair, zmq.POLLIN)
         self._ready: deque[Received] = deque()
         self._rcvtimeo = -1  # the SUB socket's receive timeout now (ms; see _wait_live)
         self._heard = time.monotonic()
@@ -554,6 +620,8 @@ class Subscription:
     def close(self) -> None:
         self.sub.close()
         self.snapshot.close()
+        for watch in self.watches.values():
+            watch.close()
 
     def __iter__(self) -> Iterator[Received]:
         while True:
@@ -585,6 +653,10 @@ class Subscription:
                 self._wait_live(ms)
                 continue
             for sock, _ in self.poller.poll(ms):
+                watch = self.watches.get(sock)
+                if watch is not None:
+                    watch.check()  # raises HandshakeRefused when the broker refused us
+                    continue
                 self._heard = time.monotonic()
                 on = self._on_live if sock is self.sub else self._on_snapshot
                 # read until EAGAIN: asking ZMQ_EVENTS before each message costs
@@ -616,8 +688,10 @@ class Subscription:
             sub.rcvtimeo = self._rcvtimeo = ms
         try:
             frames = wire.recv(sub, nonblocking=False)
-        except zmq.Again:
-            return  # the time is up
+        except zmq.Again:  # the time is up: has the broker refused us meanwhile?
+            for watch in self.watches.values():
+                watch.check()  # raises HandshakeRefused
+            return
         self._heard = time.monotonic()
         ready = self._ready
         on = self._on_live
@@ -639,6 +713,29 @@ class Subscription:
         return [received(e) for e in self.state.on_live(frames)]
 
 
+def _open_sub(
+    ctx: zmq.Context[Any],
+    url: str,
+    prefixes: Sequence[str],
+    keys: CurveKeys | None,
+    rcvhwm: int | None = None,
+    rcvbuf: int | None = None,
+) -> tuple[zmq.Socket[Any], HandshakeWatch]:
+    """A SUB socket to ``url`` subscribed to ``prefixes`` (all: none given), watched."""
+    sub = transport.make_socket(ctx, zmq.SUB, SocketOptions(rcvhwm=rcvhwm, curve=keys))
+    if rcvbuf is not None:
+        sub.rcvbuf = rcvbuf
+    for prefix in prefixes or ("",):
+        sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+    try:
+        watch = HandshakeWatch(sub, url, keys)
+        sub.connect(url)
+    except zmq.ZMQError:
+        sub.close(linger=0)
+        raise
+    return sub, watch
+
+
 def subscribe(
     prefixes: str | Sequence[str] = "", since: int | None = None, **kw: Any
 ) -> Subscription:
@@ -657,28 +754,36 @@ async def asubscribe(
     publish_url: str | None = None,
     batch_url: str | None = None,
     idle_check: float = 1.0,
+    curve: CurveKeys | None | str = FROM_SETTINGS,
 ) -> AsyncIterator[Received]:
     """``subscribe`` for asyncio: ``async for event in emq.asubscribe(...)``."""
     settings = cached_settings()
     state = CloneState([prefixes] if isinstance(prefixes, str) else list(prefixes), since)
     ctx = zmq.asyncio.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    snapshot = ctx.socket(zmq.DEALER)
+    keys = resolve(curve)
+    live_url, batched = _live_url(settings, publish_url, batch_url)
+    sub, sub_watch = _open_sub(ctx, live_url, state.prefixes, keys)
+    snapshot: Any  # an asyncio socket (its context's)
     try:
-        sub.linger = snapshot.linger = 0
-        for prefix in state.prefixes or ("",):
-            sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        live_url, batched = _live_url(settings, publish_url, batch_url)
+        snapshot, snap_watch = transport.connect_watched(
+            ctx, zmq.DEALER, snapshot_url or _url(settings, "SNAPSHOT"), SocketOptions(curve=keys)
+        )
+    except BaseException:
+        sub.close()
+        sub_watch.close()
+        raise
+    watches = {sub_watch.pair: sub_watch, snap_watch.pair: snap_watch}
+    try:
 
         def on_broadcast(frames: Sequence[bytes]) -> list[Received]:
             return [received(e) for e in state.on_live(frames)]
 
         on_live = state.on_live_batch if batched else on_broadcast
-        sub.connect(live_url)
-        snapshot.connect(snapshot_url or _url(settings, "SNAPSHOT"))
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(snapshot, zmq.POLLIN)
+        for pair in watches:
+            poller.register(pair, zmq.POLLIN)
         heard = time.monotonic()
         while True:
             now = time.monotonic()
@@ -686,6 +791,10 @@ async def asubscribe(
                 await snapshot.send_multipart(state.syncstart(now))
                 heard = now
             for sock, _ in await poller.poll(idle_check * 1000):
+                watch = watches.get(sock)
+                if watch is not None:
+                    watch.check()  # raises HandshakeRefused when the broker refused us
+                    continue
                 heard = time.monotonic()
                 frames = await sock.recv_multipart()
                 if sock is sub:
@@ -697,3 +806,5 @@ async def asubscribe(
     finally:
         sub.close()
         snapshot.close()
+        for watch in watches.values():
+            watch.close()

@@ -9,11 +9,18 @@ set in one place and cannot be forgotten by one of them.
 
 from __future__ import annotations
 
+import itertools
+import os
+import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.backend import zmq_poll as _zmq_poll
 
+from emq_django import wire
+from emq_django.exceptions import HandshakeRefused
 from emq_django.security.keys import CurveKeys
 
 Socket = zmq.Socket[Any]
@@ -91,3 +98,211 @@ def bind(context: Context, kind: int, address: str, options: SocketOptions | Non
         sock.close(linger=0)
         raise
     return sock
+
+
+# ---- the handshakes of a connecting socket ------------------------------------------
+
+HANDSHAKE_EVENTS = int(
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_NO_DETAIL = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# a connection attempt that failed before any handshake (nobody listens there)
+CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
+_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+# handshakes failed in a row without a reason (the peer closed the connection
+# mid-handshake) before it counts as a refusal: a broker that dies mid-handshake
+# makes one; one that cannot read our HELLO (a wrong server key) makes one per
+# reconnect, about every 0.1 s
+NO_DETAIL_LIMIT = 3
+_watch_ids = itertools.count()
+
+
+class HandshakeWatch:
+    """What libzmq says of one connecting socket's handshakes, read from the
+    socket's monitor events (an inproc PAIR; the caller polls ``pair`` with the
+    socket, or calls ``check()`` when it likes).
+
+    libzmq 4.3 does not connect again after a ZAP refusal or a CURVE/plain-text
+    mismatch: the socket is dead for good, sends queue for nobody and replies never
+    come. ``check()`` raises ``HandshakeRefused`` then, with the reason, so that the
+    caller can say so at once rather than after its time-out; the caller closes the
+    socket (a fresh one tries again: the key may have been registered since)."""
+
+    __slots__ = ("pair", "url", "public", "role", "succeeded", "quiet_failures", "unreached")
+
+    def __init__(
+        self,
+        sock: Socket,
+        url: str,
+        curve: CurveKeys | None,
+        role: str = "",
+        events: int = HANDSHAKE_EVENTS,
+    ) -> None:
+        address = f"inproc://emq-handshakes-{os.getpid()}-{next(_watch_ids)}"
+        sock.monitor(address, events)  # before connect(): no event is missed
+        pair: Socket = sock.context.socket(zmq.PAIR)
+        pair.linger = 0
+        pair.connect(address)
+        self.pair = pair
+        self.url = url
+        self.public = curve.public.decode() if curve is not None else ""
+        self.role = role  # the role the port admits, for the message ('' : any key)
+        self.succeeded = False  # a handshake has succeeded (since the last failure)
+        self.quiet_failures = 0  # NO_DETAIL failures in a row
+        # a connection attempt failed before any handshake (with CONNECT_RETRIED in
+        # ``events``): nobody listens at ``url`` now
+        self.unreached = False
+
+    def check(self) -> None:
+        """Read the events waiting (never blocks); raises ``HandshakeRefused`` when
+        one says the broker refused this socket."""
+        pair = self.pair
+        while wire.readable(pair):
+            frames = wire.recv(pair)
+            if len(frames) != 2 or len(frames[0]) != 6:
+                continue
+            event, value = struct.unpack("=HI", frames[0])
+            if event == _SUCCEEDED:
+                self.succeeded = True
+                self.quiet_failures = 0
+            elif event == _AUTH:
+                self.succeeded = False
+                raise self.refusal("auth", value)
+            elif event == _PROTOCOL:
+                self.succeeded = False
+                raise self.refusal("protocol", value)
+            elif event == _NO_DETAIL:
+                self.succeeded = False
+                self.quiet_failures += 1
+                if self.quiet_failures >= NO_DETAIL_LIMIT:
+                    raise self.refusal("no-detail", value)
+            elif event == CONNECT_RETRIED and not self.quiet_failures:
+                self.unreached = True  # (after a failed handshake it says nothing new)
+
+    def wait_outcome(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s until a handshake succeeds or nobody is found
+        listening (``unreached``); raises ``HandshakeRefused`` when one is refused."""
+        deadline = time.monotonic() + timeout
+        items = [(self.pair, _POLLIN)]
+        self.check()
+        while not self.succeeded and not self.unreached:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if _zmq_poll(items, max(int(left * 1000), 1)):
+                self.check()
+
+    def send(self, sock: Socket, frames: list[bytes], timeout_ms: int = -1) -> bool:
+        """Send ``frames`` on the watched ``sock`` without ever blocking on a socket
+        the broker refused: while it cannot take them, wait until it can or until
+        the watch reports the refusal (``HandshakeRefused``). False when ``timeout_ms``
+        (-1: no limit) passed first."""
+        try:
+            wire.send(sock, frames)
+            return True
+        except zmq.Again:
+            pass
+        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+        items = [(sock, _POLLOUT), (self.pair, _POLLIN)]
+        while True:
+            self.check()
+            wait = -1 if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
+            ready = _zmq_poll(items, wait)
+            if ready and ready[0][0] is sock:
+                try:
+                    wire.send(sock, frames)
+                    return True
+                except zmq.Again:
+                    continue
+            if deadline is not None and time.monotonic() >= deadline:
+                self.check()
+                return False
+
+    def refusal(self, kind: str, code: int) -> HandshakeRefused:
+        url, key = self.url, self.public
+        if kind == "auth":
+            if code == 400:
+                needs = f"the {self.role} role" if self.role else "to be registered"
+                why = (
+                    f"refused this process's CURVE key {key} (ZAP: 400 refused): the key is "
+                    f"unknown there, revoked, or without a role the port admits (it needs "
+                    f"{needs}; see `manage.py emq_keys list` on the broker's database)"
+                )
+            elif code == 500:
+                why = (
+                    f"could not check this process's CURVE key {key} (ZAP: 500, its key "
+                    "handler failed; see the broker's log)"
+                )
+            else:
+                why = f"refused this process's CURVE key {key} (ZAP: {code})"
+            text = f"the broker at {url} {why}"
+        elif kind == "protocol" and code == _MISMATCH:
+            if key:
+                text = (
+                    f"the broker at {url} speaks plain text and this process CURVE "
+                    "(EMQ_CURVE_SECRET_KEY is set): the handshake failed (mechanism mismatch)"
+                )
+            else:
+                text = (
+                    f"the broker at {url} requires CURVE and this process has no key: set "
+                    "EMQ_CURVE_SECRET_KEY and EMQ_CURVE_SERVER_KEY (mechanism mismatch)"
+                )
+        elif kind == "protocol":
+            text = (
+                f"the handshake with the broker at {url} failed: libzmq protocol error 0x{code:08x}"
+            )
+        else:
+            what = "CURVE handshake" if key else "handshake"
+            text = (
+                f"the {what} with the broker at {url} failed {self.quiet_failures} times in a "
+                f"row, the broker closing the connection without a reason "
+                f"({os.strerror(code) if 0 < code < 4096 else code})"
+            )
+            if key:
+                text += (
+                    ": is EMQ_CURVE_SERVER_KEY that broker's public key (and does it speak CURVE)?"
+                )
+            else:  # a CURVE broker may close on a plain-text greeting before we read its own
+                text += (
+                    ": does it require CURVE? Then set EMQ_CURVE_SECRET_KEY and "
+                    "EMQ_CURVE_SERVER_KEY"
+                )
+        return HandshakeRefused(text, url, kind, code)
+
+    def close(self) -> None:
+        self.pair.close(linger=0)
+
+
+def connect_watched(
+    context: Context,
+    kind: int,
+    url: str,
+    options: SocketOptions | None = None,
+    role: str = "",
+    events: int = HANDSHAKE_EVENTS,
+) -> tuple[Socket, HandshakeWatch]:
+    """``connect()``, with a ``HandshakeWatch`` on the socket (``role``: the role
+    the port admits, named in the refusal's message; ``events``: the monitor events
+    it reads, ``HANDSHAKE_EVENTS`` and perhaps ``CONNECT_RETRIED``)."""
+    opts = options or SocketOptions()
+    sock = make_socket(context, kind, opts)
+    try:
+        watch = HandshakeWatch(sock, url, opts.curve, role, events)
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        raise
+    try:
+        sock.connect(url)
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        watch.close()
+        raise
+    return sock, watch

@@ -22,8 +22,8 @@ import zmq
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from emq_django.exceptions import BrokerUnavailable, ProtocolError
-from emq_django.link import BrokerLink
+from emq_django.exceptions import BrokerUnavailable, HandshakeRefused, ProtocolError
+from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import Headers, format_headers
@@ -52,7 +52,9 @@ class SchedulerPeer:
 
     # ---- lifecycle ----------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Serve until a signal (returns 0) or until the broker refuses this
+        scheduler's handshake (logs why and returns ``link.REFUSED_EXIT``)."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.context = zmq.Context()
@@ -72,6 +74,17 @@ class SchedulerPeer:
         log.info("scheduler %s: broker %s, catch-up policy %r", self.name, c.broker_url, c.catch_up)
         try:
             self._loop()
+            return 0
+        except HandshakeRefused as exc:
+            log.error(
+                "scheduler %s: %s. Stopping (exit code %d): register this process's key "
+                "with the scheduler role (manage.py emq_keys), or correct "
+                "EMQ_CURVE_SECRET_KEY / EMQ_CURVE_SERVER_KEY",
+                self.name,
+                exc,
+                REFUSED_EXIT,
+            )
+            return REFUSED_EXIT
         finally:
             self._goodbye()
             self.context.term()

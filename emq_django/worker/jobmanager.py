@@ -19,7 +19,8 @@ from typing import Any
 
 import zmq
 
-from emq_django.link import BrokerLink
+from emq_django.exceptions import HandshakeRefused
+from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
@@ -142,6 +143,8 @@ class JobManager:
         )
         try:
             return self._loop()
+        except HandshakeRefused as exc:
+            return self._refused(exc)
         finally:
             # stopping at once (a second signal): the history gets a moment, not more
             at_once = self.signals > 1
@@ -178,6 +181,43 @@ class JobManager:
                     self._spawn_recorder()
             self._enforce_time_limits(time.monotonic())
             self.link.tick()
+
+    def _refused(self, exc: HandshakeRefused) -> int:
+        """The broker refused this job manager's handshake: it will never get work
+        on that key. Say why, stop the worker processes (SIGTERM, SIGKILL after the
+        grace) and exit with ``REFUSED_EXIT`` for the supervisor to see."""
+        log.error(
+            "job manager %s: %s. Stopping (exit code %d): register this process's key with "
+            "the worker role (manage.py emq_keys), or correct EMQ_CURVE_SECRET_KEY / "
+            "EMQ_CURVE_SERVER_KEY, and start it again",
+            self.name,
+            exc,
+            REFUSED_EXIT,
+        )
+        self.signals = max(self.signals, 1)  # no respawns while the children go
+        for pid in list(self.children):
+            _kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.kill_grace
+        while self.children and time.monotonic() < deadline:
+            self._reap_quietly()
+            time.sleep(0.02)
+        for pid in list(self.children):
+            _kill(pid, signal.SIGKILL)
+        while self.children:
+            self._reap_quietly(block=True)
+        return REFUSED_EXIT
+
+    def _reap_quietly(self, block: bool = False) -> None:
+        """Reap worker processes without answering for their jobs (no broker takes
+        the answers: it refused us)."""
+        try:
+            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            self.children.clear()
+            return
+        if pid == self.recorder_pid:
+            self.recorder_pid = 0
+        self.children.pop(pid, None)
 
     def _poll_timeout(self) -> float:
         timeout = self.config.heartbeat_interval

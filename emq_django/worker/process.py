@@ -19,8 +19,8 @@ from typing import Any
 import zmq
 
 from emq_django import wire
-from emq_django.exceptions import Cancelled, ProtocolError
-from emq_django.link import BrokerLink
+from emq_django.exceptions import Cancelled, HandshakeRefused, ProtocolError
+from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.worker.credit import CreditPolicy
@@ -108,6 +108,10 @@ class SlotWorker:
         self.link.connect()
         try:
             self._loop()
+        except HandshakeRefused as exc:
+            # the job manager, on the same key, is refused too and stops
+            log.error("worker process for slot %d: %s", self.config.slot, exc)
+            return REFUSED_EXIT
         finally:
             if self.recorder is not None:
                 try:

@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 import zmq
 
-from emq_django import transport
+from emq_django import pubsub, transport
 from emq_django.client import reset_client
 from emq_django.conf import reset_cached_settings
-from emq_django.exceptions import BrokerUnavailable
+from emq_django.exceptions import BatchUnacknowledged, BrokerUnavailable, HandshakeRefused
+from emq_django.link import REFUSED_EXIT
 from emq_django.monitor_client import query
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.security.keys import CurveKeys, read_key
@@ -121,14 +122,35 @@ def stack(
     return CurveStack(dict(emq_env), keys_dir, db, broker, server_public)
 
 
-@pytest.fixture
-def curve_client_env(stack: CurveStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[CurveStack]:
-    """This test process as the ``app`` client of the stack's broker."""
-    for key, value in {**stack.env, **stack.key_env("app")}.items():
+def as_process(
+    stack: CurveStack, monkeypatch: pytest.MonkeyPatch, keys: dict[str, str], **extra: str
+) -> None:
+    """This test process's settings: the stack's, with CURVE ``keys`` (EMQ_CURVE_*;
+    none: plain text) and ``extra`` settings."""
+    monkeypatch.delenv("EMQ_CURVE_SECRET_KEY", raising=False)
+    monkeypatch.delenv("EMQ_CURVE_SERVER_KEY", raising=False)
+    for key, value in {**stack.env, **keys, **extra}.items():
         if key != "DATABASE_URL":
             monkeypatch.setenv(key, value)
     reset_cached_settings()
     reset_client()
+
+
+@pytest.fixture
+def curve_client_env(stack: CurveStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[CurveStack]:
+    """This test process as the ``app`` client of the stack's broker."""
+    as_process(stack, monkeypatch, stack.key_env("app"))
+    yield stack
+    reset_client()
+    reset_cached_settings()
+
+
+@pytest.fixture
+def refused_client_env(stack: CurveStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[CurveStack]:
+    """This test process as a client holding the ``jm`` key (the worker role only),
+    which the clients port refuses; an ACK time-out of 30 s, so that a refusal that
+    was only noticed by the time-out would show as ``BrokerUnavailable``."""
+    as_process(stack, monkeypatch, stack.key_env("jm"), EMQ_ACK_TIMEOUT="30")
     yield stack
     reset_client()
     reset_cached_settings()
@@ -205,6 +227,10 @@ def test_monitor_cancel_and_purge_refused_without_admin_key(
             assert answer is not None and answer.startswith(b"ERROR forbidden")
         else:
             assert answer is None
+            # told why at the handshake, not after the time-out
+            with pytest.raises(HandshakeRefused) as refused:
+                query(stack.env["EMQ_MONITOR_URL"], request, 30.0, curve=keys)
+            assert_refused(refused.value, key)
     counters = stack.status()["counters"]
     if key == "stranger":
         assert counters["zap_refused_unknown"] >= 2
@@ -249,3 +275,94 @@ def test_revoked_key_is_cut_off_within_the_reload(
     finally:
         worker.close(linger=0)
     assert stack.status()["counters"]["peers_revoked"] == 1
+
+
+# ---- refusals reach the caller at once, with the reason ----------------------------------
+
+
+def assert_refused(exc: HandshakeRefused, key: str | None) -> None:
+    """A refusal of an unknown key is ZAP's 400; a plain-text connection fails the
+    handshake on the mechanism (libzmq reports a mismatch, or, when the broker closed
+    before it read the broker's greeting, failures without detail): both say CURVE."""
+    if key is not None:
+        assert (exc.kind, exc.code) == ("auth", 400), exc
+        assert "ZAP: 400" in str(exc)
+    else:
+        assert exc.kind in ("protocol", "no-detail"), exc
+        assert "EMQ_CURVE_SECRET_KEY" in str(exc)
+
+
+def test_delay_with_a_refused_key_raises_the_reason_not_the_time_out(
+    refused_client_env: CurveStack,
+) -> None:
+    stack = refused_client_env
+    jm_public = stack.keys("jm").public.decode()
+    for _ in range(2):  # and again: a fresh socket, refused again, never blocked
+        with pytest.raises(HandshakeRefused) as refused:
+            tasks.add.delay(1, 2)
+        # the ACK time-out is 30 s: had the client waited for it, this would be the
+        # time-out's plain BrokerUnavailable
+        assert refused.type is HandshakeRefused
+        assert (refused.value.kind, refused.value.code) == ("auth", 400)
+        text = str(refused.value)
+        assert f"the broker at {stack.env['EMQ_BROKER_URL']} refused" in text
+        assert jm_public in text and "ZAP: 400" in text and "the client role" in text
+    with pytest.raises(BatchUnacknowledged) as batch:
+        tasks.add.map([(i, 0) for i in range(5)])
+    assert isinstance(batch.value.__cause__, HandshakeRefused)
+    assert "ZAP: 400" in str(batch.value) and len(batch.value.job_ids) == 5
+    assert stack.status()["counters"]["zap_refused_role"] >= 3
+
+
+@pytest.mark.parametrize("command", ["emq_jobmanager", "emq_scheduler"])
+def test_peer_with_a_refused_key_exits_naming_the_cause(
+    stack: CurveStack, emq_processes: EmqProcesses, command: str
+) -> None:
+    if command == "emq_jobmanager":
+        # the app key (client, monitor) is no worker: the workers port refuses it
+        key, role = "app", "worker"
+        proc = start_jm(emq_processes, "refused", extra_env=stack.key_env(key))
+    else:  # the jm key (worker) can neither send jobs nor schedule on the clients port
+        key, role = "jm", "scheduler"
+        proc = emq_processes.start("emq_scheduler", env=stack.key_env(key), name="sched")
+    code = proc.popen.wait(timeout=60)  # it stops by itself; the bound only ends a hang
+    assert code == REFUSED_EXIT, proc.log_tail()
+    log = proc.stderr()
+    assert stack.keys(key).public.decode() in log
+    assert "refused this process's CURVE key" in log and "ZAP: 400" in log
+    assert f"Stopping (exit code {REFUSED_EXIT})" in log and f"the {role} role" in log
+    assert stack.status()["job_managers"] == []
+
+
+@pytest.mark.parametrize("key", ["stranger", None])
+def test_publish_and_subscribe_refused_say_why(
+    stack: CurveStack, monkeypatch: pytest.MonkeyPatch, key: str | None
+) -> None:
+    if key == "stranger":  # a key pair the allow-list never heard of
+        _, secret = zmq.curve_keypair()
+        keys = {**stack.key_env("app"), "EMQ_CURVE_SECRET_KEY": secret.decode()}
+    else:
+        keys = {}
+    as_process(stack, monkeypatch, keys)
+    try:
+        for _ in range(2):  # the refused socket is closed: the next publish tries afresh
+            with pytest.raises(HandshakeRefused) as refused:
+                pubsub.publish("/refused/a", {"n": 1})
+            assert_refused(refused.value, key)
+        with pytest.raises(HandshakeRefused) as refused:
+            pubsub.publish_many("/refused/a", [{"n": 2}, {"n": 3}])
+        assert_refused(refused.value, key)
+        with pubsub.subscribe("/refused/", since=0) as sub:
+            with pytest.raises(HandshakeRefused) as refused:
+                sub.next(timeout=30.0)
+        assert_refused(refused.value, key)
+    finally:
+        reset_cached_settings()
+    assert stack.status()["topics"]["last_seq"] == 0  # nothing got in
+
+
+def test_publish_and_subscribe_with_curve(curve_client_env: CurveStack) -> None:
+    with pubsub.subscribe("/secure/", since=0) as sub:
+        pubsub.publish("/secure/a", {"n": 1})
+        event = sub.next(timeout=15.0)
+    assert event is not None and (event.topic, event.data) == ("/secure/a", {"n": 1})

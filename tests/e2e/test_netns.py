@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from emq_django.link import REFUSED_EXIT
 from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -347,10 +348,13 @@ def test_curve_a_job_manager_with_a_client_key_is_refused_and_gets_no_job(stack:
     broker = stack.broker(stack.keys.env("broker"))
     secret = secret_marker()
     client = stack.client(stack.keys.env("client"), secret)  # its jobs wait for a worker
-    stack.jobmanager(stack.keys.env("client"), name="rogue")  # holding a client's key
+    rogue = stack.jobmanager(stack.keys.env("client"), name="rogue")  # a client's key
     refusal = f"(client, roles client) from {WORKER} on the port for worker"
     stack.procs.wait_for_output(broker, refusal, timeout=60)
-    time.sleep(2)  # the rogue keeps trying while the jobs wait: were it let in, it ran them
+    # told why at the handshake, the rogue says so and stops (the bound only ends a hang)
+    assert rogue.popen.wait(timeout=60) == REFUSED_EXIT, rogue.log_tail()
+    assert "ZAP: 400" in rogue.stderr()
+    time.sleep(2)  # the jobs wait: had the rogue been let in, it would have run them
     assert client.alive()  # no result yet: nobody ran them
     stack.jobmanager(stack.keys.env("jobmanager"))
     assert {r["jm"] for r in wait_for_results(stack, client, secret)} == {"jobmanager"}

@@ -5,6 +5,7 @@ API (``emq.publish``, ``emq.subscribe``, ``emq.asubscribe``, ``emq_tail``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from tests.e2e.test_spine import monitor, port_of, wait_until
 from tests.eventbus_client import BusClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+FLOOD_PAD = "x" * 16000  # 2,000 of these are 32 MB: more than the loopback buffers hold
 
 
 class Sockets:
@@ -69,6 +71,14 @@ def start(procs: EmqProcesses, env: dict[str, str], **extra: str) -> ManagedProc
     return broker
 
 
+def restart(
+    procs: EmqProcesses, broker: ManagedProcess, env: dict[str, str], **extra: str
+) -> ManagedProcess:
+    """Stop ``broker`` (it must exit cleanly) and start another on ``env``."""
+    assert procs.stop(broker) == 0
+    return start(procs, env, **extra)
+
+
 def topics(env: dict[str, str]) -> dict[str, Any]:
     doc: dict[str, Any] = monitor(env)["topics"]
     return doc
@@ -93,6 +103,45 @@ def take(sub: Subscription, n: int, timeout: float = 60.0) -> list[emq.pubsub.Re
         assert event is not None, f"{len(got)} of {n} events, then nothing for {timeout} s"
         got.append(event)
     return got
+
+
+def take_the_last(sub: Subscription, n: int) -> list[emq.pubsub.Received]:
+    """``n`` events, and then no more."""
+    got = take(sub, n)
+    assert sub.next(timeout=1.5) is None
+    return got
+
+
+def assert_numbered(got: list[emq.pubsub.Received], n: int) -> None:
+    """The events carrying 0 .. n-1, numbered 1 .. n: each once, in order."""
+    assert [e.data for e in got] == list(range(n))
+    assert [e.seq for e in got] == list(range(1, n + 1))
+
+
+@contextlib.contextmanager
+def flooded(env: dict[str, str], broker: ManagedProcess, rcvhwm: int) -> Iterator[Subscription]:
+    """A subscriber of /flood/ with a tiny queue (``rcvhwm``) and kernel buffer, live
+    once it has read the first event (data ``{"i": 0, "pad": FLOOD_PAD}``). No idle
+    check: the jump in the sequence must be what sends it to the snapshot."""
+    with emq.subscribe("/flood/", 0, rcvhwm=rcvhwm, rcvbuf=4096, idle_check=60) as sub:
+        wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
+        emq.publish("/flood/0", {"i": 0, "pad": FLOOD_PAD})
+        assert take(sub, 1)[0].data["i"] == 0
+        yield sub
+
+
+def assert_gaps_filled(sub: Subscription, n: int, what: str) -> None:
+    """The flooded subscriber gets the other ``n - 1`` events, each once, in order,
+    though it missed some ``what`` live (a test that dropped nothing tested nothing)."""
+    got = take_the_last(sub, n - 1)
+    assert [e.data["i"] for e in got] == list(range(1, n))  # none missing, each once
+    state = sub.state
+    assert state.live_seen < n, f"no {what} was dropped: the test did not test the gap"
+    assert state.gaps > 0 and state.from_snapshot >= n - state.live_seen
+    print(
+        f"{n} events: {state.live_seen} came live, {state.from_snapshot} from the "
+        f"snapshot after {state.gaps} gaps ({state.syncs} snapshot requests)"
+    )
 
 
 def test_sync_then_live_and_both_ways_between_emq_and_an_event_bus_client(
@@ -174,8 +223,7 @@ def test_offline_subscriber_gets_exactly_the_10000_events_across_a_broker_restar
     for i in range(5000):
         emq.publish(f"/feed/{i % 7}", i)
     wait_until(lambda: topics(env)["last_seq"] == 5001, "5,001 events", 60, procs=[broker])
-    assert emq_processes.stop(broker) == 0
-    broker = start(emq_processes, env)
+    broker = restart(emq_processes, broker, env)
     assert topics(env)["last_seq"] == 5001
     for i in range(5000, 10000):
         emq.publish(f"/feed/{i % 7}", i)
@@ -201,15 +249,11 @@ def test_a_live_subscription_goes_on_across_a_broker_restart(
         for i in range(100):
             emq.publish("/live/a", i)
         first = take(sub, 100)
-        assert emq_processes.stop(broker) == 0
-        broker = start(emq_processes, env)
+        broker = restart(emq_processes, broker, env)
         for i in range(100, 200):
             emq.publish("/live/b", i)
-        second = take(sub, 100)
-        assert sub.next(timeout=1.5) is None
-    got = first + second
-    assert [e.data for e in got] == list(range(200))
-    assert [e.seq for e in got] == list(range(1, 201))
+        second = take_the_last(sub, 100)
+    assert_numbered(first + second, 200)
 
 
 def test_a_subscriber_behind_its_pub_buffer_fills_the_gap_from_the_snapshot(
@@ -218,26 +262,11 @@ def test_a_subscriber_behind_its_pub_buffer_fills_the_gap_from_the_snapshot(
     env = emq_client_env
     broker = start(emq_processes, env, EMQ_BUS_PUBLISH_HWM="10")
     n = 2000
-    payload = "x" * 16000  # 32 MB in all: more than the loopback buffers hold
-    # no idle check: the jump in the sequence must be what sends it to the snapshot
-    with emq.subscribe("/flood/", 0, rcvhwm=10, rcvbuf=4096, idle_check=60) as sub:
-        # the first event: the subscription is live (and its SYNCEND read)
-        wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
-        emq.publish("/flood/0", {"i": 0, "pad": payload})
-        assert take(sub, 1)[0].data["i"] == 0
+    with flooded(env, broker, rcvhwm=10) as sub:
         for i in range(1, n):  # the reader is slow: it reads nothing meanwhile
-            emq.publish(f"/flood/{i % 3}", {"i": i, "pad": payload})
+            emq.publish(f"/flood/{i % 3}", {"i": i, "pad": FLOOD_PAD})
         wait_until(lambda: topics(env)["last_seq"] == n, f"{n} events", 60, procs=[broker])
-        got = take(sub, n - 1)
-        assert [e.data["i"] for e in got] == list(range(1, n))  # none missing, each once
-        assert sub.next(timeout=1.5) is None
-        state = sub.state
-        assert state.live_seen < n, "no message was dropped: the test did not test the gap"
-        assert state.gaps > 0 and state.from_snapshot >= n - state.live_seen
-        print(
-            f"{n} events: {state.live_seen} came live, {state.from_snapshot} from the "
-            f"snapshot after {state.gaps} gaps ({state.syncs} snapshot requests)"
-        )
+        assert_gaps_filled(sub, n, "message")
 
 
 def test_10000_malformed_messages_on_each_event_bus_socket(
@@ -339,15 +368,11 @@ def test_the_batch_channel_goes_on_across_a_broker_restart(
         assert [e.seq for e in on_bus] == list(range(1, 3001))
         figures = topics(env)["ports"]["eventbus"]
         assert figures["batched_events"] == 3000 and figures["batches"] < 3000
-        assert emq_processes.stop(broker) == 0
-        broker = start(emq_processes, env, EMQ_BUS_BATCH_BIND=env["EMQ_BUS_BATCH_BIND"])
+        broker = restart(emq_processes, broker, env, EMQ_BUS_BATCH_BIND=env["EMQ_BUS_BATCH_BIND"])
         for start_at in range(3000, 6000, 500):
             emq.publish_many("/batch/b", range(start_at, start_at + 500))
-        second = take(sub, 3000)
-        assert sub.next(timeout=1.5) is None
-    got = first + second
-    assert [e.data for e in got] == list(range(6000))
-    assert [e.seq for e in got] == list(range(1, 6001))
+        second = take_the_last(sub, 3000)
+    assert_numbered(first + second, 6000)
 
 
 def test_a_subscriber_behind_the_batch_publisher_fills_the_gap_from_the_snapshot(
@@ -361,24 +386,15 @@ def test_a_subscriber_behind_the_batch_publisher_fills_the_gap_from_the_snapshot
         EMQ_BUS_PUBLISH_HWM="8",  # the batch publisher's queue: 2 batches
     )
     n = 2000
-    payload = "x" * 16000  # 32 MB in all: more than the loopback buffers hold
-    with emq.subscribe("/flood/", 0, rcvhwm=2, rcvbuf=4096, idle_check=60) as sub:
-        wait_until(lambda: bus_subscribers(env) >= 1, "subscribed", procs=[broker])
-        emq.publish("/flood/0", {"i": 0, "pad": payload})
-        assert take(sub, 1)[0].data["i"] == 0
+    with flooded(env, broker, rcvhwm=2) as sub:
         for start_at in range(1, n, 100):  # the reader is slow: it reads nothing meanwhile
             emq.publish_many(
                 "/flood/x",
-                [{"i": i, "pad": payload} for i in range(start_at, start_at + 100) if i < n],
+                [{"i": i, "pad": FLOOD_PAD} for i in range(start_at, start_at + 100) if i < n],
             )
         # the broker writes 32 MB meanwhile: a monitor request may wait past its 1 s
         wait_until(lambda: last_seq_or_none(env) == n, f"{n} events", 60, procs=[broker])
-        got = take(sub, n - 1)
-        assert [e.data["i"] for e in got] == list(range(1, n))  # none missing, each once
-        assert sub.next(timeout=1.5) is None
-        state = sub.state
-        assert state.live_seen < n, "no batch was dropped: the test did not test the gap"
-        assert state.gaps > 0 and state.from_snapshot >= n - state.live_seen
+        assert_gaps_filled(sub, n, "batch")
 
 
 def test_a_process_that_exits_right_after_publishing_loses_no_event(

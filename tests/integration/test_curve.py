@@ -16,7 +16,11 @@ import zmq
 
 from emq_django import transport
 from emq_django.broker.server import BrokerServer
+from emq_django.client import Client
 from emq_django.conf import EmqSettings
+from emq_django.exceptions import BrokerUnavailable, HandshakeRefused
+from emq_django.link import BrokerLink
+from emq_django.monitor_client import query
 from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode, mdp, pzq
 from emq_django.security.allow import KeyEntry
 from emq_django.security.keys import CurveKeys
@@ -69,16 +73,14 @@ class SecureBroker:
         return counters
 
     def ask_monitor(self, key: str | None, request: bytes, wait: float = WAIT) -> bytes | None:
-        req = self.socket(zmq.REQ, "monitor", key)
+        """The answer, or None when there is none: refused at the handshake (the
+        monitor client says so at once, and never blocks sending on the refused
+        socket, as a plain REQ's send did) or none within ``wait``."""
+        curve = None if key is None else CurveKeys(*self.pairs[key], self.server_public)
         try:
-            req.send(request)
-            if not req.poll(int(wait * 1000)):
-                return None
-            answer: bytes = req.recv()
-            return answer
-        finally:
-            self.sockets.remove(req)
-            req.close(linger=0)
+            return query(self.urls["monitor"], request, wait, curve=curve)
+        except BrokerUnavailable:
+            return None
 
 
 def recv_command(sock: zmq.Socket[Any], kind: type, timeout: float = WAIT) -> Any:
@@ -288,3 +290,89 @@ def test_pzq_sockets_are_curve_with_their_roles(secure_broker: SecureBroker) -> 
     assert consumer.poll(int(WAIT * 1000)), "no delivery to the worker-key consumer"
     assert consumer.recv_multipart()[-1] == b"payload"
     assert b.counters()["zap_refused_role"] >= 1
+
+
+# ---- a refused handshake is reported at once, with its reason ----------------------------
+
+
+def curve_for(b: SecureBroker, key: str | None) -> CurveKeys | None:
+    """The keys named ``key`` for the broker; ``wrong-server``: the app's pair with
+    another server key; None: plain text."""
+    if key is None:
+        return None
+    if key == "wrong-server":
+        return CurveKeys(*b.pairs["app"], key_pair()[0])
+    return CurveKeys(*b.pairs[key], b.server_public)
+
+
+@pytest.mark.parametrize("key", ["jm", "stranger", None, "wrong-server"])
+def test_client_is_told_why_the_broker_refused_it(secure_broker: SecureBroker, key: str) -> None:
+    b = secure_broker
+    # ACK time-out 30 s: a refusal seen only by the time-out would be BrokerUnavailable
+    client = Client(b.urls["frontend"], ack_timeout=30, context=b.context, curve=curve_for(b, key))
+    try:
+        for confirm in (False, True):  # a fresh socket each time: refused again, not blocked
+            with pytest.raises(HandshakeRefused) as refused:
+                client.send("default", b"", BODY, confirm=confirm)
+            exc, text = refused.value, str(refused.value)
+            assert exc.url == b.urls["frontend"]
+            if key in ("jm", "stranger"):
+                assert (exc.kind, exc.code) == ("auth", 400)
+                assert b.pairs[key][0].decode() in text and "the client role" in text
+            elif key is None:  # plain text against CURVE
+                assert exc.kind in ("protocol", "no-detail") and "EMQ_CURVE_SECRET_KEY" in text
+            else:  # the broker cannot read our HELLO: it closes, libzmq says no more
+                assert exc.kind == "no-detail" and "EMQ_CURVE_SERVER_KEY" in text
+    finally:
+        client.close()
+    # the same client with the right key is admitted: nothing stays broken
+    good = Client(b.urls["frontend"], ack_timeout=30, context=b.context, curve=curve_for(b, "app"))
+    try:
+        good.send("default", b"", BODY, confirm=True)
+    finally:
+        good.close()
+
+
+def test_link_with_a_refused_key_raises_from_poll(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+
+    def link_with(key: str) -> BrokerLink:
+        link = BrokerLink(
+            b.context,
+            b.urls["backend"],
+            ((10, "default"),),
+            "worker",
+            {},
+            heartbeat_interval=0.2,
+            heartbeat_liveness=25,
+            curve=curve_for(b, key),
+        )
+        link.connect()
+        return link
+
+    refused_link, admitted = link_with("app"), link_with("jm")
+    try:
+        with pytest.raises(HandshakeRefused) as refused:
+            for _ in range(int(WAIT * 10)):  # a bound, so a missed refusal fails, not hangs
+                refused_link.poll(0.1)
+        assert (refused.value.kind, refused.value.code) == ("auth", 400)
+        assert "the worker role" in str(refused.value)
+        acked = False
+        for _ in range(int(WAIT * 10)):  # its poll raises nothing; the INFORM is ACKed
+            if admitted.poll(0.1) and any(isinstance(c, Ack) for c in admitted.messages()):
+                acked = True
+                break
+        assert acked
+        admitted.check_handshake()
+        assert admitted.watch is not None and admitted.watch.succeeded
+    finally:
+        refused_link.close()
+        admitted.close()
+
+
+def test_monitor_query_with_a_key_without_the_monitor_role(secure_broker: SecureBroker) -> None:
+    b = secure_broker
+    with pytest.raises(HandshakeRefused) as refused:
+        query(b.urls["monitor"], b"MONITOR JSON", 30.0, curve=curve_for(b, "jm"))
+    assert (refused.value.kind, refused.value.code) == ("auth", 400)
+    assert "the monitor role" in str(refused.value)

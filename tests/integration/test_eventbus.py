@@ -34,9 +34,28 @@ def bus(broker: Broker, **kw: Any) -> BusClient:
     )
 
 
+def figures(broker: Broker) -> dict[str, Any]:
+    """The Event BUS port's figures in the broker's status."""
+    doc: dict[str, Any] = broker.status()["topics"]["ports"].get("eventbus", {})
+    return doc
+
+
+def last_seq(broker: Broker) -> int:
+    seq: int = broker.status()["topics"]["last_seq"]
+    return seq
+
+
+def wait_seq(broker: Broker, n: int) -> None:
+    wait_until(lambda: last_seq(broker) == n, f"{n} events")
+
+
+def wait_malformed(broker: Broker, n: int) -> None:
+    wait_until(lambda: figures(broker).get("malformed", 0) >= n, f"{n} malformed counted")
+
+
 def subscribed(broker: Broker, n: int) -> None:
     wait_until(
-        lambda: broker.status()["topics"]["ports"].get("eventbus", {}).get("subscribers", 0) >= n,
+        lambda: figures(broker).get("subscribers", 0) >= n,
         f"{n} subscriptions",
     )
 
@@ -47,7 +66,7 @@ def test_sync_then_live_updates_with_prefix_match(start_broker: Callable[..., Br
     for i in range(5):
         producer.publish(f"/orders/{i}", {"n": i})
     producer.publish("/users/1", "u")
-    wait_until(lambda: broker.status()["topics"]["last_seq"] == 6, "6 events")
+    wait_seq(broker, 6)
 
     client = bus(broker)
     client.subscribe("/orders/")
@@ -83,7 +102,7 @@ def test_sync_then_live_updates_with_prefix_match(start_broker: Callable[..., Br
     producer.close()
     client.close()
     wait_until(  # a subscriber that goes away is counted out (XPUB_VERBOSER)
-        lambda: broker.status()["topics"]["ports"]["eventbus"]["subscribers"] == 0,
+        lambda: figures(broker)["subscribers"] == 0,
         "the subscription to go",
     )
 
@@ -101,16 +120,13 @@ def test_malformed_messages_on_all_three_sockets_are_counted(
         snapshot.send_multipart([b"SYNCSTART", b"", b"-%d" % i])
         collector.send_multipart([b"/t", b"", b"p", b"", b"", b"\xc1"])
         xsub.send_multipart([b"\x07garbage", b"%d" % i])
-    wait_until(
-        lambda: broker.status()["topics"]["ports"]["eventbus"]["malformed"] >= 3 * n,
-        "the malformed messages counted",
-    )
+    wait_malformed(broker, 3 * n)
     status = broker.status()
     assert status["counters"]["dropped_malformed"] >= 3 * n
     assert status["topics"]["last_seq"] == 0
     good = bus(broker)
     good.publish("/t", 1)
-    wait_until(lambda: broker.status()["topics"]["last_seq"] == 1, "1 event")
+    wait_seq(broker, 1)
     assert good.sync("/t")[1] == 1
     good.close()
 
@@ -173,7 +189,7 @@ def test_a_long_replay_comes_in_pages_and_subscribe_reads_them_all(
     producer = bus(broker)
     for i in range(7):
         producer.publish("/page/x", i)
-    wait_until(lambda: broker.status()["topics"]["last_seq"] == 7, "7 events")
+    wait_seq(broker, 7)
     client = bus(broker)
     events, upto = client.sync("/page/", since=0)
     assert [e.seq for e in events] == [1, 2, 3] and upto == 3  # a page
@@ -210,7 +226,7 @@ def test_batch_channels_publish_many_and_the_batch_publisher(
         ids = emq.publish_many("/many/x", items, url=s.BUS_COLLECT_BIND)
         emq.publish("/other/y", 1, url=s.BUS_COLLECT_BIND)  # not under the prefix
         got = [sub.next(timeout=10.0) for _ in range(602)]
-        wait_until(lambda: broker.status()["topics"]["last_seq"] == 603, "603 events")
+        wait_seq(broker, 603)
         external.publish("/many/z", {"from": "bus"})  # another producer: after those
         got.append(sub.next(timeout=10.0))
         assert [e.seq for e in got if e is not None] == list(range(1, 603)) + [604]
@@ -220,9 +236,9 @@ def test_batch_channels_publish_many_and_the_batch_publisher(
     on_bus = external.receive_n(603, 20.0)
     assert [e.seq for e in on_bus] == list(range(1, 603)) + [604]
     assert on_bus[0].data == {"i": 0} and on_bus[600].data == b"raw"
-    figures = broker.status()["topics"]["ports"]["eventbus"]
-    assert figures["collected_batches"] >= 2 and figures["batched_events"] == 604
-    assert figures["batches"] < 604  # several events a message
+    bus_figures = figures(broker)
+    assert bus_figures["collected_batches"] >= 2 and bus_figures["batched_events"] == 604
+    assert bus_figures["batches"] < 604  # several events a message
 
 
 def test_malformed_publish_batches_are_counted_and_publish_nothing(
@@ -238,12 +254,9 @@ def test_malformed_publish_batches_are_counted_and_publish_nothing(
             eventbus.pubs(b"/t", MSGPACK, b"p", [*good, 1.0, b"", b"\xc1"])
         )
         collector.send_multipart([b"EMQPUBS", b"/t", b"x/y", b"p", b"%d" % i])
-    wait_until(
-        lambda: broker.status()["topics"]["ports"]["eventbus"]["malformed"] >= 2 * n,
-        "the malformed batches counted",
-    )
-    assert broker.status()["topics"]["last_seq"] == 0
+    wait_malformed(broker, 2 * n)
+    assert last_seq(broker) == 0
     emq.publish_many("/t", [1, 2], url=s.BUS_COLLECT_BIND)
-    wait_until(lambda: broker.status()["topics"]["last_seq"] == 2, "2 events")
+    wait_seq(broker, 2)
     with pytest.raises(ValueError):
         emq.publish_many("", [1], url=s.BUS_COLLECT_BIND)  # a bad topic: nothing sent

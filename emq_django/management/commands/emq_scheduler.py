@@ -53,4 +53,6 @@ class Command(BaseCommand):
             stored, removed = sync_periodic()
             if stored or removed:
                 self.stderr.write(f"@emq.periodic: {stored} stored, {removed} removed")
-        SchedulerPeer(config).run()
+        code = SchedulerPeer(config).run()
+        if code:
+            raise SystemExit(code)
