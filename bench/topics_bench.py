@@ -69,6 +69,7 @@ EVENT_SIZE = 1024
 HEAD = struct.Struct("<qq")  # seq (-1: warm-up), monotonic_ns at the publish call
 WARM = -1
 IDLE_END = 5.0  # a subscriber stops this long after its last event (missed events)
+LATE_MS = 50  # an event this late at a subscriber counts as late (where the tail comes from)
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222")
 JS_STREAM = "EMQBENCHTOPICS"
@@ -283,14 +284,17 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
             pass
 
     elif system == "emq-raw":
-        send = _bus_sender(topic)
+        send, close = _bus_sender(topic)
 
         def send_many(n: int) -> None:
             for seq in range(n):
                 send(payload(seq))
 
         def flush() -> None:
-            pass  # the bus never acknowledges; the subscribers' counts end the phase
+            # the bus never acknowledges; the subscribers' counts end the phase.
+            # What still waits in the pipe leaves before the process ends (as
+            # emq.publish's socket at exit: pubsub._Publisher.close_all)
+            close()
 
     else:
         import django
@@ -312,6 +316,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
         send(payload(WARM))
         time.sleep(0.02)
     start = time.monotonic_ns()
+    wall_start = time.time()
     cpu_start = time.process_time()
     if opts.phase == "thr":
         send_many(opts.events)
@@ -322,6 +327,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
         {
             "kind": "published",
             "start_ns": start,
+            "wall_start": wall_start,
             "end_ns": time.monotonic_ns(),
             "cpu_s": time.process_time(),
             "phase_cpu_s": time.process_time() - cpu_start,
@@ -329,15 +335,18 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
     )
 
 
-def _bus_sender(topic: str) -> Callable[[bytes], None]:
-    """An Event BUS producer (DEALER to the collector): PUB frames, MessagePack data."""
+def _bus_sender(topic: str) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """An Event BUS producer (DEALER to the collector): PUB frames, MessagePack data;
+    and its close, which returns once what was sent has left (or 10 s)."""
     import uuid
     from datetime import UTC, datetime
 
     import msgpack
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 10_000
     sock.connect(os.environ["EMQ_BUS_COLLECT_BIND"])
     head = [topic.encode(), b"", b"topics-bench"]
 
@@ -347,7 +356,11 @@ def _bus_sender(topic: str) -> Callable[[bytes], None]:
             [*head, stamp.encode(), str(uuid.uuid4()).encode(), msgpack.packb(data)]
         )
 
-    return send
+    def close() -> None:
+        sock.close()
+        ctx.term()
+
+    return send, close
 
 
 def paced(n: int, rate: float, send: Callable[[int], None]) -> None:
@@ -375,6 +388,7 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
             await js.publish(topic, payload(WARM), stream=JS_STREAM)
         await asyncio.sleep(0.02)
     start = time.monotonic_ns()
+    wall_start = time.time()
     cpu_start = time.process_time()
     if opts.phase == "thr":
         for seq in range(opts.events):
@@ -402,6 +416,7 @@ async def _nats_publisher(system: str, topic: str, opts: argparse.Namespace, ctl
         {
             "kind": "published",
             "start_ns": start,
+            "wall_start": wall_start,
             "end_ns": time.monotonic_ns(),
             "cpu_s": time.process_time(),
             "phase_cpu_s": time.process_time() - cpu_start,
@@ -475,6 +490,23 @@ async def _reset_jetstream() -> None:
     await nc.close()
 
 
+def loop_stalls(env: dict[str, str], since: float) -> dict[str, Any]:
+    """The broker's slow loop turns (``broker/turns.py``) since the phase began:
+    how many, and the slowest few with what they did."""
+    from emq_django.monitor_client import query
+
+    try:
+        doc = json.loads(query(env["EMQ_MONITOR_BIND"], b"MONITOR JSON", timeout=10.0))
+    except Exception as exc:  # noqa: BLE001  (a figure, not the result)
+        return {"error": str(exc)}
+    turns = [t for t in doc.get("loop", {}).get("recent", []) if t["at"] >= since]
+    return {
+        "slow_turns": len(turns),
+        "slow_ms": round(sum(t["ms"] for t in turns), 1),
+        "slowest": sorted(turns, key=lambda t: -t["ms"])[:5],
+    }
+
+
 def peer_pids(system: str) -> list[int]:
     """The peer's server process (a system service: read only)."""
     from bench.procs import find_system_pids
@@ -496,12 +528,14 @@ def server_cpu(server: list[Any]) -> float:
     return total
 
 
-def start_profile(pid: int, path: str) -> subprocess.Popen[bytes]:
-    """py-spy on the broker, sampling until SIGINT; folded stacks to ``path``."""
+def start_profile(pid: int, path: str, wait: bool = True) -> subprocess.Popen[bytes]:
+    """py-spy on a process (the broker, a publisher, a subscriber), sampling until
+    SIGINT or the process' end; folded stacks to ``path``."""
     spy = os.path.join(os.path.dirname(PYTHON), "py-spy")
     argv = [spy, "record", "-p", str(pid), "-f", "raw", "-o", path, "-r", "200", "--nonblocking"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached
+    if wait:
+        time.sleep(1.0)  # attached
     return proc
 
 
@@ -550,6 +584,7 @@ def one_phase(
     common = ["--system", system, "--topic", topic, "--phase", phase, "--report", report_url]
     common += ["--events", str(n), "--rate", str(opts.rate)]
     started = len(servers.servers)
+    spies: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         tag = f"{system}-{phase}{opts.round_no}"
         subs = [
@@ -561,6 +596,9 @@ def one_phase(
         pub = servers.start(
             f"{tag}-pub", "pub", [*me, "--role", "pub", "--ctl", ctl_url, *common], env
         )
+        # --profile: the publisher and one subscriber too, each role on its own,
+        # from the "go" on (their start-up is not what is measured)
+        profiled = opts.profile and system.startswith("emq") and phase == opts.profile_phase
         warm: set[int] = set()
         done: dict[int, dict[str, Any]] = {}
         published: dict[str, Any] = {}
@@ -601,9 +639,21 @@ def one_phase(
             elif msg["kind"] == "published":
                 published = msg
             if not go_sent and len(warm) == opts.subscribers:
+                if profiled:
+                    for role, proc in (("pub", pub), ("sub0", subs[0])):
+                        path = f"{opts.profile}.{phase}.{opts.round_no}.{system}.{role}"
+                        spies.append((path, start_profile(proc.pid, path, wait=False)))
+                    time.sleep(1.0)  # attached
                 ctl.send(b"go")
                 go_sent = True
     finally:
+        for path, spy in spies:
+            spy.send_signal(signal.SIGINT)  # the process is gone or ending: py-spy writes
+            try:
+                spy.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.kill()  # by PID: one we started
+            print(profile_top(path), flush=True)
         for server in servers.servers[started:]:
             try:
                 server.popen.wait(timeout=30)
@@ -617,6 +667,7 @@ def one_phase(
     end = max(d["last_ns"] for d in done.values())
     elapsed = (end - published["start_ns"]) / 1e9
     result: dict[str, Any] = {
+        "wall_start": published["wall_start"],
         "events": n,
         "delivered": delivered,
         "missed": n * opts.subscribers - delivered,
@@ -638,6 +689,8 @@ def one_phase(
         if any(key in d for d in done.values()):
             result[key] = sum(d.get(key, 0) for d in done.values())
     if result["missed"]:
+        # a failed round: it is in the JSON, but never the table's best
+        result["failed"] = f"missed {result['missed']} events"
         result["counts"] = [done[k]["count"] for k in sorted(done)]
     if phase == "thr":
         result["events_per_s"] = round(delivered / opts.subscribers / elapsed, 1)
@@ -649,6 +702,18 @@ def one_phase(
             p99_ms=round(q[98], 3),
             max_ms=round(lags[-1], 3),
         )
+        # where the tail comes from: each subscriber's p99, and the events late
+        # (LATE_MS or more) at most subscribers (held before the fan-out: the
+        # publisher, the server) or at one or two (a subscriber's own wait)
+        per_sub = [d["lags"] for _, d in sorted(done.items()) if len(d["lags"]) >= 2]
+        result["sub_p99_ms"] = [
+            round(statistics.quantiles(x, n=100, method="inclusive")[98] / 1e6, 1) for x in per_sub
+        ]
+        if per_sub and all(len(x) == len(per_sub[0]) for x in per_sub):
+            cut = LATE_MS * 1e6
+            late = [sum(1 for x in per_sub if x[i] >= cut) for i in range(len(per_sub[0]))]
+            result["late_at_most_subs"] = sum(1 for k in late if k > len(per_sub) // 2)
+            result["late_at_few_subs"] = sum(1 for k in late if 0 < k <= 2)
     return result
 
 
@@ -750,6 +815,8 @@ def main() -> None:
                         failures.append(f"round {r + 1} {system} {phase}: {exc}")
                         continue
                     cpu = server_cpu(server) - cpu0
+                    if system.startswith("emq"):
+                        res["broker_loop"] = loop_stalls(env, res["wall_start"])
                     res["server_cpu_s"] = round(cpu, 3)
                     res["server_cpu_us_per_event"] = round(cpu / res["events"] * 1e6, 1)
                     if spy is not None:
@@ -757,8 +824,10 @@ def main() -> None:
                         spy.wait(timeout=60)
                         print(profile_top(prof), flush=True)
                     loads.append(os.getloadavg()[0])
+                    res["load_average"] = round(loads[-1], 2)
                     results[system][phase].append(res)
-                    print(f"round {r + 1} {system:9} {phase}: {res}", flush=True)
+                    verdict = f"FAILED ({res['failed']}) " if res.get("failed") else ""
+                    print(f"round {r + 1} {system:9} {phase}: {verdict}{res}", flush=True)
             for server in broker:
                 if not server.alive():
                     raise RuntimeError(f"{server.name} died:\n{server.log_tail()}")
@@ -790,15 +859,19 @@ def main() -> None:
 
 
 def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], opts: Any) -> dict[str, Any]:
-    """Per system: the best round's events/s (least disturbed by other load) and the
-    median of the rounds' p50/p99; every round is in the JSON."""
+    """Per system: the best round's events/s (least disturbed by other load) among
+    the rounds that missed no event, and the median of the rounds' p50/p99; every
+    round is in the JSON. A round with misses is failed: it is never the best
+    (``failed_rounds`` counts them, in both phases)."""
     out: dict[str, Any] = {}
     for system, phases in results.items():
         thr = phases["thr"]
         lat = phases["lat"]
+        clean = [r for r in thr if not r.get("failed")]
         out[system] = {
-            "events_per_s": max(r["events_per_s"] for r in thr) if thr else None,
+            "events_per_s": max(r["events_per_s"] for r in clean) if clean else None,
             "events_per_s_rounds": [r["events_per_s"] for r in thr],
+            "failed_rounds": sum(1 for r in thr + lat if r.get("failed")),
             "missed": sum(r["missed"] for r in thr),
             "p50_ms": statistics.median(r["p50_ms"] for r in lat) if lat else None,
             "p99_ms": statistics.median(r["p99_ms"] for r in lat) if lat else None,
@@ -821,23 +894,29 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]], opts: Any) ->
 def print_table(summary: dict[str, Any], loads: list[float]) -> None:
     print()
     print(
-        f"{'system':10} {'events/s':>10} {'rounds':>22} {'missed':>7} {'p50 ms':>8} "
-        f"{'p99 ms':>8}   CPU us/event (thr): server pub sub"
+        f"{'system':10} {'events/s':>10} {'rounds':>22} {'missed':>7} {'failed':>6} "
+        f"{'p50 ms':>8} {'p99 ms':>8}   CPU us/event (thr): server pub sub"
     )
     for system, s in summary.items():
         if s["events_per_s"] is None or s["p99_ms"] is None:
-            print(f"{system:10} (a phase failed: see the rounds)")
+            print(f"{system:10} (every round failed or a phase did not end: see the rounds)")
             continue
         rounds = "/".join(f"{x:.0f}" for x in s["events_per_s_rounds"])
         cpu = s["thr_cpu_us"]
         print(
             f"{system:10} {s['events_per_s']:>10.0f} {rounds:>22} {s['missed']:>7} "
+            f"{s['failed_rounds']:>6} "
             f"{s['p50_ms']:>8.3f} {s['p99_ms']:>8.3f}   "
             f"{cpu['server']:>6.1f} {cpu['pub']:>6.1f} {cpu['sub']:>6.1f}"
         )
     if "emq" in summary and "redis" in summary:
         ours, theirs = summary["emq"]["events_per_s"], summary["redis"]["events_per_s"]
-        print(f"emq / redis delivered events/s: {ours:.0f} / {theirs:.0f} = {ours / theirs:.2f}x")
+        if not ours or not theirs:
+            print("emq / redis delivered events/s: no clean round of one of them")
+        else:
+            print(
+                f"emq / redis delivered events/s: {ours:.0f} / {theirs:.0f} = {ours / theirs:.2f}x"
+            )
     print(
         f"load average during the run: {min(loads):.1f}..{max(loads):.1f} on {os.cpu_count()} CPUs"
     )

@@ -64,7 +64,11 @@ CREATE TABLE IF NOT EXISTS events (
     data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_topic ON events (topic, seq);
-CREATE INDEX IF NOT EXISTS events_rule ON events (rule, seq);
+-- the events of the rules other than the catch-all "" (those of "" are read in
+-- sequence order, by the primary key): an index of every event was one more page
+-- written per commit, and at 1,000 events/s a commit is one event
+DROP INDEX IF EXISTS events_rule;
+CREATE INDEX IF NOT EXISTS events_rule_other ON events (rule, seq) WHERE rule != '';
 CREATE TABLE IF NOT EXISTS topic_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 -- partial indexes: a message that is put and then done touches neither the
 -- spilled one nor, until it is done, the done one
@@ -77,9 +81,14 @@ DROP INDEX IF EXISTS jobs_state;
 JournalOp = tuple[Any, ...]
 
 CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restart
-WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL this big is restarted once caught up with
+WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL holding this much is restarted once caught up with
 WAL_LIMIT_BYTES = 256 * 1024 * 1024  # past this a commit waits for a full checkpoint
-AGE_SWEEP_INTERVAL = 60.0  # seconds: events past a rule's max_age go within this
+# retention by age, at each prune (``_prune_age``): the oldest events of a rule (by
+# number) are deleted while they are past its max_age, at most AGE_HEAD_ROWS of
+# them a prune; and AGE_SWEEP_ROWS further events are looked at, in turn, for one
+# older than those before it (a producer's clock behind the others')
+AGE_HEAD_ROWS = 5_000
+AGE_SWEEP_ROWS = 500
 # ``stats``: a count of the jobs by state that took longer than this is made on the
 # checkpointer's thread from then on (a scan of the whole table: 2.5 s with a
 # million jobs at load 20, on the broker's loop at each MONITOR JSON)
@@ -124,6 +133,10 @@ class Journal:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={sync.upper()}")
             self.db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
+            # a WAL that grew past this (a burst the checkpointer fell behind in) is
+            # cut back to it when restarted, so its file size says how much it holds
+            self.db.execute(f"PRAGMA journal_size_limit={WAL_RESTART_BYTES}")
+            (self._page_size,) = self.db.execute("PRAGMA page_size").fetchone()
             self.db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
@@ -147,7 +160,12 @@ class Journal:
         # when the age sweep is due next (monotonic clock)
         self._filed_rules: tuple[Any, ...] | None = None
         self._rule_counts: dict[str, int] | None = None
-        self._next_age_sweep = float("-inf")
+        self._age_cursor: dict[str, int] = {}  # per rule: where the sweep goes on from
+        # the last ``apply``: seconds its WAL restart and its retention rules took
+        self.last_restart_s = 0.0
+        self.last_prune_s = 0.0
+        self.restarts = 0  # WAL restarts on the writer's connection (``_checkpoint_now``)
+        self.restart_s = 0.0  # and the time they held the broker's loop in all
         self._checkpointer = threading.Thread(
             target=self._checkpoint_loop, args=(sync,), name="emq-journal-checkpoint", daemon=True
         )
@@ -156,28 +174,22 @@ class Journal:
     def apply(self, ops: list[JournalOp]) -> None:
         """Write ``ops`` in one transaction; raises ``JournalError`` and rolls back."""
         counts = self._rule_counts
+        self.last_restart_s = self.last_prune_s = 0.0
         try:
             db = self._cursor()
-            db.execute("BEGIN")
-            for kind, group in groupby(ops, key=_kind):
-                many = _MANY.get(kind)
-                run: Iterable[JournalOp]
-                if kind == "event" and counts is not None:
-                    run = list(group)
-                    for op in run:
-                        counts[op[2]] = counts.get(op[2], 0) + 1
-                else:
-                    run = group
-                if many is not None:  # a run of puts or dones: one call for them all
-                    db.executemany(many[0], map(many[1], run))
-                elif kind == "prune_events":
-                    for op in run:
-                        self._prune_events(op)
-                    counts = self._rule_counts
-                else:
-                    for op in run:
-                        _APPLY[kind](db, op)
-            db.execute("COMMIT")
+            if len(ops) == 1 and ops[0][0] in _MANY:
+                # one statement (an event alone in its loop turn, at a steady
+                # 1,000/s every one): in autocommit it is its own transaction,
+                # without a BEGIN and a COMMIT to run around it
+                op = ops[0]
+                sql, params = _MANY[op[0]]
+                db.execute(sql, params(op))
+                if op[0] == "event" and counts is not None:
+                    counts[op[2]] = counts.get(op[2], 0) + 1
+            else:
+                db.execute("BEGIN")
+                counts = self._apply_all(db, ops, counts)
+                db.execute("COMMIT")
             self.commits += 1
         except (sqlite3.Error, KeyError, ValueError, TypeError) as exc:
             self.errors += 1
@@ -193,6 +205,32 @@ class Journal:
         if self._restart or (self.commits % 64 == 0 and _size(self._wal) > WAL_LIMIT_BYTES):
             self._restart = False
             self._checkpoint_now()
+
+    def _apply_all(
+        self, db: sqlite3.Cursor, ops: list[JournalOp], counts: dict[str, int] | None
+    ) -> dict[str, int] | None:
+        """``ops`` inside the open transaction; returns the rules' counts after them."""
+        for kind, group in groupby(ops, key=_kind):
+            many = _MANY.get(kind)
+            run: Iterable[JournalOp]
+            if kind == "event" and counts is not None:
+                run = list(group)
+                for op in run:
+                    counts[op[2]] = counts.get(op[2], 0) + 1
+            else:
+                run = group
+            if many is not None:  # a run of puts or dones: one call for them all
+                db.executemany(many[0], map(many[1], run))
+            elif kind == "prune_events":
+                started = time.perf_counter()
+                for op in run:
+                    self._prune_events(op)
+                counts = self._rule_counts
+                self.last_prune_s += time.perf_counter() - started
+            else:
+                for op in run:
+                    _APPLY[kind](db, op)
+        return counts
 
     def _cursor(self) -> sqlite3.Cursor:
         """The one cursor the broker's statements run on (made again if ``db`` is
@@ -217,10 +255,12 @@ class Journal:
         read the whole store: whether the rules changed since the events were filed
         is asked once per set of rules (a full scan), each rule's count is read once
         and then kept up to date here (so the count limit costs nothing until it is
-        passed), and the age limit (a scan of the rule's events: ``ts`` has no
-        index) is applied at most every ``AGE_SWEEP_INTERVAL``. With 100,000 kept
-        1 KB events these reads took tens of milliseconds every 5 s: a stall of the
-        broker's loop each time (the p99 of events at 1,000/s)."""
+        passed), and the age limit reads a bounded number of rows (``_prune_age``).
+        With 100,000 kept 1 KB events these reads took tens of milliseconds every
+        5 s: a stall of the broker's loop each time (the p99 of events at 1,000/s);
+        and the age limit, applied by a scan of the rule's events every 60 s
+        (``ts`` has no index), held the loop 157 ms with 55,000 kept (a bench
+        round at load 20)."""
         db = self._cursor()
         _, rules, wall, last_seq = op
         rules = tuple(rules)
@@ -236,26 +276,68 @@ class Journal:
         counts = self._rule_counts
         if counts is None:
             counts = self._rule_counts = dict(
-                db.execute("SELECT rule, COUNT(*) FROM events GROUP BY rule").fetchall()
+                db.execute(
+                    "SELECT rule, COUNT(*) FROM events WHERE rule != '' GROUP BY rule"
+                ).fetchall()
             )
-        now = time.monotonic()
-        sweep_age = now >= self._next_age_sweep
-        if sweep_age:
-            self._next_age_sweep = now + AGE_SWEEP_INTERVAL
+            (total,) = db.execute("SELECT COUNT(*) FROM events").fetchone()
+            counts[""] = total - sum(counts.values())
         for rule in rules:
             prefix = rule.prefix
-            if rule.max_age and sweep_age and counts.get(prefix, 0):
+            if rule.max_age and counts.get(prefix, 0):
+                gone = self._prune_age(db, prefix, wall - rule.max_age)
+                counts[prefix] = counts.get(prefix, 0) - gone
+            excess = counts.get(prefix, 0) - rule.max_count
+            if rule.max_count and excess > 0:  # the oldest of the rule's events go
+                where, params = _in_rule(prefix)
                 gone = db.execute(
-                    "DELETE FROM events WHERE rule = ? AND ts < ?", (prefix, wall - rule.max_age)
+                    f"DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE {where}"
+                    " ORDER BY seq LIMIT ?)",
+                    (*params, excess),
                 ).rowcount
                 counts[prefix] = counts.get(prefix, 0) - max(gone, 0)
-            if rule.max_count and counts.get(prefix, 0) > rule.max_count:
-                gone = db.execute(
-                    "DELETE FROM events WHERE rule = ? AND seq <= (SELECT seq FROM events WHERE"
-                    " rule = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
-                    (prefix, prefix, rule.max_count),
-                ).rowcount
-                counts[prefix] = counts.get(prefix, 0) - max(gone, 0)
+
+    def _prune_age(self, db: sqlite3.Cursor, prefix: str, cutoff: float) -> int:
+        """The events of rule ``prefix`` older than ``cutoff``, without reading them
+        all (``ts`` has no index: another index would be another page written per
+        commit). Events come in about in time order, so the oldest by number are
+        the old ones: they are deleted from the start while the first is past the
+        cutoff (``AGE_HEAD_ROWS`` a prune at most, the rest at the next). An event
+        whose producer's clock was behind (older than events numbered before it)
+        is found by a sweep that reads ``AGE_SWEEP_ROWS`` further events a prune,
+        going round the rule's events. Returns how many were deleted."""
+        gone = 0
+        where, params = _in_rule(prefix)
+        first = db.execute(
+            f"SELECT ts FROM events WHERE {where} ORDER BY seq LIMIT 1", params
+        ).fetchone()
+        if first is not None and first[0] < cutoff:
+            gone += max(
+                db.execute(
+                    f"DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE {where}"
+                    " ORDER BY seq LIMIT ?) AND ts < ?",
+                    (*params, AGE_HEAD_ROWS, cutoff),
+                ).rowcount,
+                0,
+            )
+        after = self._age_cursor.get(prefix, 0)
+        (upto,) = db.execute(
+            f"SELECT MAX(seq) FROM (SELECT seq FROM events WHERE {where} AND seq > ?"
+            " ORDER BY seq LIMIT ?)",
+            (*params, after, AGE_SWEEP_ROWS),
+        ).fetchone()
+        if upto is None:  # went round: from the start at the next prune
+            self._age_cursor.pop(prefix, None)
+            return gone
+        gone += max(
+            db.execute(
+                f"DELETE FROM events WHERE {where} AND seq > ? AND seq <= ? AND ts < ?",
+                (*params, after, upto, cutoff),
+            ).rowcount,
+            0,
+        )
+        self._age_cursor[prefix] = upto
+        return gone
 
     def _checkpoint_loop(self, sync: str) -> None:
         """Checkpoint after each burst of commits, on a connection of this thread:
@@ -291,7 +373,13 @@ class Journal:
                     log.warning("journal %s: checkpoint failed: %s", self.path, exc)
                     time.sleep(1.0)
                     continue
-                if wal_pages - copied < CHECKPOINT_PAGES and _size(self._wal) > WAL_RESTART_BYTES:
+                # what the WAL holds (its frames), not its file's size: the file keeps
+                # its size when the WAL restarts, so once past WAL_RESTART_BYTES it
+                # asked for a restart after every checkpoint, five a second at a
+                # steady 1,000 commits/s, each holding the broker's loop for the
+                # rest of the copy and two fsyncs (26 ms on average here)
+                held = wal_pages * self._page_size
+                if wal_pages - copied < CHECKPOINT_PAGES and held > WAL_RESTART_BYTES:
                     self._restart = True  # nearly all copied: the writer restarts the WAL
                 time.sleep(0.2)  # let commits gather: a page rewritten often is copied once
         finally:
@@ -309,6 +397,9 @@ class Journal:
         except sqlite3.Error as exc:
             log.warning("journal %s: checkpoint failed: %s", self.path, exc)
         took = time.monotonic() - started
+        self.last_restart_s += took
+        self.restarts += 1
+        self.restart_s += took
         if took >= 1.0:  # the broker's loop waited that long (a slow fsync, a reader)
             log.warning("journal %s: restarting the WAL held the broker %.1f s", self.path, took)
 
@@ -423,6 +514,8 @@ class Journal:
             "counted_s_ago": round(time.monotonic() - counted_at, 1),
             "commits": self.commits,
             "checkpoints": self.checkpoints,
+            "wal_restarts": self.restarts,
+            "wal_restart_ms": round(self.restart_s * 1000, 1),
             "errors": self.errors,
         }
 
@@ -510,13 +603,25 @@ def _refile_events(db: sqlite3.Cursor, rules: tuple[Any, ...]) -> None:
     prune since the journal was opened): file every event under today's."""
     known = [r.prefix for r in rules]
     marks = ",".join("?" * len(known))
-    stale = db.execute(f"SELECT 1 FROM events WHERE rule NOT IN ({marks}) LIMIT 1", known)
+    # with "" among the rules (always: parse_retention adds it), only the events
+    # of the other rules can be filed wrong, and their index has them all
+    other = "rule != '' AND " if "" in known else ""
+    stale = db.execute(f"SELECT 1 FROM events WHERE {other}rule NOT IN ({marks}) LIMIT 1", known)
     if stale.fetchone():
         for rule in sorted(rules, key=lambda r: len(r.prefix)):
             db.execute(
                 "UPDATE events SET rule = ? WHERE substr(topic, 1, ?) = ?",
                 (rule.prefix, len(rule.prefix), rule.prefix),
             )
+
+
+def _in_rule(prefix: str) -> tuple[str, tuple[str, ...]]:
+    """The condition for the events filed under the rule ``prefix``: for any rule but
+    the catch-all it names ``rule != ''`` too, so that SQLite reads them from their
+    (partial) index; those of "" are read in sequence order, from the table."""
+    if not prefix:
+        return "rule = ''", ()
+    return "rule = ? AND rule != ''", (prefix,)
 
 
 def _headers(raw: str) -> tuple[tuple[str, str], ...]:

@@ -39,6 +39,7 @@ from emq_django.broker.ports.monitor import MonitorPort
 from emq_django.broker.ports.pzq import PzqPort
 from emq_django.broker.topics import Event, TopicSpace
 from emq_django.broker.trace import TraceWriter
+from emq_django.broker.turns import TurnWatch
 from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
 from emq_django.protocol.limits import REFUSED_JOURNAL
@@ -163,6 +164,7 @@ class BrokerServer:
             p for p in self.ports if type(p).flush_published is not Port.flush_published
         ]
         self.reclaimer = Reclaimer()
+        self.turns = TurnWatch()  # slow loop turns and what held them (``broker/turns.py``)
         self._shutdown_requests = 0
         self._signals_installed = False
         self._wake_r, self._wake_w = pysocket.socketpair()
@@ -314,6 +316,9 @@ class BrokerServer:
         deadline = float("inf")
         core = self.core
         endpoints = self.endpoints
+        watch = self.turns
+        watch.watch_gc()
+        watch.begin()
         while True:
             now = self.clock()
             if self._shutdown_requests and not core.stopping:
@@ -346,7 +351,9 @@ class BrokerServer:
                 if core.tracer is not None and core.tracer.lines:
                     wake = min(wake, self._trace_due)  # lines wait: write them when due
                 timeout = int(max(0.0, wake - self.clock()) * 1000) + 1
+            watch.end()
             signalled = poller.poll(timeout)
+            watch.begin()
             if not signalled and not ready:
                 # a timer's turn: ask every socket (a safety net, at the timers' pace)
                 self._touched.update(self._index)
@@ -379,9 +386,11 @@ class BrokerServer:
         read until EAGAIN is asked again before the loop sleeps (``_drain``).
         """
         endpoints = self.endpoints
+        n = 0
         for i in ready:
             _, _, sock, handle, routed = endpoints[i]
-            self._drain(sock, handle, routed, flush=False)
+            n += self._drain(sock, handle, routed, flush=False)
+        self.turns.count("messages", n)
         self._flush()  # one journal commit per round, not per socket
 
     def _port_timers(self, now: float) -> float:
@@ -530,6 +539,7 @@ class BrokerServer:
             if last or now >= self._trace_due or len(tracer.lines) >= TRACE_MAX_EVENTS:
                 self.tracer.write(tracer.take())
                 self._trace_due = now + TRACE_WRITE_INTERVAL
+                self.turns.add("trace", self.clock() - now)
         sockets = self.sockets
         send = _backend_send
         touched = self._touched
@@ -615,9 +625,15 @@ class BrokerServer:
         life = core.life
         assert self.journal is not None and life.journal_ops is not None
         ops, life.journal_ops = life.journal_ops, []
+        watch = self.turns
+        journal = self.journal
+        started = time.perf_counter()
         try:
-            self.journal.apply(ops)
+            events = len(core.topics.unsaved)
+            journal.apply(ops)
             core.topics.saved()
+            if events:
+                watch.count("events", events)
         except JournalError as exc:
             lost = core.lose_unsaved_events()
             if lost:
@@ -626,11 +642,18 @@ class BrokerServer:
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
             core.unsave(unsaved, self.clock())
             core.refuse_unsaved(unsaved, str(exc), REFUSED_JOURNAL)
+        finally:
+            watch.add("commit", time.perf_counter() - started)
+            if journal.last_restart_s:
+                watch.add("wal_restart", journal.last_restart_s)
+            if journal.last_prune_s:
+                watch.add("prune", journal.last_prune_s)
 
     def _refill_spilled(self) -> None:
         core = self.core
         assert self.journal is not None
         names, core.life.spill_requests = core.life.spill_requests, set()
+        started = time.perf_counter()
         for name in names:
             try:
                 limit = max(min(self.settings.MAX_PENDING // 4, REFILL_BATCH), 1)
@@ -645,6 +668,7 @@ class BrokerServer:
             if len(rows) < limit or core.queues[name].spilled == left:
                 # all there was, or nothing new: no reading on at once (no busy loop)
                 core.life.spill_requests.discard(name)
+        self.turns.add("refill", time.perf_counter() - started)
         if core.life.journal_ops:
             self._commit()
 
@@ -657,6 +681,7 @@ class BrokerServer:
         if why == IDLE:
             self.core.compact()
         trimmed = trim_heap()
+        self.turns.add("reclaim", self.clock() - started)
         log.info(
             "memory given back (%s) in %.0f ms: RSS %.0f -> %.0f MB; %d jobs held%s",
             why,
@@ -685,6 +710,7 @@ class BrokerServer:
             doc["counters"]["trace_dropped"] = self.tracer.dropped
         if self.journal is not None:
             doc["journal"] = self.journal.stats()
+        doc["loop"] = self.turns.stats()
         doc["topics"] = self.core.topics.stats()
         doc["topics"]["ports"] = {
             port.name: {"subscribers": port.subscriber_count(), **port.topic_stats()}
@@ -735,6 +761,7 @@ class BrokerServer:
         )
 
     def close(self) -> None:
+        self.turns.unwatch_gc()
         if self.reloader is not None:
             self.reloader.stop()
         if self.zap is not None:

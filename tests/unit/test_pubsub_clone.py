@@ -147,3 +147,20 @@ def test_malformed_batches_are_dropped_and_counted() -> None:
         assert state.on_live_batch(frames) == []
     assert state.dropped == len(bad) and state.last == 0
     assert seqs(state.on_live_batch(batch(1, 1))) == [1]  # and it goes on
+
+
+def test_events_that_follow_on_are_yielded_while_a_snapshot_answer_is_awaited() -> None:
+    """An idle check's request does not hold live events back: one that follows on
+    from ``last`` is yielded at once, and the answer's copy of it is skipped; one
+    after a jump waits for the answer, as before."""
+    state = CloneState(["/a/"], since=0)
+    state.syncstart(0.0)
+    state.on_snapshot(eventbus.syncend(b"/a/", 2))
+    state.syncstart(1.0)  # an idle check: asked from 2
+    assert seqs(state.on_live(live(3))) == [3]  # follows on: at once
+    assert [e.seq for e in state.on_live_batch(batch(4, 2))] == [4, 5]
+    assert state.on_live(live(8)) == []  # a jump: held for the answer
+    out = state.on_snapshot(sync(3)) + state.on_snapshot(sync(4)) + state.on_snapshot(sync(7))
+    out += state.on_snapshot(eventbus.syncend(b"/a/", 7))
+    assert seqs(out) == [7, 8] and state.last == 8  # 3 and 4 it had; 6 is elsewhere
+    assert state.from_snapshot == 1 and state.gaps == 0

@@ -205,3 +205,31 @@ def test_a_failed_commit_drops_the_events_it_held(journal: Journal) -> None:
     assert core.lose_unsaved_events() == 2
     assert not [e for e in core.out if isinstance(e, Published)]
     assert core.topics.lost == 2
+
+
+def test_journal_retention_by_age_takes_the_oldest_and_a_producer_behind_in_time(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Age retention reads a bounded number of rows a prune: the oldest events by
+    number while they are past max_age (a few a prune here), and a sweep that
+    goes round the rest finds an old event numbered after young ones."""
+    from emq_django.broker import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "AGE_HEAD_ROWS", 2)
+    monkeypatch.setattr(journal_module, "AGE_SWEEP_ROWS", 3)
+    core = make_core({"": {"max_age": 50, "max_count": 0}}, journal=journal)
+    publish(core, "/a", 5, now=0.0)  # 1-5: old by the time of the prunes
+    publish(core, "/a", 4, now=90.0)  # 6-9: young
+    late = core.topic_publish(  # 10: a producer whose clock is behind
+        "/a", b"late", producer="q", content_type="application/msgpack", ts=WALL, now=90.0
+    ).seq
+    publish(core, "/a", 2, now=90.0)  # 11-12: young
+    commit(core, journal)
+    kept = []
+    for _ in range(8):  # each prune deletes a few; together they get every old one
+        core.topics.prune(WALL + 100.0)
+        commit(core, journal)
+        kept.append([e.seq for e in core.topics.since([], 0)])
+    assert kept[0] == [6, 7, 8, 9, 10, 11, 12]  # 1-2 from the start, 3-5 by the sweep
+    assert 10 in kept[1] and 10 not in kept[2]  # the sweep went on: 6-8, then 9-11
+    assert kept[-1] == [6, 7, 8, 9, 11, 12] and late == 10
