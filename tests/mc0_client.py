@@ -49,6 +49,9 @@ def parse(frames: list[bytes]) -> Received:
     return Received(verb, list(zip(raw[::2], raw[1::2], strict=True)), rest[end + 1 :], raw=frames)
 
 
+SEND_TIMEOUT_MS = 5000
+
+
 class Mc0Client:
     def __init__(
         self,
@@ -59,6 +62,10 @@ class Mc0Client:
     ) -> None:
         self.sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        # a socket whose handshake the broker refused may have no connection left to
+        # queue on: a blocking send would wait forever (it did, under load), so a
+        # send gives up after SEND_TIMEOUT and says so (``TimeoutError``)
+        self.sock.sndtimeo = SEND_TIMEOUT_MS
         if curve is not None:
             self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = curve
         self.sock.connect(url)
@@ -77,10 +84,15 @@ class Mc0Client:
         if positional:
             frames.append(b"")
             frames += positional
-        self.sock.send_multipart(frames)
+        self.send_raw(frames)
 
     def send_raw(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames)
+        try:
+            self.sock.send_multipart(frames)
+        except zmq.Again:
+            raise TimeoutError(
+                f"no connection took {frames[1:2]!r} in {SEND_TIMEOUT_MS} ms"
+            ) from None
 
     def _next(self, timeout: float) -> Received | None:
         if not self.sock.poll(int(timeout * 1000)):
