@@ -23,8 +23,8 @@ from emq_django.exceptions import Cancelled, ProtocolError
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
-from emq_django.worker.credit import CreditPolicy
 from emq_django.protocol.headers import Headers
+from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute_counting, note_open_connections
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
