@@ -142,7 +142,7 @@ def _decode_text(text: str) -> Any:
     return data
 
 
-_scan_once = _decoder.scan_once
+_scan_once = _decoder.scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"
 
 
