@@ -115,6 +115,9 @@ class Client:
         self._confirmed = False
         self._ids = IdGenerator()
         self._drain_at = 0  # read the ACKs waiting once len(_pending) reaches this
+        # a REQUEST's headers -> the same with the ``acks`` flag: this client reads an
+        # ACK naming several msgids, so our broker sends one per turn, not one per job
+        self._flagged: dict[bytes, bytes] = {}
 
     # ---- sending ------------------------------------------------------------
 
@@ -153,6 +156,8 @@ class Client:
         with self._lock:
             if msgid is None:
                 msgid = self._ids()
+            flagged = self._flagged.get(headers)
+            headers = flagged if flagged is not None else self._flag(headers)
             sock = self._sock
             if confirm or sock is None or not self._confirmed:
                 self._send_waiting(msgid, queue, headers, body, confirm)
@@ -182,6 +187,14 @@ class Client:
                     self._wait_below(self.window // 2)
                 self._drain_at = min(len(pending) + DRAIN_STEP, self.window)
             return msgid
+
+    def _flag(self, headers: bytes) -> bytes:
+        """``headers`` with the ``acks`` flag, remembered (a task's headers repeat)."""
+        flagged = F.with_acks_flag(headers)
+        if len(self._flagged) >= 1024:
+            self._flagged.clear()
+        self._flagged[headers] = self._flagged[flagged] = flagged
+        return flagged
 
     def _send_waiting(
         self, msgid: bytes, queue: bytes, headers: bytes, body: bytes, confirm: bool
@@ -228,7 +241,7 @@ class Client:
         ``QueueFull`` for a job the broker refused (with ``confirm``)."""
         if len(job_ids) != len(bodies):
             raise ValueError("one job id per body")
-        batch = _Batch(queue.encode(), headers, bodies, job_ids)
+        batch = _Batch(queue.encode(), F.with_acks_flag(headers), bodies, job_ids)
         with self._lock:
             try:
                 self._send_batch(batch, confirm)
@@ -579,7 +592,7 @@ class Client:
                 frames.append(frame.bytes)
             n = len(frames)
             if not (
-                (n == 5 or n == 7)
+                n >= 5
                 and not frames[0]
                 and frames[1] == _PROTOCOL
                 and 0 < len(frames[3]) <= _MAX_ID
@@ -591,6 +604,8 @@ class Client:
                 pending.pop(ack_msgid, None)
                 if self._answered is not None:
                     self._answered.append(ack_msgid)
+            elif n > 5 and frames[2] == _ACK:  # our broker's ACK of several (``acks``)
+                self._acks(frames)
             elif n == 7 and frames[2] == _REPLY and len(frames[6]) <= F.MAX_STATUS_LENGTH:
                 self._confirmed = True
                 self._keep_reply(F.Reply(frames[3], frames[4], frames[5], frames[6]))
@@ -598,6 +613,19 @@ class Client:
                 self._handle(frames)
             if not many and not _getsockopt(sock, _EVENTS) & _POLLIN:  # type: ignore[operator]
                 return
+
+    def _acks(self, frames: list[bytes]) -> None:
+        """An ACK naming several msgids (frames 4 on): each is acknowledged."""
+        acked = frames[4:]
+        if not all(0 < len(m) <= _MAX_ID for m in acked):
+            log.warning("dropped a malformed ACK from the broker (a msgid of 0 or 256+ bytes)")
+            return
+        self._confirmed = True
+        pending = self._pending
+        for ack_msgid in acked:
+            pending.pop(ack_msgid, None)
+        if self._answered is not None:
+            self._answered.extend(acked)
 
     def _keep_reply(self, reply: F.Reply) -> None:
         replies = self._replies

@@ -59,11 +59,13 @@ def run_task(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     result. Exceptions propagate (a partial already sent stays sent)."""
     value = fn(*args, **kwargs)
     if inspect.isgenerator(value):
-        return _drain(value)
+        return drain(value)
     return value
 
 
-def _drain(gen: Generator[Any, Any, Any]) -> Any:
+def drain(gen: Generator[Any, Any, Any]) -> Any:
+    """Run a generator task's generator to its end: each value it yields is a
+    partial result, its ``return`` value the result."""
     try:
         while True:
             partial(next(gen))

@@ -30,6 +30,9 @@ class ClientRef:
     identity: bytes
     tag: bytes = b""
     extra: Any = None
+    # an eMQP client that reads an ACK naming several msgids (its REQUESTs carry the
+    # ``acks`` header flag): the server sends it one ACK per turn, not one per job
+    acks: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -543,13 +543,28 @@ class BrokerServer:
         sockets = self.sockets
         send = _backend_send
         touched = self._touched
+        # ACKs held back for clients that read several per ACK (ClientRef.acks): one
+        # message per client per batch, instead of one per job
+        acks: dict[Any, list[bytes]] = {}
         while core.out:
             batch, core.out = core.out, []
             for effect in batch:
-                if type(effect) is Published:
-                    self._publish(effect.event)
+                kind = type(effect)
+                if kind is Published:
+                    self._publish(effect.event)  # type: ignore[union-attr]
                     continue
-                ref: Any = effect.client if type(effect) in _TO_CLIENT else effect.peer  # type: ignore[union-attr]
+                to_client = kind in _TO_CLIENT
+                ref: Any = effect.client if to_client else effect.peer  # type: ignore[union-attr]
+                if to_client:
+                    if kind is Acknowledge and ref.acks:
+                        held = acks.get(ref)
+                        if held is None:
+                            acks[ref] = [effect.msgid]  # type: ignore[union-attr]
+                        else:
+                            held.append(effect.msgid)  # type: ignore[union-attr]
+                        continue
+                    if acks and ref in acks:  # what this client gets keeps its order
+                        self._send_acks(ref, acks.pop(ref))
                 port = ref.port
                 if port.multi_socket:
                     self._send_routed(port, effect)
@@ -577,8 +592,26 @@ class BrokerServer:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     port.unroutable(ref.identity, self.clock())
+            if acks:
+                for ref, msgids in acks.items():
+                    self._send_acks(ref, msgids)
+                acks.clear()
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
+
+    def _send_acks(self, ref: Any, msgids: list[bytes]) -> None:
+        """One ACK naming ``msgids`` to a client that reads several per ACK."""
+        port = ref.port
+        sock = self.sockets[port]
+        self._touched.add(sock)
+        try:
+            wire.send(sock, [ref.identity, *port.encode_acks(msgids)])
+        except zmq.Again:
+            self.dropped_sends += 1
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            port.unroutable(ref.identity, self.clock())
 
     def _publish(self, event: Event) -> None:
         """Every port fans the event out to its own subscribers."""

@@ -657,6 +657,26 @@ def encode_ack(msgid: bytes, ref_msgid: bytes) -> list[bytes]:
     return [b"", PROTOCOL, ACK, msgid, ref_msgid]
 
 
+# The REQUEST header flag of a client that reads an ACK naming several msgids.
+ACKS_FLAG = b"acks"
+
+
+def encode_acks(msgid: bytes, ref_msgids: Sequence[bytes]) -> list[bytes]:
+    """Extension: one ACK for several messages, ``[..., ACK, msgid, ref1, ref2, ...]``
+    (one frame per acknowledged msgid). Only to a client whose REQUESTs carry the
+    ``acks`` header flag (our client); one msgid makes the document's ACK."""
+    return [b"", PROTOCOL, ACK, msgid, *ref_msgids]
+
+
+def with_acks_flag(headers: bytes) -> bytes:
+    """``headers`` with the ``acks`` flag added (once)."""
+    if not headers:
+        return ACKS_FLAG
+    if ACKS_FLAG in headers.split(b","):
+        return headers
+    return headers + b"," + ACKS_FLAG
+
+
 def encode_reply(msgid: bytes, body: bytes, ref_msgid: bytes, status: bytes) -> list[bytes]:
     return [b"", PROTOCOL, REPLY, msgid, body, ref_msgid, status]
 

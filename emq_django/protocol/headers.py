@@ -32,6 +32,9 @@ class Headers:
     # extension: the client wants the job's partial results (PARTIAL); only our client
     # sends it, so only our clients ever receive a PARTIAL
     stream: bool = False
+    # extension: the client reads an ACK that names several msgids (``acks``); only
+    # our client sends it, so an EventMQ client only ever gets one msgid per ACK
+    acks: bool = False
     extra: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -97,6 +100,8 @@ def parse_headers(raw: bytes) -> Headers:
             fields["task"] = value
         elif key == "stream":
             fields["stream"] = True
+        elif key == "acks":
+            fields["acks"] = True
         else:
             extra.append((key, value if sep else ""))
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import traceback
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from types import GeneratorType
+from typing import Protocol
 
 from django.db import close_old_connections
 from django.db.backends.signals import connection_created
@@ -13,7 +15,7 @@ from django.db.backends.signals import connection_created
 from emq_django import registry
 from emq_django.exceptions import ProtocolError, Retry, type_name
 from emq_django.protocol.body import RunBody, decode_run_body, encode_failure, encode_result
-from emq_django.streaming import PartialSink, partial_sink, run_task
+from emq_django.streaming import PartialSink, drain, partial_sink
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +99,30 @@ class _Counted:
             self.sink(body)
 
 
+class CountingSink(Protocol):
+    """A partial sink that counts the partials it took (``count``, from 0)."""
+
+    count: int
+
+    def __call__(self, body: bytes) -> None: ...
+
+
 def execute(body: bytes, job_id: bytes = b"", sink: PartialSink | None = None) -> Outcome:
     """Run the job in ``body``. Never raises: every failure is an ``Outcome``.
     ``sink`` gets each partial result as it is produced (streaming.py)."""
-    outcome = _execute(body, job_id, counted := _Counted(sink))
-    if counted.count:
-        return replace(outcome, partials=counted.count)
+    return execute_counting(body, job_id, _Counted(sink))
+
+
+def execute_counting(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
+    """``execute`` with a sink that counts for itself (a worker process's
+    ``_PartialSender``): no wrapper per job."""
+    outcome = _execute(body, job_id, sink)
+    if sink.count:
+        outcome.partials = sink.count  # a fresh Outcome per job: nothing shares it
     return outcome
 
 
-def _execute(body: bytes, job_id: bytes, sink: _Counted) -> Outcome:
+def _execute(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
     try:
         spec = decode_run_body(body)
     except ProtocolError as exc:
@@ -128,7 +144,9 @@ def _execute(body: bytes, job_id: bytes, sink: _Counted) -> Outcome:
     # jobs, and the job manager closes all connections before it forks.
     sink_token = partial_sink.set(sink)
     try:
-        value = run_task(task.fn, spec.args, spec.kwargs)
+        value = task.fn(*spec.args, **spec.kwargs)
+        if value is not None and type(value) is GeneratorType:  # streaming.run_task's rule
+            value = drain(value)
     except Retry as exc:
         log.info(
             "job %s (%s) asked to be retried: %s", job_id.decode(errors="replace"), task.name, exc

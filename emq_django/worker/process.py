@@ -23,13 +23,15 @@ from emq_django.exceptions import Cancelled, HandshakeRefused, ProtocolError
 from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
+from emq_django.protocol.headers import Headers
 from emq_django.worker.credit import CreditPolicy
-from emq_django.worker.execution import Outcome, execute, note_open_connections
+from emq_django.worker.execution import Outcome, execute_counting, note_open_connections
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
 
 log = logging.getLogger(__name__)
 CANCELLED = Cancelled.TYPE
+_monotonic = time.monotonic
 # A PARTIAL the socket cannot queue now (the broker is not reading) waits this long
 # for room, then is dropped (and logged): a stream must not hang its task.
 PARTIAL_SEND_WAIT = 1.0
@@ -155,42 +157,43 @@ class SlotWorker:
 
     def _handle(self, frames: list[bytes]) -> None:
         try:
+            # a REQUEST, most likely: its fields without a Request object (a frozen
+            # dataclass costs several µs to build); anything else through decode()
+            fields = F.request_fields(frames) if len(frames) == 7 else None
+            if fields is not None:
+                if self.abandoning:
+                    self._give_back(frames[3])
+                else:
+                    self._run(frames[3], fields[0], fields[1], frames[6])
+                return
             cmd = F.decode(frames)
         except ProtocolError as exc:
             log.warning("dropped a malformed message from the broker at %s: %s", self.link.url, exc)
             return
         if type(cmd) is F.Request:
             if self.abandoning:
-                self._give_back(cmd)
+                self._give_back(cmd.msgid)
             else:
-                self._run(cmd)
+                self._run(cmd.msgid, cmd.queue, cmd.headers, cmd.body)
         elif type(cmd) is F.Kbye:
             log.info("the broker said goodbye; connecting again")
             self.link.connect()
 
-    def _run(self, req: F.Request) -> None:
+    def _run(self, msgid: bytes, queue: str, h: Headers, body: bytes) -> None:
         self.credit -= 1
-        started = time.monotonic()
-        h = req.headers
+        started = _monotonic()
         slot = self.config.slot
         self.table.start(
-            slot,
-            req.msgid,
-            started,
-            h.timeout,
-            req.queue,
-            h.task,
-            h.retry_count,
-            h.guarantee,
-            req.body,
+            slot, msgid, started, h.timeout, queue, h.task, h.retry_count, h.guarantee, body
         )
-        outcome = execute(req.body, req.msgid, _PartialSender(self, req.msgid))
+        outcome = execute_counting(body, msgid, _PartialSender(self, msgid))
         self.jobs_done += 1
-        elapsed = time.monotonic() - started
-        outcome = self._overruled(outcome, elapsed, h.timeout)
+        elapsed = _monotonic() - started
+        if h.timeout or self.table.cancelled(slot):
+            outcome = self._overruled(outcome, elapsed, h.timeout)
         self.policy.observe(elapsed)
         if self.recorder is not None:
-            self._record(req, outcome, elapsed)
+            self._record(msgid, queue, h, body, outcome, elapsed)
         wanted = self._wanted()
         if self.stopping or self.abandoning or self._should_retire():
             wanted = 0  # no more credit from this process
@@ -201,7 +204,7 @@ class SlotWorker:
         # wake of the socket's I/O thread) after every few jobs.
         give_back = self.credit < wanted or self.credit < self._ceiling(wanted)
         status = outcome.status(ready=give_back)
-        self.link.send(F.encode_reply(self.link.new_id(), outcome.body, req.msgid, status))
+        self.link.send(F.encode_reply(self.link.new_id(), outcome.body, msgid, status))
         # cleared after the REPLY: killed in between, its job manager answers too,
         # and the broker drops the second answer as stale
         self.table.clear(slot)
@@ -252,31 +255,33 @@ class SlotWorker:
             )
         return outcome
 
-    def _give_back(self, req: F.Request) -> None:
+    def _give_back(self, msgid: bytes) -> None:
         """A job this process will not start: back to the broker, uncounted."""
         self.credit -= 1
-        self.link.send(F.encode_reply(self.link.new_id(), b"{}", req.msgid, F.REQUEUE_STATUS))
+        self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, F.REQUEUE_STATUS))
 
-    def _record(self, req: F.Request, outcome: Outcome, elapsed: float) -> None:
+    def _record(
+        self, msgid: bytes, queue: str, h: Headers, body: bytes, outcome: Outcome, elapsed: float
+    ) -> None:
         assert self.recorder is not None
         spec = outcome.spec
         finished = time.time_ns() // 1000
         try:
             self.recorder.add(
-                req.msgid,
-                req.headers.task or (spec.task_name if spec else ""),
-                req.queue,
+                msgid,
+                h.task or (spec.task_name if spec else ""),
+                queue,
                 finished - int(elapsed * 1_000_000),
                 finished,
                 outcome.failed,
                 outcome.error_type,
-                req.headers.retry_count,
-                req.body,
+                h.retry_count,
+                body,
                 outcome.body,
                 partials=outcome.partials,
             )
         except Exception:
-            log.exception("the job recorder failed on job %r", req.msgid)
+            log.exception("the job recorder failed on job %r", msgid)
         if not self._unflushed:
             self._flush_at = time.monotonic() + self.config.record_interval
         self._unflushed += 1
@@ -355,24 +360,24 @@ class SlotWorker:
         for cmd in self.link.goodbye(wait=self.config.heartbeat_interval * 2):
             if type(cmd) is F.Request:
                 if self.abandoning:
-                    self._give_back(cmd)
+                    self._give_back(cmd.msgid)
                 else:
-                    self._run(cmd)
+                    self._run(cmd.msgid, cmd.queue, cmd.headers, cmd.body)
 
 
 class _PartialSender:
     """The sink of one attempt's partial results (streaming.py): PARTIAL frames."""
 
-    __slots__ = ("worker", "attempt_id", "seq")
+    __slots__ = ("worker", "attempt_id", "count")
 
     def __init__(self, worker: SlotWorker, attempt_id: bytes) -> None:
         self.worker = worker
         self.attempt_id = attempt_id
-        self.seq = 0
+        self.count = 0  # partials sent: the last one's sequence number
 
     def __call__(self, body: bytes) -> None:
-        self.seq += 1
-        self.worker._send_partial(self.attempt_id, body, self.seq)
+        self.count += 1
+        self.worker._send_partial(self.attempt_id, body, self.count)
 
 
 def _peak_rss_mb() -> float:

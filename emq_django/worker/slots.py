@@ -24,6 +24,7 @@ MAX_TASK = 480
 MAX_BODY = SLOT_SIZE - _HEADER.size - MAX_ATTEMPT_ID - MAX_QUEUE - MAX_TASK
 _FLAGS = _HEADER.size - 1  # offset of the flags byte
 GUARANTEED = 1
+_IDLE = _HEADER.pack(0.0, 0.0, 0, 0, 0, 0, 0, 0)  # a cleared slot's header
 CANCELLED = 2
 
 
@@ -43,6 +44,7 @@ class SlotTable:
     def __init__(self, count: int) -> None:
         self.count = count
         self._mem = mmap.mmap(-1, SLOT_SIZE * max(count, 1))  # shared with forked children
+        self._names: dict[tuple[str, str], tuple[bytes, int, int]] = {}
 
     def start(
         self,
@@ -57,19 +59,40 @@ class SlotTable:
         body: bytes = b"",
     ) -> None:
         aid = attempt_id[:MAX_ATTEMPT_ID]
-        q = queue.encode()[:MAX_QUEUE]
-        t = task.encode()[:MAX_TASK]
+        names = self._names.get((queue, task))
+        if names is None:
+            names = self._encode_names(queue, task)
+        qt, n_queue, n_task = names
         b = body if len(body) <= MAX_BODY else b""
         base = slot * SLOT_SIZE
         data = base + _HEADER.size
-        self._mem[data : data + len(aid) + len(q) + len(t) + len(b)] = aid + q + t + b
-        flags = GUARANTEED if guaranteed else 0
+        self._mem[data : data + len(aid) + len(qt) + len(b)] = aid + qt + b
         _HEADER.pack_into(
-            self._mem, base, started, timeout, retries, len(aid), len(q), len(t), len(b), flags
+            self._mem,
+            base,
+            started,
+            timeout,
+            retries,
+            len(aid),
+            n_queue,
+            n_task,
+            len(b),
+            GUARANTEED if guaranteed else 0,
         )
 
+    def _encode_names(self, queue: str, task: str) -> tuple[bytes, int, int]:
+        """Queue and task as the slot stores them, encoded once per pair: the same
+        few repeat on every job."""
+        q = queue.encode()[:MAX_QUEUE]
+        t = task.encode()[:MAX_TASK]
+        if len(self._names) >= 1024:
+            self._names.clear()
+        names = self._names[(queue, task)] = (q + t, len(q), len(t))
+        return names
+
     def clear(self, slot: int) -> None:
-        _HEADER.pack_into(self._mem, slot * SLOT_SIZE, 0.0, 0.0, 0, 0, 0, 0, 0, 0)
+        base = slot * SLOT_SIZE
+        self._mem[base : base + _HEADER.size] = _IDLE
 
     def mark_cancelled(self, slot: int) -> None:
         base = slot * SLOT_SIZE

@@ -68,6 +68,8 @@ class EmqpClientPort(Port):
                         if scheduler is not None:
                             scheduler.last_seen = now
                     ref = self.clients.get(identity) or self.client(identity)
+                    if fields[1].acks:
+                        ref.acks = True
                     msgid = frames[3]
                     self.core.client_request(ref, msgid, fields[0], fields[1], frames[6], now)
                     return None
@@ -111,9 +113,10 @@ class EmqpClientPort(Port):
         self.count_malformed(identity, exc, answered=msgid is not None)
 
     def _request(self, identity: bytes, cmd: F.Request, now: float) -> None:
-        self.core.client_request(
-            self.client(identity), cmd.msgid, cmd.queue, cmd.headers, cmd.body, now
-        )
+        ref = self.client(identity)
+        if cmd.headers.acks:
+            ref.acks = True
+        self.core.client_request(ref, cmd.msgid, cmd.queue, cmd.headers, cmd.body, now)
 
     def _schedule(self, identity: bytes, cmd: F.Schedule, now: float) -> None:
         self.core.client_schedule(self.client(identity), cmd.msgid, cmd, now)
@@ -167,6 +170,12 @@ class EmqpClientPort(Port):
         if kind is Forget:
             self.forget(e.peer)
         return None
+
+    def encode_acks(self, msgids: list[bytes]) -> list[bytes]:
+        """One ACK for ``msgids``, to a client that reads several per ACK (``acks``)."""
+        if len(msgids) == 1:
+            return _encode_ack(self.new_id(), msgids[0])
+        return F.encode_acks(self.new_id(), msgids)
 
     def _answer(self, effect: Answer) -> list[bytes] | None:
         if not effect.final:  # the core sends these only to clients that asked (``stream``)

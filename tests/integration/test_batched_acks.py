@@ -1,0 +1,170 @@
+"""ACKs naming several msgids (the ``acks`` header flag), on real loopback sockets.
+
+The broker is driven turn by turn from the test (no thread), so that what one
+turn accepted is known exactly; the client talks to a ROUTER played by the test.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from emq_django.broker.ports.emqp_clients import EmqpClientPort
+from emq_django.broker.server import BrokerServer
+from emq_django.client import Client
+from emq_django.conf import EmqSettings
+from emq_django.protocol import PROTOCOL as P
+from emq_django.protocol import frames as F
+from emq_django.protocol.headers import parse_headers
+from tests.conftest import free_tcp_ports
+
+BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
+WAIT_MS = 5000
+
+
+def request(msgid: bytes, headers: bytes) -> list[bytes]:
+    return F.encode_request(msgid, b"default", headers, BODY)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[BrokerServer]:
+    front, back, mon, mdp, snap, pub, coll = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(7))
+    settings = EmqSettings(
+        FRONTEND_BIND=front,
+        BACKEND_BIND=back,
+        MONITOR_BIND=mon,
+        MDP_BIND=mdp,
+        PZQ_RECEIVE_BIND="",
+        MC0_BIND="",
+        BUS_SNAPSHOT_BIND=snap,
+        BUS_PUBLISH_BIND=pub,
+        BUS_COLLECT_BIND=coll,
+        JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
+    )
+    context: zmq.Context[Any] = zmq.Context()
+    srv = BrokerServer(settings, context=context, shutdown_grace=1.0)
+    srv.bind()
+    srv.test_context = context  # type: ignore[attr-defined]
+    srv.test_sockets = []  # type: ignore[attr-defined]
+    yield srv
+    for sock in srv.test_sockets:  # type: ignore[attr-defined]
+        sock.close(linger=0)
+    srv.close()
+    context.term()
+
+
+def client_port(srv: BrokerServer) -> EmqpClientPort:
+    return next(p for p in srv.ports if isinstance(p, EmqpClientPort))
+
+
+def connected_dealer(srv: BrokerServer, identity: bytes) -> zmq.Socket[Any]:
+    """A DEALER whose first REQUEST the broker has read and ACKed (so that the
+    broker can route to it)."""
+    port = client_port(srv)
+    sock = srv.sockets[port]
+    dealer = srv.test_context.socket(zmq.DEALER)  # type: ignore[attr-defined]
+    dealer.linger = 0
+    srv.test_sockets.append(dealer)  # type: ignore[attr-defined]
+    dealer.identity = identity
+    dealer.connect(port.address)
+    dealer.send_multipart(request(identity + b"-hello", b""))
+    assert sock.poll(WAIT_MS), "the broker got nothing"
+    frames = sock.recv_multipart()
+    port.handle(frames[0], frames[1:], time.monotonic())
+    srv._flush()
+    assert dealer.poll(WAIT_MS), "no ACK"
+    ack = F.decode(dealer.recv_multipart())
+    assert type(ack) is F.Ack and ack.ack_msgid == identity + b"-hello"
+    return dealer
+
+
+def one_turn(srv: BrokerServer, identity: bytes, requests: list[list[bytes]]) -> None:
+    """The broker reads ``requests`` from ``identity`` in one turn, then flushes."""
+    port = client_port(srv)
+    now = time.monotonic()
+    for frames in requests:
+        port.handle(identity, frames, now)
+    srv._flush()
+
+
+def messages(dealer: zmq.Socket[Any]) -> list[list[bytes]]:
+    """Every message that has come, waiting for the first."""
+    assert dealer.poll(WAIT_MS), "nothing came"
+    out = [dealer.recv_multipart()]
+    while dealer.poll(200):
+        out.append(dealer.recv_multipart())
+    return out
+
+
+def test_a_flagged_client_gets_one_ack_per_turn_naming_every_msgid(server: BrokerServer) -> None:
+    dealer = connected_dealer(server, b"client-a")
+    ids = [b"job-%d" % i for i in range(5)]
+    one_turn(server, b"client-a", [request(m, b"acks") for m in ids])
+    (ack,) = messages(dealer)
+    assert ack[:3] == [b"", P, F.ACK] and ack[3]
+    assert ack[4:] == ids
+
+
+def test_a_client_without_the_flag_gets_the_documents_ack_per_job(server: BrokerServer) -> None:
+    dealer = connected_dealer(server, b"client-b")
+    ids = [b"job-%d" % i for i in range(3)]
+    one_turn(server, b"client-b", [request(m, b"reply-requested") for m in ids])
+    acks = messages(dealer)
+    assert [len(a) for a in acks] == [5, 5, 5]
+    assert [F.decode(a).ack_msgid for a in acks] == ids  # type: ignore[union-attr]
+
+
+def test_held_acks_go_before_a_refusal_to_the_same_client(server: BrokerServer) -> None:
+    dealer = connected_dealer(server, b"client-c")
+    bad = F.encode_request(b"job-bad", b"", b"acks", BODY)  # an empty queue name: refused
+    one_turn(server, b"client-c", [request(b"job-1", b"acks"), bad, request(b"job-2", b"acks")])
+    got = messages(dealer)
+    assert [m[2] for m in got] == [F.ACK, F.ERROR, F.ACK]
+    assert got[0][4:] == [b"job-1"] and got[2][4:] == [b"job-2"]
+    assert F.decode(got[1]).ref_msgid == b"job-bad"  # type: ignore[union-attr]
+
+
+def test_the_client_flags_its_requests_and_takes_an_ack_of_several() -> None:
+    (port,) = free_tcp_ports(1)
+    context: zmq.Context[Any] = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.linger = 0
+    router.bind(f"tcp://127.0.0.1:{port}")
+    client = Client(f"tcp://127.0.0.1:{port}", ack_timeout=5.0, context=context, curve=None)
+    try:
+        # the first message waits for its ACK: the test answers it as the broker would
+        first: list[str] = []
+
+        def answer_one() -> None:
+            assert router.poll(WAIT_MS)
+            frames = router.recv_multipart()
+            first.append(frames[6].decode())
+            router.send_multipart([frames[0], *F.encode_ack(b"a-1", frames[4])])
+
+        import threading
+
+        helper = threading.Thread(target=answer_one)
+        helper.start()
+        client.send("default", b"reply-requested", BODY)
+        helper.join()
+        assert parse_headers(first[0].encode()).acks
+        ids = [client.send("default", b"", BODY) for _ in range(3)]
+        seen = []
+        while len(seen) < 3:
+            assert router.poll(WAIT_MS)
+            frames = router.recv_multipart()
+            assert frames[6] == b"acks"  # the flag on a REQUEST without other headers
+            seen.append(frames[4])
+        assert seen == [i.encode() for i in ids]
+        router.send_multipart([frames[0], *F.encode_acks(b"a-2", seen)])
+        client.flush(timeout=5.0)  # returns: every job acknowledged by the one ACK
+        assert not client._pending
+    finally:
+        client.close()
+        router.close()
+        context.term()
