@@ -50,6 +50,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--tail", type=int, default=60, help="seconds sampled after the drain")
     ap.add_argument("--drain-timeout", type=float, default=1800.0)
     ap.add_argument("--json", default="", help="also write the samples here")
+    ap.add_argument(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the broker only (repeatable), e.g. PYTHONMALLOC=malloc",
+    )
     return ap.parse_args(argv)
 
 
@@ -224,7 +231,8 @@ def main(argv: list[str]) -> int:
     servers = ServerSet(os.path.join(work, "logs"))
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     try:
-        broker = servers.start("broker", "broker", manage + ["emq_broker"], env)
+        broker_env = dict(env, **dict(kv.split("=", 1) for kv in opts.broker_env))
+        broker = servers.start("broker", "broker", manage + ["emq_broker"], broker_env)
         wait_up(env, broker)
         idle_rss = rss(broker.pid)
         send_s = enqueue(opts)
@@ -244,6 +252,8 @@ def main(argv: list[str]) -> int:
     kind = "guaranteed" if opts.guaranteed else "plain"
     print(f"\nbroker memory, {opts.jobs:,} {kind} no-op jobs (work dir {work})")
     print(f"  EMQ_MAX_PENDING: {env.get('EMQ_MAX_PENDING', 'default (100000)')}")
+    if opts.broker_env:
+        print(f"  broker's environment also: {' '.join(opts.broker_env)}")
     print(
         f"  enqueued in {send_s:.1f} s; acked {acked:,}; in memory {depth:,}, spilled {spilled:,}"
     )
