@@ -123,11 +123,14 @@ def allocator_reexec(
     ``PYTHONMALLOC=wanted``, or None: nothing is wanted ('', or ``pymalloc``, which
     Python runs with anyway), ``PYTHONMALLOC`` is
     set already (by whoever started us, or by a re-execution: never twice), the C
-    heap cannot be trimmed here (no glibc: the change would gain nothing), or the
-    interpreter's command line is not known. ``executable`` and ``orig_argv``
+    heap cannot be trimmed here (no glibc: the change would gain nothing), the
+    interpreter ignores ``PYTHON*`` variables (``-E``, ``-I``), or its command line
+    is not known. ``executable`` and ``orig_argv``
     default to ``sys.executable`` and ``sys.orig_argv`` (the interpreter's own
     options included, so that ``python -X ...`` stays so)."""
     if wanted in ("", "pymalloc") or "PYTHONMALLOC" in environ or _malloc_trim is None:
+        return None
+    if sys.flags.ignore_environment:  # python -E or -I: PYTHONMALLOC would be ignored
         return None
     executable = sys.executable if executable is None else executable
     argv = list(sys.orig_argv if orig_argv is None else orig_argv)
@@ -139,6 +142,8 @@ def allocator_reexec(
 def allocator_name() -> str:
     """The allocator this process started with: ``PYTHONMALLOC``, else ``pymalloc``
     (what a release build of CPython uses by default)."""
+    if sys.flags.ignore_environment:
+        return "pymalloc"
     return os.environ.get("PYTHONMALLOC") or "pymalloc"
 
 
