@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.procs import PYTHON, REPO, Server, ServerSet, base_env, free_port  # noqa: E402
+from emq_django.exceptions import BrokerUnavailable  # noqa: E402
 
 BATCH = 10_000  # jobs per Task.map() call
 MB = 1024 * 1024
@@ -101,6 +102,7 @@ def environment(work: str, opts: argparse.Namespace) -> dict[str, str]:
 
 
 def status(env: dict[str, str]) -> dict[str, Any]:
+    """The broker's MONITOR JSON (raises BrokerUnavailable after 10 s)."""
     from emq_django.monitor_client import status as monitor_status
 
     return monitor_status(env["EMQ_MONITOR_URL"], timeout=10.0)
@@ -190,10 +192,14 @@ def drain(
     started = time.monotonic()
     samples: list[tuple[float, int, int]] = []
     peak = 0
+    succeeded = 0
     while True:
         if not broker.alive():
             raise RuntimeError(f"the broker exited:\n{broker.log_tail()}")
-        succeeded = status(env)["counters"]["succeeded"]
+        try:
+            succeeded = status(env)["counters"]["succeeded"]
+        except BrokerUnavailable:  # stalled (a WAL restart on a loaded machine): ask again
+            print(f"  the monitor did not answer in 10 s at {time.monotonic() - started:.0f} s")
         now = time.monotonic() - started
         r = rss(broker.pid)
         peak = max(peak, r)
