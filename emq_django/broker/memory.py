@@ -120,14 +120,14 @@ def allocator_reexec(
     orig_argv: Sequence[str] | None = None,
 ) -> tuple[list[str], dict[str, str]] | None:
     """The command line and environment to re-execute this process with
-    ``PYTHONMALLOC=wanted``, or None: nothing is wanted ('', or ``pymalloc``, which
-    Python runs with anyway), ``PYTHONMALLOC`` is
-    set already (by whoever started us, or by a re-execution: never twice), the C
-    heap cannot be trimmed here (no glibc: the change would gain nothing), the
-    interpreter ignores ``PYTHON*`` variables (``-E``, ``-I``), or its command line
-    is not known. ``executable`` and ``orig_argv``
-    default to ``sys.executable`` and ``sys.orig_argv`` (the interpreter's own
-    options included, so that ``python -X ...`` stays so)."""
+    ``PYTHONMALLOC=wanted``, or None: nothing is wanted ('', or ``pymalloc``,
+    which Python runs with anyway), ``PYTHONMALLOC`` is set already (by whoever
+    started us, or by a re-execution: never twice), the C heap cannot be trimmed
+    here (no glibc: the change would gain nothing), the interpreter ignores
+    ``PYTHON*`` variables (``-E``, ``-I``), or its command line is not known.
+    ``executable`` and ``orig_argv`` default to ``sys.executable`` and
+    ``sys.orig_argv`` (the interpreter's own options included, so that
+    ``python -X ...`` stays so)."""
     if wanted in ("", "pymalloc") or "PYTHONMALLOC" in environ or _malloc_trim is None:
         return None
     if sys.flags.ignore_environment:  # python -E or -I: PYTHONMALLOC would be ignored
