@@ -64,7 +64,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_broker(tree: str, work: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_broker(spec: str, work: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``spec``: a tree, optionally followed by ``,NAME=VALUE`` pairs for its broker's
+    environment (one tree twice: ``TREE TREE,EMQ_BROKER_PYTHONMALLOC=``)."""
+    tree, *pairs = spec.split(",")
     front, back, mon = free_port(), free_port(), free_port()
     url = "tcp://127.0.0.1:%d"
     env = {
@@ -78,6 +81,7 @@ def start_broker(tree: str, work: str) -> tuple[subprocess.Popen[bytes], str, st
         "EMQ_RECORDER": "",
     }
     env.pop("EMQ_TRACE_DIR", None)
+    env.update(pair.split("=", 1) for pair in pairs)
     # the other ports on free ports too (other brokers may hold the defaults): the
     # broker polls the same sockets as in bench/run.py
     for name in PROTOCOL_BINDS:
@@ -130,7 +134,7 @@ def one_run(tree: str, tasks: int, reply: bool, credit: int, window: int) -> dic
             for _ in range(credit):
                 s.send_multipart([b"", PROTOCOL, b"READY", new_id()])
         for s in (manager, *slots):
-            if not s.poll(20000):
+            if not s.poll(60000):  # a loaded machine: start-up (and a re-execution) is slow
                 raise SystemExit(f"{tree}: the broker did not answer the INFORM")
             s.recv_multipart()
         headers = b"reply-requested,task:bench.echo,stream" if reply else b"task:bench.noop"

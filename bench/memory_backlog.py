@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.procs import PYTHON, REPO, Server, ServerSet, base_env, free_port  # noqa: E402
+from emq_django.exceptions import BrokerUnavailable  # noqa: E402
 
 BATCH = 10_000  # jobs per Task.map() call
 MB = 1024 * 1024
@@ -50,6 +51,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--tail", type=int, default=60, help="seconds sampled after the drain")
     ap.add_argument("--drain-timeout", type=float, default=1800.0)
     ap.add_argument("--json", default="", help="also write the samples here")
+    ap.add_argument(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the broker only (repeatable), e.g. PYTHONMALLOC=malloc",
+    )
     return ap.parse_args(argv)
 
 
@@ -94,6 +102,7 @@ def environment(work: str, opts: argparse.Namespace) -> dict[str, str]:
 
 
 def status(env: dict[str, str]) -> dict[str, Any]:
+    """The broker's MONITOR JSON (raises BrokerUnavailable after 10 s)."""
     from emq_django.monitor_client import status as monitor_status
 
     return monitor_status(env["EMQ_MONITOR_URL"], timeout=10.0)
@@ -183,10 +192,14 @@ def drain(
     started = time.monotonic()
     samples: list[tuple[float, int, int]] = []
     peak = 0
+    succeeded = 0
     while True:
         if not broker.alive():
             raise RuntimeError(f"the broker exited:\n{broker.log_tail()}")
-        succeeded = status(env)["counters"]["succeeded"]
+        try:
+            succeeded = status(env)["counters"]["succeeded"]
+        except BrokerUnavailable:  # stalled (a WAL restart on a loaded machine): ask again
+            print(f"  the monitor did not answer in 10 s at {time.monotonic() - started:.0f} s")
         now = time.monotonic() - started
         r = rss(broker.pid)
         peak = max(peak, r)
@@ -224,7 +237,8 @@ def main(argv: list[str]) -> int:
     servers = ServerSet(os.path.join(work, "logs"))
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     try:
-        broker = servers.start("broker", "broker", manage + ["emq_broker"], env)
+        broker_env = dict(env, **dict(kv.split("=", 1) for kv in opts.broker_env))
+        broker = servers.start("broker", "broker", manage + ["emq_broker"], broker_env)
         wait_up(env, broker)
         idle_rss = rss(broker.pid)
         send_s = enqueue(opts)
@@ -244,6 +258,8 @@ def main(argv: list[str]) -> int:
     kind = "guaranteed" if opts.guaranteed else "plain"
     print(f"\nbroker memory, {opts.jobs:,} {kind} no-op jobs (work dir {work})")
     print(f"  EMQ_MAX_PENDING: {env.get('EMQ_MAX_PENDING', 'default (100000)')}")
+    if opts.broker_env:
+        print(f"  broker's environment also: {' '.join(opts.broker_env)}")
     print(
         f"  enqueued in {send_s:.1f} s; acked {acked:,}; in memory {depth:,}, spilled {spilled:,}"
     )

@@ -91,6 +91,11 @@ class EmqSettings:
     CURVE_SERVER_KEY: str = ""
     CURVE_PUBLIC_KEY: str = ""
     KEYS_RELOAD: float = 5.0  # seconds between the broker's reloads of the allowed keys
+    # the allocator the broker runs with (PYTHONMALLOC; '' or pymalloc: Python's own): it
+    # re-executes itself with it at start, unless PYTHONMALLOC is set. glibc's malloc
+    # gives a drained backlog's memory back; pymalloc keeps arenas a few objects pin
+    # (broker/memory.py)
+    BROKER_PYTHONMALLOC: str = "malloc"
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:
@@ -208,6 +213,10 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(
             "EMQ_PZQ_ACK_TIMEOUT must be > 0 seconds, EMQ_PZQ_MAX_DELIVERIES and "
             "EMQ_PZQ_MAX_INFLIGHT >= 1"
+        )
+    if s.BROKER_PYTHONMALLOC not in ("", "malloc", "pymalloc"):
+        raise ImproperlyConfigured(
+            "EMQ_BROKER_PYTHONMALLOC must be 'malloc', 'pymalloc' or '' (Python's own, pymalloc)"
         )
     if s.KEYS_RELOAD <= 0:
         raise ImproperlyConfigured("EMQ_KEYS_RELOAD must be > 0 seconds")

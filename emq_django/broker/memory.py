@@ -8,6 +8,15 @@ jobs the broker holds have fallen by a lot, the server rebuilds the core's
 indexes at their present size (``BrokerCore.compact``) and asks glibc to return
 its free pages (``malloc_trim``). ``Reclaimer`` says when; it is pure (the
 caller passes ``now`` and the count), so that it can be tested with a fake clock.
+
+Python's own small-object allocator (pymalloc) gives an arena (1 MB) back only
+once every object in it is freed: a drained backlog's arenas each kept alive by
+a few survivors (an id kept for de-duplication, a reply, a socket's buffer
+allocated during the drain) stay resident, compaction or not. glibc's malloc
+returns whole free pages from the middle of its heap on ``malloc_trim``, so
+there only the pages that hold a survivor stay. So the broker, started from the
+command line, re-executes itself once with ``PYTHONMALLOC=malloc``
+(``EMQ_BROKER_PYTHONMALLOC``; ``allocator_reexec`` says whether and how).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 MIN_DROP = 50_000  # jobs: below this a reclaim returns too little to be worth it
 INTERVAL = 5.0  # seconds: at most one reclaim this often (a compaction copies indexes)
@@ -102,6 +111,40 @@ def trim_heap() -> bool:
         return False
     _malloc_trim(0)
     return True
+
+
+def allocator_reexec(
+    wanted: str,
+    environ: Mapping[str, str],
+    executable: str | None = None,
+    orig_argv: Sequence[str] | None = None,
+) -> tuple[list[str], dict[str, str]] | None:
+    """The command line and environment to re-execute this process with
+    ``PYTHONMALLOC=wanted``, or None: nothing is wanted ('', or ``pymalloc``,
+    which Python runs with anyway), ``PYTHONMALLOC`` is set already (by whoever
+    started us, or by a re-execution: never twice), the C heap cannot be trimmed
+    here (no glibc: the change would gain nothing), the interpreter ignores
+    ``PYTHON*`` variables (``-E``, ``-I``), or its command line is not known.
+    ``executable`` and ``orig_argv`` default to ``sys.executable`` and
+    ``sys.orig_argv`` (the interpreter's own options included, so that
+    ``python -X ...`` stays so)."""
+    if wanted in ("", "pymalloc") or "PYTHONMALLOC" in environ or _malloc_trim is None:
+        return None
+    if sys.flags.ignore_environment:  # python -E or -I: PYTHONMALLOC would be ignored
+        return None
+    executable = sys.executable if executable is None else executable
+    argv = list(sys.orig_argv if orig_argv is None else orig_argv)
+    if not executable or len(argv) < 2:
+        return None
+    return [executable, *argv[1:]], {**environ, "PYTHONMALLOC": wanted}
+
+
+def allocator_name() -> str:
+    """The allocator this process started with: ``PYTHONMALLOC``, else ``pymalloc``
+    (what a release build of CPython uses by default)."""
+    if sys.flags.ignore_environment:
+        return "pymalloc"
+    return os.environ.get("PYTHONMALLOC") or "pymalloc"
 
 
 def rss_bytes() -> int:

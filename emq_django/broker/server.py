@@ -32,7 +32,7 @@ from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError
-from emq_django.broker.memory import IDLE, Reclaimer, rss_bytes, trim_heap
+from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
@@ -768,6 +768,7 @@ class BrokerServer:
             "spilled_ids": len(life.spilled_ids),
             "recent_ids": len(life.recent),
             "reclaims": self.reclaimer.reclaims,
+            "allocator": allocator_name(),
         }
         return doc
 

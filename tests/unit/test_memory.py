@@ -10,7 +10,14 @@ import pytest
 
 from emq_django.broker.core import BrokerConfig
 from emq_django.broker.holding import RecentIds
-from emq_django.broker.memory import DRAINING, IDLE, Reclaimer, rss_bytes, trim_heap
+from emq_django.broker.memory import (
+    DRAINING,
+    IDLE,
+    Reclaimer,
+    allocator_reexec,
+    rss_bytes,
+    trim_heap,
+)
 from emq_django.protocol import PROTOCOL, Ack, Request, decode
 from tests.emqp_machine import BACKEND, FRONTEND
 from tests.emqp_machine import EmqpMachine as BrokerCore
@@ -176,3 +183,39 @@ def test_recent_id_added_again_keeps_its_place_with_the_new_time() -> None:
     recent.compact()
     recent.expire(22.5)
     assert b"b" not in recent and b"c" not in recent and b"d" in recent
+
+
+@pytest.mark.skipif(not trim_heap(), reason="no glibc malloc_trim here")
+def test_allocator_reexec_runs_the_same_command_under_the_wanted_allocator() -> None:
+    argv = ["/usr/bin/python3", "-X", "utf8", "manage.py", "emq_broker", "--max-pending", "5"]
+    plan = allocator_reexec("malloc", {"HOME": "/h"}, "/venv/bin/python", argv)
+    assert plan == (
+        ["/venv/bin/python", "-X", "utf8", "manage.py", "emq_broker", "--max-pending", "5"],
+        {"HOME": "/h", "PYTHONMALLOC": "malloc"},
+    )
+
+
+def test_allocator_reexec_never_twice_nor_for_nothing() -> None:
+    argv = ["python", "manage.py", "emq_broker"]
+    # PYTHONMALLOC set (by whoever started us, or by the re-execution itself): it wins
+    assert allocator_reexec("malloc", {"PYTHONMALLOC": "malloc"}, "/p", argv) is None
+    assert allocator_reexec("malloc", {"PYTHONMALLOC": "pymalloc"}, "/p", argv) is None
+    assert allocator_reexec("", {}, "/p", argv) is None  # turned off
+    assert allocator_reexec("pymalloc", {}, "/p", argv) is None  # what runs anyway
+    assert allocator_reexec("malloc", {}, "", argv) is None  # no known interpreter
+    assert allocator_reexec("malloc", {}, "/p", ["python"]) is None  # no known command
+
+
+def test_the_allocator_setting_takes_values_of_pythonmalloc_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from emq_django.conf import get_settings
+
+    assert get_settings().BROKER_PYTHONMALLOC == "malloc"
+    monkeypatch.setenv("EMQ_BROKER_PYTHONMALLOC", "")
+    assert get_settings().BROKER_PYTHONMALLOC == ""
+    monkeypatch.setenv("EMQ_BROKER_PYTHONMALLOC", "jemalloc")
+    with pytest.raises(ImproperlyConfigured, match="EMQ_BROKER_PYTHONMALLOC"):
+        get_settings()

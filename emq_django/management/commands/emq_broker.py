@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from typing import Any
 
 import zmq
@@ -9,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from emq_django.broker.journal import JournalError
+from emq_django.broker.memory import allocator_reexec
 from emq_django.conf import get_settings
 from emq_django.logconfig import configure_command_logging
 
@@ -55,6 +59,8 @@ class Command(BaseCommand):
             heartbeat_liveness=opts["heartbeat_liveness"],
             max_pending=opts["max_pending"],
         )
+        if getattr(self, "_called_from_command_line", False):  # not call_command()
+            self._reexec_with_allocator(settings.BROKER_PYTHONMALLOC)
         try:
             server = BrokerServer(settings, new_journal=opts["new_journal"])
         except JournalError as exc:
@@ -73,3 +79,20 @@ class Command(BaseCommand):
             server.run()
         finally:
             server.close()
+
+    def _reexec_with_allocator(self, wanted: str) -> None:
+        """Replace this process (same PID) by the same command under
+        ``PYTHONMALLOC=wanted`` (EMQ_BROKER_PYTHONMALLOC), before anything is bound:
+        see ``emq_django.broker.memory``. Nothing happens when it is set already."""
+        plan = allocator_reexec(wanted, os.environ)
+        if plan is None:
+            return
+        argv, env = plan
+        logging.getLogger("emq_django.broker.server").info(
+            "re-executing with PYTHONMALLOC=%s (EMQ_BROKER_PYTHONMALLOC): glibc's malloc "
+            "gives a drained backlog's memory back",
+            wanted,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(argv[0], argv, env)
