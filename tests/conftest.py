@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,30 @@ def free_tcp_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     return free_tcp_ports(1, host)[0]
+
+
+def private_broker_settings(tmp_path: Path, *, mdp: bool = False) -> Any:
+    """``EmqSettings`` for a BrokerServer run in a test: eMQP, monitor and Event BUS
+    on free loopback ports, the journal in ``tmp_path``; Majordomo only with ``mdp``,
+    PZQ and mc0 off (their default ports may be another broker's on this machine).
+    Its addresses are the settings' ``*_BIND`` fields."""
+    from emq_django.conf import EmqSettings
+
+    front, back, mon, mdp_bind, snap, pub, coll = (
+        f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(7)
+    )
+    return EmqSettings(
+        FRONTEND_BIND=front,
+        BACKEND_BIND=back,
+        MONITOR_BIND=mon,
+        MDP_BIND=mdp_bind if mdp else "",
+        PZQ_RECEIVE_BIND="",
+        MC0_BIND="",
+        BUS_SNAPSHOT_BIND=snap,
+        BUS_PUBLISH_BIND=pub,
+        BUS_COLLECT_BIND=coll,
+        JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
+    )
 
 
 def port_accepts(port: int, host: str = "127.0.0.1") -> bool:

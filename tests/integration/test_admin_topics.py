@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from emq_django.results.topics_page import figures
-from tests.conftest import free_tcp_port, free_tcp_ports
+from tests.conftest import free_tcp_port, private_broker_settings
 from tests.eventbus_client import BusClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,21 +39,11 @@ def broker(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
     from emq_django.broker.server import BrokerServer
     from emq_django.client import reset_client
-    from emq_django.conf import EmqSettings, reset_cached_settings
+    from emq_django.conf import reset_cached_settings
 
-    front, back, mon, snap, pub, coll = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(6))
-    s = EmqSettings(
-        FRONTEND_BIND=front,
-        BACKEND_BIND=back,
-        MONITOR_BIND=mon,
-        MDP_BIND="",  # off
-        PZQ_RECEIVE_BIND="",  # off
-        MC0_BIND="",  # off: its default port may be another broker's on this machine
-        BUS_SNAPSHOT_BIND=snap,
-        BUS_PUBLISH_BIND=pub,
-        BUS_COLLECT_BIND=coll,
-        JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
-    )
+    s = private_broker_settings(tmp_path)
+    front, mon = s.FRONTEND_BIND, s.MONITOR_BIND
+    snap, pub, coll = s.BUS_SNAPSHOT_BIND, s.BUS_PUBLISH_BIND, s.BUS_COLLECT_BIND
     context: zmq.Context[Any] = zmq.Context()
     server = BrokerServer(s, context=context, shutdown_grace=1.0)
     server.bind()

@@ -17,11 +17,10 @@ import zmq
 from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.server import BrokerServer
 from emq_django.client import Client
-from emq_django.conf import EmqSettings
 from emq_django.protocol import PROTOCOL as P
 from emq_django.protocol import frames as F
 from emq_django.protocol.headers import parse_headers
-from tests.conftest import free_tcp_ports
+from tests.conftest import free_tcp_ports, private_broker_settings
 
 BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
 WAIT_MS = 5000
@@ -33,19 +32,7 @@ def request(msgid: bytes, headers: bytes) -> list[bytes]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[BrokerServer]:
-    front, back, mon, mdp, snap, pub, coll = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(7))
-    settings = EmqSettings(
-        FRONTEND_BIND=front,
-        BACKEND_BIND=back,
-        MONITOR_BIND=mon,
-        MDP_BIND=mdp,
-        PZQ_RECEIVE_BIND="",
-        MC0_BIND="",
-        BUS_SNAPSHOT_BIND=snap,
-        BUS_PUBLISH_BIND=pub,
-        BUS_COLLECT_BIND=coll,
-        JOURNAL_PATH=str(tmp_path / "journal.sqlite3"),
-    )
+    settings = private_broker_settings(tmp_path, mdp=True)
     context: zmq.Context[Any] = zmq.Context()
     srv = BrokerServer(settings, context=context, shutdown_grace=1.0)
     srv.bind()
