@@ -99,9 +99,14 @@ def table_exists(path: Path) -> bool:
     return path.is_dir() and any(p.name.startswith("date=") for p in path.iterdir())
 
 
+def existing_dates(path: Path, dates: Iterable[dt.date]) -> list[dt.date]:
+    """Those of ``dates`` that the date-partitioned table at ``path`` has."""
+    return [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
+
+
 def read_dates(spark: SparkSession, path: Path, dates: Iterable[dt.date]) -> DataFrame | None:
     """Rows of a date-partitioned table for ``dates`` (partition pruning), or None."""
-    wanted = [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
+    wanted = existing_dates(path, dates)
     if not wanted:
         return None
     df = spark.read.option("basePath", str(path)).parquet(
