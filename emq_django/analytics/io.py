@@ -34,6 +34,11 @@ DEFAULT_CONF: dict[str, str] = {
     # Percentiles per minute are exact; one group never holds more than a
     # minute of one task's jobs.
     "spark.sql.adaptive.enabled": "true",
+    # The tables are partitioned by date and a batch holds a few dates: a writer
+    # per date, rather than a sort of every row by date before writing (which
+    # Spark plans by default); beyond this many dates in one task, it sorts.
+    "spark.sql.optimizer.plannedWrite.enabled": "false",
+    "spark.sql.maxConcurrentOutputFileWriters": "8",
 }
 
 

@@ -286,12 +286,15 @@ class Dictionary:
 
     def __init__(self, spark: SparkSession, words: Iterable[str]) -> None:
         unique = sorted(set(words))
-        frame = spark.createDataFrame([(w,) for w in unique], "s string")
-        self.frame = frame.select(F.xxhash64("s").alias("h"), "s")
+        # Literals in the JVM (no Python worker, which a loaded machine is slow
+        # to start): the same hash as the columns'.
+        literal = (
+            F.array(*[F.lit(w) for w in unique]) if unique else F.array().cast("array<string>")
+        )
+        self.frame = spark.range(1).select(F.explode(literal).alias("s"))
+        self.frame = self.frame.select(F.xxhash64("s").alias("h"), "s")
         self.pairs = [(int(r["h"]), str(r["s"])) for r in self.frame.collect()] if unique else []
         self.small = len(self.pairs) <= MAP_LOOKUP_LIMIT
-        if self.small:
-            self.frame = spark.createDataFrame(self.pairs, "h long, s string")
 
     def decode(self, df: DataFrame, columns: dict[str, str]) -> DataFrame:
         """``df`` with each hash column of ``columns`` (hash -> name) replaced by its string."""
