@@ -6,8 +6,9 @@ Output layout (every table partitioned by ``date``, the UTC date of its minute):
 - ``task_minute/``, ``queue_minute/``, ``jm_minute/``, ``failures/``,
   ``slowest_tasks/``: metrics, the dates a batch touched recomputed and
   overwritten (dynamic partition overwrite);
-- ``_open/batch-N/``: events of the jobs still open after batch N (the columns
-  the facts read, ``transforms.FACT_COLUMNS``);
+- ``_open/batch-N/``: the jobs still open after batch N, one merged row each
+  (``transforms.carry_partials``; an earlier version kept their events, which a
+  later batch still reads);
 - ``_checkpoint.json``: see ``checkpoint``.
 """
 

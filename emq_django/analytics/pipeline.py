@@ -2,18 +2,20 @@
 
 One batch:
 1. the checkpoint plans the new byte ranges of the trace files;
-2. their events, plus the saved events of the jobs still open, become job facts;
-3. the events of jobs still open are saved for the next batch (dropped once
-   ``open_job_ttl`` older than the newest event: the rest of them was lost);
-4. every date that received a finished job or attempt is recomputed from the
-   stored ``jobs/`` and ``attempts/`` rows of that date plus this batch's (still in
-   memory) and overwritten in the metric tables; then this batch's finished jobs
-   and attempts are appended to ``jobs/`` and ``attempts/``, and the metric rows of
-   those dates replace the Django models' rows;
+2. their events, plus the merged rows of the jobs still open, become job and
+   attempt facts;
+3. the jobs still open are saved, one merged row each, for the next batch
+   (dropped once ``open_job_ttl`` older than the newest event: the rest of them
+   was lost);
+4. this batch's finished jobs and attempts are appended to ``jobs/`` and
+   ``attempts/``; every date that received one is recomputed from those tables
+   and overwritten in the metric tables, and the metric rows of those dates
+   replace the Django models' rows;
 5. the checkpoint records the new offsets.
 
-The trace is parsed once per batch: its events are cached, and the job facts
-(one hash aggregate), the attempts and the open jobs' events come from that cache.
+The trace is parsed once per batch, into partials merged per job x attempt
+(one shuffle, by job; cached on disk); the jobs, the attempts and the open jobs
+come from that cache (see ``Analyzer.process``).
 
 A batch with no new bytes does nothing. ``follow`` copies new bytes into an inbox
 directory that a Structured Streaming query reads; each micro-batch is step 2-4.
@@ -192,10 +194,9 @@ class Analyzer:
             new_open = f"_open/batch-{batch}"
             carry = transforms.carry_partials(still_open, dictionary)
             carry.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
-        stored = {
-            name: bool(io.existing_dates(self.out / name, result.dates))
-            for name in ("jobs", "attempts")
-        }
+        # Jobs of these dates stored by an earlier batch: some may be there twice
+        # once this batch's are appended (finished again, or a batch redone).
+        stored_jobs = bool(io.existing_dates(self.out / "jobs", result.dates))
         jobs = transforms.decode_jobs(codes.where(finished), dictionary)
         io.append(jobs, self.out / "jobs", unique="job")
         io.append(
@@ -204,7 +205,7 @@ class Analyzer:
             unique="job",
         )
         if result.dates:
-            self._write_metrics(result.dates, dedupe=stored["jobs"])
+            self._write_metrics(result.dates, dedupe=stored_jobs)
         if result.dates and self.config.update_db:
             result.db_rows = self._update_db(result.dates)
         with self._lock:
