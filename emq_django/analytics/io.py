@@ -60,8 +60,9 @@ def build_session(
         f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -Demq.spark.level={log_level.lower()}"
     )
     if master.startswith("local"):
-        # The driver runs the tasks: a batch job, where the throughput collector
-        # spends less CPU than G1 (the JVM's default) for the same heap.
+        # The driver runs the tasks, a batch job: the throughput (parallel)
+        # collector, which does no concurrent marking beside them, not G1 (the
+        # JVM's default, tuned for short pauses).
         java_options += " " + LOCAL_GC_OPTIONS
     settings = {"spark.driver.extraJavaOptions": java_options, **DEFAULT_CONF, **(conf or {})}
     builder = SparkSession.builder.master(master).appName(app_name)
