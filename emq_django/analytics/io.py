@@ -6,8 +6,9 @@ Output layout (every table partitioned by ``date``, the UTC date of its minute):
 - ``task_minute/``, ``queue_minute/``, ``jm_minute/``, ``failures/``,
   ``slowest_tasks/``: metrics, the dates a batch touched recomputed and
   overwritten (dynamic partition overwrite);
-- ``_open/batch-N/``: events of the jobs still open after batch N (the columns
-  the facts read, ``transforms.FACT_COLUMNS``);
+- ``_open/batch-N/``: the jobs still open after batch N, one merged row each
+  (``transforms.carry_partials``; an earlier version kept their events, which a
+  later batch still reads);
 - ``_checkpoint.json``: see ``checkpoint``.
 """
 
@@ -34,10 +35,16 @@ DEFAULT_CONF: dict[str, str] = {
     # Percentiles per minute are exact; one group never holds more than a
     # minute of one task's jobs.
     "spark.sql.adaptive.enabled": "true",
+    # The tables are partitioned by date and a batch holds a few dates: a writer
+    # per date, rather than a sort of every row by date before writing (which
+    # Spark plans by default); beyond this many dates in one task, it sorts.
+    "spark.sql.optimizer.plannedWrite.enabled": "false",
+    "spark.sql.maxConcurrentOutputFileWriters": "8",
 }
 
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+LOCAL_GC_OPTIONS = "-XX:+UseParallelGC"
 
 
 def build_session(
@@ -52,6 +59,11 @@ def build_session(
     java_options = (
         f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -Demq.spark.level={log_level.lower()}"
     )
+    if master.startswith("local"):
+        # The driver runs the tasks, a batch job: the throughput (parallel)
+        # collector, which does no concurrent marking beside them, not G1 (the
+        # JVM's default, tuned for short pauses).
+        java_options += " " + LOCAL_GC_OPTIONS
     settings = {"spark.driver.extraJavaOptions": java_options, **DEFAULT_CONF, **(conf or {})}
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
@@ -99,9 +111,14 @@ def table_exists(path: Path) -> bool:
     return path.is_dir() and any(p.name.startswith("date=") for p in path.iterdir())
 
 
+def existing_dates(path: Path, dates: Iterable[dt.date]) -> list[dt.date]:
+    """Those of ``dates`` that the date-partitioned table at ``path`` has."""
+    return [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
+
+
 def read_dates(spark: SparkSession, path: Path, dates: Iterable[dt.date]) -> DataFrame | None:
     """Rows of a date-partitioned table for ``dates`` (partition pruning), or None."""
-    wanted = [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
+    wanted = existing_dates(path, dates)
     if not wanted:
         return None
     df = spark.read.option("basePath", str(path)).parquet(

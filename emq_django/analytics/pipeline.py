@@ -2,18 +2,20 @@
 
 One batch:
 1. the checkpoint plans the new byte ranges of the trace files;
-2. their events, plus the saved events of the jobs still open, become job facts;
-3. the events of jobs still open are saved for the next batch (dropped once
-   ``open_job_ttl`` older than the newest event: the rest of them was lost);
-4. every date that received a finished job or attempt is recomputed from the
-   stored ``jobs/`` and ``attempts/`` rows of that date plus this batch's (still in
-   memory) and overwritten in the metric tables; then this batch's finished jobs
-   and attempts are appended to ``jobs/`` and ``attempts/``, and the metric rows of
-   those dates replace the Django models' rows;
+2. their events, plus the merged rows of the jobs still open, become job and
+   attempt facts;
+3. the jobs still open are saved, one merged row each, for the next batch
+   (dropped once ``open_job_ttl`` older than the newest event: the rest of them
+   was lost);
+4. this batch's finished jobs and attempts are appended to ``jobs/`` and
+   ``attempts/``; every date that received one is recomputed from those tables
+   and overwritten in the metric tables, and the metric rows of those dates
+   replace the Django models' rows;
 5. the checkpoint records the new offsets.
 
-The trace is parsed once per batch: its events are cached, and the job facts
-(one hash aggregate), the attempts and the open jobs' events come from that cache.
+The trace is parsed once per batch, into partials merged per job x attempt
+(one shuffle, by job; cached on disk); the jobs, the attempts and the open jobs
+come from that cache (see ``Analyzer.process``).
 
 A batch with no new bytes does nothing. ``follow`` copies new bytes into an inbox
 directory that a Structured Streaming query reads; each micro-batch is step 2-4.
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -39,9 +42,10 @@ from emq_django.analytics.checkpoint import Checkpoint, stage, stage_all
 
 log = logging.getLogger(__name__)
 
-# Open jobs are usually a few (those in flight at the end of the trace): their ids
-# are broadcast to pick out their events; beyond this many, Spark joins.
-BROADCAST_OPEN_JOBS = 500_000
+# The job x attempt partials are read three times (the jobs, the attempts, the
+# jobs left open): kept on disk, not in the heap, where a large batch would crowd
+# a small driver and the garbage collector would walk them over and over.
+CACHE_LEVEL = StorageLevel.DISK_ONLY
 
 METRIC_TABLES = ("task_minute", "queue_minute", "jm_minute", "failures", "slowest_tasks")
 
@@ -114,87 +118,94 @@ class Analyzer:
     def process(self, events: DataFrame) -> BatchResult:
         """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs.
 
-        The events are parsed once, into a cached narrow form (``encode_events``:
-        longs and the job id); the strings' dictionary is observed during that
-        same pass. The job facts, the attempts and the open jobs' events all come
-        from that cache, and the metrics from the job facts, not from Parquet
-        written and read back in the same run."""
+        The trace is read once: each event becomes a partial (longs, string
+        hashes and the job id; ``transforms.event_partials``), the partials are
+        hash-partitioned by job and merged into one row per job x attempt, which
+        is cached (a few columns of longs, about one row per job); the strings'
+        dictionary is observed during that same pass. The jobs (one more merge,
+        within each partition: no shuffle), the attempts and the jobs left open
+        all come from that cache; the metrics are computed from the fact tables
+        once this batch's rows are appended (read back by date, a few columns)."""
         cfg = self.config
         events = io.window_events(events, cfg.since, cfg.until).select(*transforms.FACT_COLUMNS)
-        events = events.withColumn("_new", F.lit(True))
         with self._lock:
             batch = self.checkpoint.batch + 1
             old_open = self.checkpoint.open_dir
-        all_events = events
+        strings = Observation(f"strings-{batch}-{uuid.uuid4().hex}")
+        partials = transforms.event_partials(
+            events.observe(strings, *transforms.string_observations())
+        )
+        carried_words: list[str] = []
         if old_open and (self.out / old_open).is_dir():
             carried = self.spark.read.parquet(str(self.out / old_open))
-            carried = carried.select(*transforms.FACT_COLUMNS).withColumn("_new", F.lit(False))
-            all_events = events.unionByName(carried)
-        strings = Observation(f"strings-{batch}-{uuid.uuid4().hex}")
-        observed = all_events.observe(strings, *transforms.string_observations())
-        encoded = transforms.encode_events(observed).persist()
+            if "event" in carried.columns:
+                # Saved by an earlier version: the open jobs' events.
+                carried = carried.select(*transforms.FACT_COLUMNS)
+                carried_words = transforms.string_values(carried)
+                carried_partials = transforms.event_partials(carried, new=False)
+            else:
+                carried_words = transforms.carried_strings(carried)
+                carried_partials = transforms.carried_partials(carried)
+            partials = partials.unionByName(carried_partials)
+        # Every partial of a job in one partition: the job merge needs no shuffle.
+        partials = partials.repartition("job")
+        dates = Observation(f"dates-{batch}-{uuid.uuid4().hex}")
+        attempts = transforms.merge_partials(partials, ["job", "a"])
+        attempts = attempts.observe(dates, transforms.attempt_dates()).persist(CACHE_LEVEL)
         try:
-            codes = transforms.job_codes(encoded.drop("_new")).persist()
-            try:
-                return self._process(encoded, codes, strings, batch, old_open)
-            finally:
-                codes.unpersist()
+            return self._process(attempts, strings, dates, carried_words, batch, old_open)
         finally:
-            encoded.unpersist()
+            attempts.unpersist()
 
     def _process(
         self,
-        encoded: DataFrame,
-        codes: DataFrame,
+        attempt_partials: DataFrame,
         strings: Observation,
+        dates: Observation,
+        carried_words: list[str],
         batch: int,
         old_open: str,
     ) -> BatchResult:
-        finished_ts = F.when(transforms.is_finished(codes), F.col("_last"))
-        # The first action: it parses the trace into the cache, observes the
-        # strings and fills the job codes' cache.
+        codes = transforms.merge_partials(attempt_partials, ["job"])
+        finished = transforms.is_finished(codes)
+        # The first action: it parses the trace, merges the partials into the
+        # cache and observes the strings and the attempts' dates.
         summary = codes.agg(
             F.sum("events").alias("n"),
-            F.max("_last").alias("max_code"),
-            F.count(finished_ts).alias("finished"),
+            F.max("last").alias("max_code"),
+            F.count(F.when(finished, 1)).alias("finished"),
             F.count(F.lit(1)).alias("jobs"),
+            F.collect_set(F.when(finished, transforms.date_of(F.col("last")))).alias("dates"),
         ).first()
         assert summary is not None
         result = BatchResult(events=int(summary["n"] or 0))
         if not result.events:
             return result
         words = [w for values in strings.get.values() for w in values or ()]
-        dictionary = transforms.Dictionary(self.spark, words)
+        dictionary = transforms.Dictionary(self.spark, [*words, *carried_words])
         result.finished_jobs = int(summary["finished"])
         result.open_jobs = int(summary["jobs"]) - result.finished_jobs
+        result.dates = sorted({*summary["dates"], *(dates.get.get("dates") or ())})
         new_open = ""
         if result.open_jobs:
             max_ts = int(summary["max_code"]) >> transforms.TS_SHIFT
             cutoff = (max_ts - int(self.config.open_job_ttl * 1_000_000)) << transforms.TS_SHIFT
-            still_open = codes.where(~transforms.is_finished(codes) & (F.col("_last") >= cutoff))
-            open_ids = still_open.select("job")
-            if result.open_jobs <= BROADCAST_OPEN_JOBS:
-                open_ids = F.broadcast(open_ids)
+            still_open = codes.where(~finished & (F.col("last") >= cutoff))
             new_open = f"_open/batch-{batch}"
-            open_events = encoded.join(open_ids, "job", "left_semi")
-            open_events = transforms.decode_events(open_events, dictionary)
-            open_events.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
-        # Decoded once: the metrics and the append each read these two caches.
-        finished = transforms.decode_jobs(codes.where(transforms.is_finished(codes)), dictionary)
-        finished = finished.persist()
-        new_events = encoded.where(F.col("_new")).drop("_new")
-        attempts = transforms.encoded_attempt_facts(new_events, dictionary).persist()
-        try:
-            # Dates of finished jobs and of attempts; this fills both caches.
-            dated = finished.select("date").union(attempts.select("date")).distinct()
-            result.dates = sorted(r["date"] for r in dated.collect() if r["date"] is not None)
-            if result.dates:
-                self._write_metrics(result.dates, finished, attempts)
-            io.append(finished, self.out / "jobs", unique="job")
-            io.append(attempts, self.out / "attempts", unique="job")
-        finally:
-            attempts.unpersist()
-            finished.unpersist()
+            carry = transforms.carry_partials(still_open, dictionary)
+            carry.coalesce(1).write.mode("overwrite").parquet(str(self.out / new_open))
+        # Jobs of these dates stored by an earlier batch: some may be there twice
+        # once this batch's are appended (finished again, or a batch redone).
+        stored_jobs = bool(io.existing_dates(self.out / "jobs", result.dates))
+        jobs = transforms.decode_jobs(codes.where(finished), dictionary)
+        io.append(jobs, self.out / "jobs", unique="job")
+        io.append(
+            transforms.decode_attempts(attempt_partials, dictionary),
+            self.out / "attempts",
+            unique="job",
+        )
+        if result.dates:
+            self._write_metrics(result.dates, dedupe=stored_jobs)
         if result.dates and self.config.update_db:
             result.db_rows = self._update_db(result.dates)
         with self._lock:
@@ -208,23 +219,21 @@ class Analyzer:
     def recompute(self, dates: list[dt.date]) -> dict[str, int]:
         """Recompute and overwrite the metric tables (and models) for ``dates`` from
         the stored ``jobs/`` and ``attempts/`` tables."""
-        self._write_metrics(dates, None, None)
+        self._write_metrics(dates, dedupe=True)
         if not self.config.update_db:
             return {}
         return self._update_db(dates)
 
-    def _write_metrics(
-        self, dates: list[dt.date], new_jobs: DataFrame | None, new_attempts: DataFrame | None
-    ) -> None:
-        """The metric tables for ``dates``: the stored facts of those dates plus
-        ``new_jobs`` / ``new_attempts`` (this batch's, not stored yet)."""
-        jobs = _union(io.read_dates(self.spark, self.out / "jobs", dates), new_jobs)
-        attempts = _union(io.read_dates(self.spark, self.out / "attempts", dates), new_attempts)
+    def _write_metrics(self, dates: list[dt.date], dedupe: bool) -> None:
+        """The metric tables for ``dates``, from the stored facts of those dates.
+        ``dedupe``: the jobs table may hold a job twice (a job finished again by a
+        later batch, a batch appended twice): keep each job's latest row."""
+        jobs = io.read_dates(self.spark, self.out / "jobs", dates)
+        attempts = io.read_dates(self.spark, self.out / "attempts", dates)
         frames: dict[str, DataFrame] = {}
         reused: DataFrame | None = None
         if jobs is not None:
-            if new_jobs is None or jobs is not new_jobs:
-                # Stored rows: a job finished again by a later batch is there twice.
+            if dedupe:
                 jobs = reused = transforms.dedupe_jobs(jobs).persist()
             frames["task_minute"] = transforms.task_minute_metrics(jobs)
             frames["queue_minute"] = transforms.queue_minute_metrics(jobs)
@@ -306,9 +315,3 @@ class Analyzer:
         result = self.process(transforms.clean_events(df))
         if result.events:
             log.info("micro-batch %d: %s", batch_id, result.describe())
-
-
-def _union(stored: DataFrame | None, new: DataFrame | None) -> DataFrame | None:
-    if stored is None or new is None:
-        return new if stored is None else stored
-    return stored.unionByName(new.select(*stored.columns))
