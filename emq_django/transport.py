@@ -136,7 +136,17 @@ class HandshakeWatch:
     caller can say so at once rather than after its time-out; the caller closes the
     socket (a fresh one tries again: the key may have been registered since)."""
 
-    __slots__ = ("pair", "url", "public", "role", "succeeded", "quiet_failures", "unreached")
+    __slots__ = (
+        "pair",
+        "url",
+        "public",
+        "role",
+        "succeeded",
+        "quiet_failures",
+        "unreached",
+        "sock",
+        "events",
+    )
 
     def __init__(
         self,
@@ -146,12 +156,9 @@ class HandshakeWatch:
         role: str = "",
         events: int = HANDSHAKE_EVENTS,
     ) -> None:
-        address = f"inproc://emq-handshakes-{os.getpid()}-{next(_watch_ids)}"
-        sock.monitor(address, events)  # before connect(): no event is missed
-        pair: Socket = sock.context.socket(zmq.PAIR)
-        pair.linger = 0
-        pair.connect(address)
-        self.pair = pair
+        self.sock = sock
+        self.events = events
+        self.pair = self._monitor(events)  # before connect(): no event is missed
         self.url = url
         self.public = curve.public.decode() if curve is not None else ""
         self.role = role  # the role the port admits, for the message ('' : any key)
@@ -160,6 +167,29 @@ class HandshakeWatch:
         # a connection attempt failed before any handshake (with CONNECT_RETRIED in
         # ``events``): nobody listens at ``url`` now
         self.unreached = False
+
+    def _monitor(self, events: int) -> Socket:
+        """Start (or replace) the socket's monitor; returns the PAIR its events come on."""
+        address = f"inproc://emq-handshakes-{os.getpid()}-{next(_watch_ids)}"
+        self.sock.monitor(address, events)
+        pair: Socket = self.sock.context.socket(zmq.PAIR)
+        pair.linger = 0
+        pair.connect(address)
+        return pair
+
+    def _stop_retries(self) -> None:
+        """Watch handshakes only, from now on (with a new ``pair``: only for a watch
+        whose owner does not poll ``pair`` itself, as the publisher's). libzmq sends
+        monitor events blocking: once about 2,000 wait unread (CONNECT_RETRIED
+        comes every reconnect interval, 100 ms, while nobody listens), the I/O
+        thread of the socket's context stops for good, and every socket of that
+        context with it. A publisher's socket may go unread for long (its thread
+        idle or gone, its broker stopped), so once a handshake succeeded or nobody
+        was found listening, its watch no longer asks for retries."""
+        old = self.pair
+        self.events &= ~CONNECT_RETRIED
+        self.pair = self._monitor(self.events)  # replaces the old monitor
+        old.close(linger=0)
 
     def check(self) -> None:
         """Read the events waiting (never blocks); raises ``HandshakeRefused`` when
@@ -186,18 +216,20 @@ class HandshakeWatch:
                     raise self.refusal("no-detail", value)
             elif event == CONNECT_RETRIED and not self.quiet_failures:
                 self.unreached = True  # (after a failed handshake it says nothing new)
+        if self.events & CONNECT_RETRIED and (self.succeeded or self.unreached):
+            self._stop_retries()  # the outcome asked for is known
 
     def wait_outcome(self, timeout: float) -> None:
         """Wait up to ``timeout`` s until a handshake succeeds or nobody is found
         listening (``unreached``); raises ``HandshakeRefused`` when one is refused."""
         deadline = time.monotonic() + timeout
-        items = [(self.pair, _POLLIN)]
         self.check()
         while not self.succeeded and not self.unreached:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if _zmq_poll(items, max(int(left * 1000), 1)):
+            # ``self.pair`` is read each time: ``check()`` may have replaced it
+            if _zmq_poll([(self.pair, _POLLIN)], max(int(left * 1000), 1)):
                 self.check()
 
     def send(self, sock: Socket, frames: list[bytes], timeout_ms: int = -1) -> bool:
@@ -211,11 +243,10 @@ class HandshakeWatch:
         except zmq.Again:
             pass
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
-        items = [(sock, _POLLOUT), (self.pair, _POLLIN)]
         while True:
-            self.check()
+            self.check()  # (may replace ``self.pair``)
             wait = -1 if deadline is None else max(int((deadline - time.monotonic()) * 1000), 0)
-            ready = _zmq_poll(items, wait)
+            ready = _zmq_poll([(sock, _POLLOUT), (self.pair, _POLLIN)], wait)
             if ready and ready[0][0] is sock:
                 try:
                     wire.send(sock, frames)

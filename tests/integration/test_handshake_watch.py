@@ -1,0 +1,82 @@
+"""A watched socket whose broker is gone never stops its context's I/O thread.
+
+libzmq sends socket-monitor events blocking: about 2,000 unread events stop the
+I/O thread of the socket's context for good (found when the publisher's context
+froze in a full test run: every later ``emq.publish`` of the process went
+nowhere). The publisher's watch asks for CONNECT_RETRIED, which comes every
+reconnect interval while nobody listens, so once the outcome it wants is known
+(a handshake succeeded, or nobody listens) it stops asking. Here the reconnect
+interval is 1 ms, so those 2,000 events would come within a few seconds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from emq_django import transport
+from tests.conftest import free_tcp_port
+
+RETRIES_WINDOW = 5.0  # seconds of 1 ms reconnects: well past 2,000 events
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[Any]]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def io_thread_works(ctx: zmq.Context[Any]) -> bool:
+    """A message crosses a loopback TCP pair of ``ctx`` (its I/O thread moves it)."""
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        push.send(b"ping")
+        return bool(pull.poll(5000)) and pull.recv() == b"ping"
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+
+
+def watched(ctx: zmq.Context[Any], url: str) -> tuple[zmq.Socket[Any], transport.HandshakeWatch]:
+    """A DEALER watched as the publisher's is, retrying every 1 ms."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.reconnect_ivl = 1
+    watch = transport.HandshakeWatch(
+        sock, url, None, events=transport.HANDSHAKE_EVENTS | transport.CONNECT_RETRIED
+    )
+    sock.connect(url)
+    return sock, watch
+
+
+def test_nobody_listening_then_left_unread(context: zmq.Context[Any]) -> None:
+    sock, watch = watched(context, f"tcp://127.0.0.1:{free_tcp_port()}")
+    watch.wait_outcome(5.0)
+    assert watch.unreached and not watch.succeeded
+    time.sleep(RETRIES_WINDOW)  # nobody reads the watch meanwhile
+    assert io_thread_works(context), "the context's I/O thread stopped"
+    watch.check()  # what waits is read without error
+    sock.close(linger=0)
+    watch.close()
+
+
+def test_broker_gone_after_a_handshake_then_left_unread(context: zmq.Context[Any]) -> None:
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    sock, watch = watched(context, f"tcp://127.0.0.1:{port}")
+    sock.send(b"hello")
+    watch.wait_outcome(5.0)
+    assert watch.succeeded
+    assert router.poll(5000)
+    router.close(linger=0)  # the broker goes away; the socket retries every 1 ms
+    time.sleep(RETRIES_WINDOW)
+    assert io_thread_works(context), "the context's I/O thread stopped"
+    sock.close(linger=0)
+    watch.close()
