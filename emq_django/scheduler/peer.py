@@ -70,9 +70,10 @@ class SchedulerPeer:
             heartbeat_liveness=c.heartbeat_liveness,
             identity=self._identity,
         )
-        self.link.connect()
         log.info("scheduler %s: broker %s, catch-up policy %r", self.name, c.broker_url, c.catch_up)
         try:
+            # connect() too: a refusal may come before its INFORM could be queued
+            self.link.connect()
             self._loop()
             return 0
         except HandshakeRefused as exc:

@@ -133,7 +133,6 @@ class JobManager:
             heartbeat_interval=self.config.heartbeat_interval,
             heartbeat_liveness=self.config.heartbeat_liveness,
         )
-        self.link.connect()
         log.info(
             "job manager %s: %d worker processes on queues %s, broker %s",
             self.name,
@@ -142,6 +141,8 @@ class JobManager:
             self.config.broker_url,
         )
         try:
+            # connect() too: a refusal may come before its INFORM could be queued
+            self.link.connect()
             return self._loop()
         except HandshakeRefused as exc:
             return self._refused(exc)

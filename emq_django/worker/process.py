@@ -107,8 +107,8 @@ class SlotWorker:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
         note_open_connections()
-        self.link.connect()
         try:
+            self.link.connect()  # (a refusal may come before its INFORM is queued)
             self._loop()
         except HandshakeRefused as exc:
             # the job manager, on the same key, is refused too and stops
