@@ -74,7 +74,7 @@ DRAIN_STEP = 64
 # leaves as one message at COALESCE_JOBS jobs or COALESCE_BYTES of bodies, when
 # anything else is sent or waited for, or COALESCE_WAIT after its first job (the
 # flusher thread). A send with nothing unacknowledged goes at once, as a REQUEST.
-COALESCE_JOBS = 32
+COALESCE_JOBS = 128
 COALESCE_BYTES = 64 * 1024
 COALESCE_WAIT = 0.002  # seconds
 EXIT_WAIT = 2.0  # seconds the interpreter's exit waits for the last ACKs, at most
@@ -182,7 +182,8 @@ class Client:
         as bytes), a new one unless ``msgid`` is given. ``Task.delay()`` calls this."""
         with self._lock:
             if msgid is None:
-                msgid = self._ids()
+                ready = self._ids._ready  # the generator's next id, without a call
+                msgid = ready.pop() if ready else self._ids()
             flagged = self._flagged.get(headers)
             headers = flagged if flagged is not None else self._flag(headers)
             buf = self._buf
@@ -679,6 +680,9 @@ class Client:
                 self._sock.close()
             self._sock = None
             self._close_watch()
+            flusher, self._flusher = self._flusher, None
+            if flusher is not None:
+                flusher.wake.set()  # it sees it is no longer this client's, and ends
 
     def _close_watch(self) -> None:
         if self._watch is not None:
