@@ -294,6 +294,35 @@ def test_a_refusal_of_a_coalesced_job_reaches_its_get(start_broker: Callable[...
         client.close()
 
 
+def test_threads_sharing_the_client_get_every_job_to_the_broker_once(broker: Broker) -> None:
+    client = Client(broker.frontend, ack_timeout=5.0, curve=None)
+    sent: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            ids = [client.send_request(b"threads", b"", BODY) for _ in range(2000)]
+            sent.extend(ids)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=produce) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors
+        client.flush(timeout=WAIT)  # every job ACKed
+        assert client._coalesce and not client._pending and len(set(sent)) == 8000
+        status = broker.status()
+        assert status["counters"]["received"] == 8000
+        (queue,) = [q for q in status["queues"] if q["name"] == "threads"]
+        assert queue["depth"] == 8000
+    finally:
+        client.close()
+
+
 def test_cancel_of_a_buffered_job_finds_it_at_the_broker(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
