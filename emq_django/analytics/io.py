@@ -137,6 +137,39 @@ def append(df: DataFrame, path: Path, unique: str | None = None) -> None:
     writer.parquet(str(path))
 
 
+def write_dates(df: DataFrame, path: Path, unique: str | None = None) -> None:
+    """``df`` as a new date-partitioned table at ``path`` (``unique`` as in ``append``)."""
+    writer = df.write.mode("overwrite").partitionBy("date")
+    if unique is not None:
+        writer = writer.option(f"parquet.enable.dictionary#{unique}", "false")
+    writer.parquet(str(path))
+
+
+def partition_dates(path: Path) -> list[dt.date]:
+    """The dates of a date-partitioned table's partitions (none if no table)."""
+    if not path.is_dir():
+        return []
+    prefix = "date="
+    return sorted(
+        dt.date.fromisoformat(p.name[len(prefix) :])
+        for p in path.iterdir()
+        if p.is_dir() and p.name.startswith(prefix)
+    )
+
+
+def move_partitions(source: Path, target: Path) -> None:
+    """Append the table at ``source`` to the one at ``target`` (the same columns
+    and partitioning) by moving its data files: names unique per write."""
+    for part in source.iterdir():
+        if not (part.is_dir() and part.name.startswith("date=")):
+            continue
+        into = target / part.name
+        into.mkdir(parents=True, exist_ok=True)
+        for f in part.iterdir():
+            if not f.name.startswith((".", "_")):
+                f.rename(into / f.name)
+
+
 def overwrite_dates(df: DataFrame, path: Path) -> None:
     """Replace the date partitions present in ``df``; other dates stay."""
     df.write.mode("overwrite").partitionBy("date").parquet(str(path))

@@ -13,9 +13,17 @@ One batch:
    replace the Django models' rows;
 5. the checkpoint records the new offsets.
 
-The trace is parsed once per batch, into partials merged per job x attempt
-(one shuffle, by job; cached on disk); the jobs, the attempts and the open jobs
-come from that cache (see ``Analyzer.process``).
+Two paths for step 2-3 (``Analyzer.process``):
+
+- the *final path*, when every line of the batch that ends an attempt carries
+  ``final`` (brokers since it was added, docs/trace-format.md): only those lines
+  are parsed in full (the reader skips the rest of any other line once its
+  ``event`` is read), each job's final line is its job fact, written as it is
+  read, and its attempt fact is read back from those rows; no shuffle, no open
+  jobs to carry;
+- the *full path*, for older traces (and for a batch with no attempt end): the
+  trace is parsed into partials merged per job x attempt (one shuffle, by job;
+  cached on disk); the jobs, the attempts and the open jobs come from that cache.
 
 A batch with no new bytes does nothing. ``follow`` copies new bytes into an inbox
 directory that a Structured Streaming query reads; each micro-batch is step 2-4.
@@ -39,6 +47,7 @@ from pyspark.sql import functions as F
 
 from emq_django.analytics import io, transforms
 from emq_django.analytics.checkpoint import Checkpoint, stage, stage_all
+from emq_django.analytics.schema import FINAL_EVENTS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,8 @@ class AnalyzeConfig:
     update_db: bool = True
     open_job_ttl: float = 24 * 3600.0  # seconds
     slowest_limit: int = 20
+    # take the final path when the batch allows it (False: always the full path)
+    final_path: bool = True
 
 
 @dataclass
@@ -67,7 +78,7 @@ class BatchResult:
     bytes: int = 0
     events: int = 0
     finished_jobs: int = 0
-    open_jobs: int = 0
+    open_jobs: int | None = 0  # None: not counted (the final path keeps no open jobs)
     dates: list[dt.date] = field(default_factory=list)
     db_rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -76,9 +87,15 @@ class BatchResult:
         if not self.sources and not self.events:
             return "no new trace data"
         days = ", ".join(d.isoformat() for d in self.dates) or "none"
+        if self.open_jobs is None:
+            what = f"{self.events} attempt and job ends"
+            still = "(final lines: no open jobs kept)"
+        else:
+            what = f"{self.events} events"
+            still = f"{self.open_jobs} still open"
         return (
-            f"{self.events} events from {self.sources} trace ranges ({self.bytes} bytes): "
-            f"{self.finished_jobs} jobs finished, {self.open_jobs} still open; "
+            f"{what} from {self.sources} trace ranges ({self.bytes} bytes): "
+            f"{self.finished_jobs} jobs finished, {still}; "
             f"dates recomputed: {days}; in {self.seconds:.1f} s"
         )
 
@@ -116,7 +133,65 @@ class Analyzer:
         return result
 
     def process(self, events: DataFrame) -> BatchResult:
-        """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs.
+        """Steps 2-4 for ``events`` (already cleaned): the final path if the batch
+        allows it, else the full path."""
+        events = io.window_events(events, self.config.since, self.config.until)
+        with self._lock:
+            batch = self.checkpoint.batch + 1
+            old_open = self.checkpoint.open_dir
+        if self.config.final_path:
+            result = self._process_final(events, batch, old_open)
+            if result is not None:
+                return result
+        return self._process_full(events, batch, old_open)
+
+    def _process_final(self, events: DataFrame, batch: int, old_open: str) -> BatchResult | None:
+        """The final path; None (having written nothing) when the batch has a line
+        that ends an attempt without ``final``, or none at all.
+
+        One pass over the trace: the lines that end an attempt or a job (a pushed
+        filter: the JSON reader stops parsing any other line at its ``event``),
+        observed (how many, how many lack ``final``), and of those the jobs' final
+        lines, written as job facts to a staging directory. Those rows are read
+        back for the attempt facts, then moved into ``jobs/``."""
+        staging = self.out / "_staging" / f"final-{batch}-{uuid.uuid4().hex}"
+        ends = events.where(F.col("event").isin(list(FINAL_EVENTS))).select(*transforms.END_COLUMNS)
+        seen = Observation(f"ends-{batch}-{uuid.uuid4().hex}")
+        jobs = transforms.final_job_facts(ends.observe(seen, *transforms.end_observations()))
+        try:
+            io.write_dates(jobs, staging, unique="job")
+            counts = seen.get
+            if counts["legacy"] or not counts["ends"]:
+                return None
+            dates = io.partition_dates(staging)
+            result = BatchResult(
+                events=int(counts["ends"]),
+                finished_jobs=int(counts["final"]),
+                open_jobs=None,
+                dates=dates,
+            )
+            stored_jobs = bool(io.existing_dates(self.out / "jobs", dates))
+            if dates:
+                staged = self.spark.read.parquet(str(staging))
+                io.append(transforms.final_attempt_facts(staged), self.out / "attempts")
+                io.move_partitions(staging, self.out / "jobs")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if dates:
+            self._write_metrics(dates, dedupe=stored_jobs)
+        if dates and self.config.update_db:
+            result.db_rows = self._update_db(dates)
+        with self._lock:
+            self.checkpoint.batch = batch
+            self.checkpoint.open_dir = ""
+            self.checkpoint.save()
+        if old_open:
+            # the jobs a full path left open end with final lines: nothing to add
+            shutil.rmtree(self.out / old_open, ignore_errors=True)
+        return result
+
+    def _process_full(self, events: DataFrame, batch: int, old_open: str) -> BatchResult:
+        """The full path; saves the checkpoint's open jobs.
 
         The trace is read once: each event becomes a partial (longs, string
         hashes and the job id; ``transforms.event_partials``), the partials are
@@ -126,11 +201,7 @@ class Analyzer:
         within each partition: no shuffle), the attempts and the jobs left open
         all come from that cache; the metrics are computed from the fact tables
         once this batch's rows are appended (read back by date, a few columns)."""
-        cfg = self.config
-        events = io.window_events(events, cfg.since, cfg.until).select(*transforms.FACT_COLUMNS)
-        with self._lock:
-            batch = self.checkpoint.batch + 1
-            old_open = self.checkpoint.open_dir
+        events = events.select(*transforms.FACT_COLUMNS)
         strings = Observation(f"strings-{batch}-{uuid.uuid4().hex}")
         partials = transforms.event_partials(
             events.observe(strings, *transforms.string_observations())
@@ -199,11 +270,7 @@ class Analyzer:
         stored_jobs = bool(io.existing_dates(self.out / "jobs", result.dates))
         jobs = transforms.decode_jobs(codes.where(finished), dictionary)
         io.append(jobs, self.out / "jobs", unique="job")
-        io.append(
-            transforms.decode_attempts(attempt_partials, dictionary),
-            self.out / "attempts",
-            unique="job",
-        )
+        io.append(transforms.decode_attempts(attempt_partials, dictionary), self.out / "attempts")
         if result.dates:
             self._write_metrics(result.dates, dedupe=stored_jobs)
         if result.dates and self.config.update_db:
