@@ -116,14 +116,18 @@ def existing_dates(path: Path, dates: Iterable[dt.date]) -> list[dt.date]:
     return [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
 
 
-def read_dates(spark: SparkSession, path: Path, dates: Iterable[dt.date]) -> DataFrame | None:
-    """Rows of a date-partitioned table for ``dates`` (partition pruning), or None."""
+def read_dates(
+    spark: SparkSession, path: Path, dates: Iterable[dt.date], merge_schema: bool = False
+) -> DataFrame | None:
+    """Rows of a date-partitioned table for ``dates`` (partition pruning), or None.
+    ``merge_schema``: the files may differ in columns (one added later): the union."""
     wanted = existing_dates(path, dates)
     if not wanted:
         return None
-    df = spark.read.option("basePath", str(path)).parquet(
-        *[str(path / f"date={d.isoformat()}") for d in wanted]
-    )
+    reader = spark.read.option("basePath", str(path))
+    if merge_schema:
+        reader = reader.option("mergeSchema", "true")
+    df = reader.parquet(*[str(path / f"date={d.isoformat()}") for d in wanted])
     return df
 
 

@@ -152,8 +152,10 @@ class Analyzer:
         One pass over the trace: the lines that end an attempt or a job (a pushed
         filter: the JSON reader stops parsing any other line at its ``event``),
         observed (how many, how many lack ``final``), and of those the jobs' final
-        lines, written as job facts to a staging directory. Those rows are read
-        back for the attempt facts, then moved into ``jobs/``."""
+        lines, written as job facts to a staging directory, then moved into
+        ``jobs/`` once the batch is known to be all final lines. Their attempt
+        facts are not written again: the metrics derive them from those rows
+        (``transforms.all_attempts``)."""
         staging = self.out / "_staging" / f"final-{batch}-{uuid.uuid4().hex}"
         ends = events.where(F.col("event").isin(list(FINAL_EVENTS))).select(*transforms.END_COLUMNS)
         seen = Observation(f"ends-{batch}-{uuid.uuid4().hex}")
@@ -171,10 +173,7 @@ class Analyzer:
                 dates=dates,
             )
             stored_jobs = bool(io.existing_dates(self.out / "jobs", dates))
-            if dates:
-                staged = self.spark.read.parquet(str(staging))
-                io.append(transforms.final_attempt_facts(staged), self.out / "attempts")
-                io.move_partitions(staging, self.out / "jobs")
+            io.move_partitions(staging, self.out / "jobs")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         if dates:
@@ -295,8 +294,8 @@ class Analyzer:
         """The metric tables for ``dates``, from the stored facts of those dates.
         ``dedupe``: the jobs table may hold a job twice (a job finished again by a
         later batch, a batch appended twice): keep each job's latest row."""
-        jobs = io.read_dates(self.spark, self.out / "jobs", dates)
-        attempts = io.read_dates(self.spark, self.out / "attempts", dates)
+        jobs = io.read_dates(self.spark, self.out / "jobs", dates, merge_schema=True)
+        stored_attempts = io.read_dates(self.spark, self.out / "attempts", dates)
         frames: dict[str, DataFrame] = {}
         reused: DataFrame | None = None
         if jobs is not None:
@@ -306,6 +305,7 @@ class Analyzer:
             frames["queue_minute"] = transforms.queue_minute_metrics(jobs)
             frames["failures"] = transforms.failures_by_error(jobs)
             frames["slowest_tasks"] = transforms.slowest_tasks(jobs, self.config.slowest_limit)
+        attempts = transforms.all_attempts(jobs, stored_attempts)
         if attempts is not None:
             frames["jm_minute"] = transforms.jm_minute_metrics(attempts)
         try:

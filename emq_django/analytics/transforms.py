@@ -417,9 +417,10 @@ def attempt_facts(events: DataFrame, dictionary: Dictionary | None = None) -> Da
 # job holds all of its facts: its outcome, the last attempt's times, job manager
 # and error, the attempt number and the job's retries and requeues. Job facts
 # are then a projection of those lines, with no shuffle and nothing carried from
-# one batch to the next; each attempt end is a job's final line or the failure
+# one batch to the next. Each attempt end is a job's final line or the failure
 # just before a dead letter (whose line repeats its times), so the attempt facts
-# are a projection of the job facts.
+# are a projection of the job facts: such job rows say so (``final_line``) and
+# their attempts are not stored again in ``attempts/``.
 
 
 def final_job_facts(ends: DataFrame) -> DataFrame:
@@ -437,7 +438,10 @@ def final_job_facts(ends: DataFrame) -> DataFrame:
     requeues = F.coalesce(F.col("requeues"), F.lit(0))
     dead = (outcome == DEAD_LETTERED).cast("int")
     events = F.lit(2) + attempts + retries + requeues + dead
-    minute = _minute(ts)
+    # the UTC minute and date by arithmetic (as _minute and to_date give them in a
+    # UTC session, without a time zone's rules for every line)
+    minute = F.timestamp_micros(ts - F.pmod(ts, F.lit(60_000_000)))
+    day = F.date_from_unix_date(F.floor(ts / F.lit(86_400_000_000)).cast("int"))
     return done.select(
         "job",
         "queue",
@@ -456,14 +460,16 @@ def final_job_facts(ends: DataFrame) -> DataFrame:
         ts.alias("last_ts"),
         events.cast("long").alias("events"),
         minute.alias("minute"),
-        F.to_date(minute).alias("date"),
+        F.lit(True).alias("final_line"),
+        day.alias("date"),
     )
 
 
 def final_attempt_facts(jobs: DataFrame) -> DataFrame:
-    """Job facts of the final path -> the attempt facts of the same lines: one per
-    job, its last attempt (a dead-lettered job's ended as ``timed_out`` when its
-    error is ``TimeoutError``, as the broker names it, else ``failed``)."""
+    """Job facts of the final path (``final_line``) -> the attempt facts of the same
+    lines, the columns of ``attempt_facts``: one per job, its last attempt (a
+    dead-lettered job's ended as ``timed_out`` when its error is
+    ``TimeoutError``, as the broker names it, else ``failed``)."""
     outcome = F.col("outcome")
     attempt_outcome = F.when(
         outcome == DEAD_LETTERED,
@@ -480,6 +486,17 @@ def final_attempt_facts(jobs: DataFrame) -> DataFrame:
         "minute",
         "date",
     )
+
+
+def all_attempts(jobs: DataFrame | None, attempts: DataFrame | None) -> DataFrame | None:
+    """The attempt facts of stored rows: ``attempts/`` and those of the job rows
+    made from final lines (``final_line``; a table from before it has none)."""
+    if jobs is not None and "final_line" in jobs.columns:
+        derived = final_attempt_facts(jobs.where(F.col("final_line")))
+        if attempts is None:
+            return derived
+        return attempts.select(*derived.columns).unionByName(derived)
+    return attempts
 
 
 def end_observations() -> list[Column]:
