@@ -90,9 +90,7 @@ def synth_trace(
     shutil.rmtree(trace, ignore_errors=True)
     t0 = time.monotonic()
     counts = write_trace(
-        generate(
-            SynthConfig(jobs=jobs, start=1_772_359_200.0, rate=rate, seed=1, legacy=legacy)
-        ),
+        generate(SynthConfig(jobs=jobs, start=1_772_359_200.0, rate=rate, seed=1, legacy=legacy)),
         trace,
     )
     n = sum(counts.values())
