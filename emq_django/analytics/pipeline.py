@@ -100,6 +100,25 @@ class BatchResult:
         )
 
 
+_END_MARKS = tuple(f'"event":"{e}"'.encode() for e in FINAL_EVENTS)
+PROBE_BYTES = 1 << 16
+
+
+def legacy_lines(path: Path, size: int = PROBE_BYTES) -> bool:
+    """Whether the first ``size`` bytes of a trace file hold a line that ends an
+    attempt without ``final`` (an older broker's): then the batch takes the full
+    path at once, rather than finding out in the final path's pass."""
+    with open(path, "rb") as f:
+        head = f.read(size)
+    lines = head.split(b"\n")
+    if len(head) == size:
+        lines.pop()  # cut short
+    for line in lines:
+        if any(mark in line for mark in _END_MARKS) and b'"final":' not in line:
+            return True
+    return False
+
+
 class Analyzer:
     def __init__(self, spark: SparkSession, config: AnalyzeConfig) -> None:
         self.spark = spark
@@ -121,7 +140,8 @@ class Analyzer:
         try:
             paths = stage(sources, staging)
             io.tune_partitions(self.spark, sum(s.end - s.start for s in sources))
-            result = self.process(io.read_events(self.spark, paths))
+            final_path = cfg.final_path and not any(legacy_lines(p) for p in paths)
+            result = self.process(io.read_events(self.spark, paths), final_path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         with self._lock:
@@ -132,14 +152,14 @@ class Analyzer:
         result.seconds = time.monotonic() - started
         return result
 
-    def process(self, events: DataFrame) -> BatchResult:
+    def process(self, events: DataFrame, final_path: bool = True) -> BatchResult:
         """Steps 2-4 for ``events`` (already cleaned): the final path if the batch
-        allows it, else the full path."""
+        allows it (and ``final_path``), else the full path."""
         events = io.window_events(events, self.config.since, self.config.until)
         with self._lock:
             batch = self.checkpoint.batch + 1
             old_open = self.checkpoint.open_dir
-        if self.config.final_path:
+        if final_path and self.config.final_path:
             result = self._process_final(events, batch, old_open)
             if result is not None:
                 return result

@@ -30,7 +30,12 @@ from emq_django.analytics.models import (  # noqa: E402
     QueueMetric,
     TaskMetric,
 )
-from emq_django.analytics.pipeline import AnalyzeConfig, Analyzer  # noqa: E402
+from emq_django.analytics.pipeline import (  # noqa: E402
+    PROBE_BYTES,
+    AnalyzeConfig,
+    Analyzer,
+    legacy_lines,
+)
 from emq_django.analytics.schema import PERCENTILE_ACCURACY  # noqa: E402
 from emq_django.analytics.synth import (  # noqa: E402
     SynthConfig,
@@ -487,6 +492,33 @@ def test_final_path_writes_what_the_full_path_writes(
     assert tables[0] == tables[1]
     # the final path's attempts are its job rows (jm_minute above is the same)
     assert not (tmp_path / "out-True" / "attempts").exists()
+
+
+def test_a_batch_with_an_older_brokers_lines_takes_the_full_path(
+    spark: SparkSession, final_trace: Path, tmp_path: Path
+):
+    """Lines without ``final`` anywhere in a batch (here past what the probe of
+    each file's head reads) send it down the full path, which reads them right."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    for f in final_trace.glob("trace-*.jsonl"):
+        (trace / f.name).write_bytes(f.read_bytes())
+    late = sorted(trace.glob("trace-*.jsonl"))[-1]
+    assert late.stat().st_size > PROBE_BYTES
+    old = [
+        ev(3700, "enqueued", "old", 0),
+        ev(3701, "dispatched", "old", 1, wait_us=US),
+        ev(3702, "succeeded", "old", 1, run_us=US, total_us=2 * US),
+    ]
+    write_events(trace, late.name, old)
+    assert not legacy_lines(late)
+    config = AnalyzeConfig(trace_dir=trace, output=tmp_path / "out", update_db=False)
+    result = Analyzer(spark, config).run_once()
+    assert result.open_jobs == 0  # the full path
+    jobs = spark.read.parquet(str(tmp_path / "out" / "jobs"))
+    assert jobs.count() == 601
+    (row,) = jobs.where("job = 'old'").collect()
+    assert (row["outcome"], row["wait_us"], row["enqueued_ts"]) == ("succeeded", US, old[0]["ts"])
 
 
 EDGE_EVENTS = [
