@@ -2,7 +2,9 @@
 
 Output layout (every table partitioned by ``date``, the UTC date of its minute):
 
-- ``jobs/``, ``attempts/``: facts, appended once per batch;
+- ``jobs/``, ``attempts/``: facts, appended once per batch (the final path's
+  job rows have ``final_line`` and their attempts are derived from them, not
+  stored in ``attempts/``, which has no job id column);
 - ``task_minute/``, ``queue_minute/``, ``jm_minute/``, ``failures/``,
   ``slowest_tasks/``: metrics, the dates a batch touched recomputed and
   overwritten (dynamic partition overwrite);
