@@ -170,11 +170,13 @@ def succeeded_line(
     requeues: int = 0,
 ) -> str:
     """Always the job's final line; ``retries``, ``requeues``: its counts."""
-    tail = f',"partials":{partials}}}' if partials else "}"
     if retries or requeues:
-        tail = end_fields(True, retries, requeues) + tail
+        tail = end_fields(True, retries, requeues)
+        tail += f',"partials":{partials}}}' if partials else "}"
+    elif partials:
+        tail = f',"final":true,"partials":{partials}}}'
     else:
-        tail = ',"final":true' + tail
+        tail = ',"final":true}'
     return (
         f'{{"ts":{round(wall * 1_000_000)},"event":"succeeded","job":{job},'
         f'"attempt":{attempt},{where},"run_us":{round(run * 1_000_000)},'
