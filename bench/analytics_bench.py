@@ -70,14 +70,18 @@ class PeakRss:
             self._stop.wait(self.interval)
 
 
-def synth_trace(trace: Path, events: int, rate: float) -> tuple[int, int, int]:
+def synth_trace(
+    trace: Path, events: int, rate: float, legacy: bool = False
+) -> tuple[int, int, int]:
     """The synthetic trace in ``trace``, written once: a later run with the same
     arguments reuses it (``_synth.json`` records them). Returns (events, jobs, bytes)."""
     from emq_django.analytics.synth import SynthConfig, generate, write_trace
 
     jobs = int(events / EVENTS_PER_JOB)
     marker = trace / "_synth.json"
-    wanted = {"jobs": jobs, "rate": rate, "seed": 1}
+    wanted: dict[str, Any] = {"jobs": jobs, "rate": rate, "seed": 1, "format": 2}
+    if legacy:
+        wanted["legacy"] = True
     if marker.exists():
         doc = json.loads(marker.read_text())
         if doc["config"] == wanted:
@@ -86,7 +90,8 @@ def synth_trace(trace: Path, events: int, rate: float) -> tuple[int, int, int]:
     shutil.rmtree(trace, ignore_errors=True)
     t0 = time.monotonic()
     counts = write_trace(
-        generate(SynthConfig(jobs=jobs, start=1_772_359_200.0, rate=rate, seed=1)), trace
+        generate(SynthConfig(jobs=jobs, start=1_772_359_200.0, rate=rate, seed=1, legacy=legacy)),
+        trace,
     )
     n = sum(counts.values())
     size = sum(p.stat().st_size for p in trace.glob("trace-*.jsonl"))
@@ -132,6 +137,11 @@ def main() -> int:
     parser.add_argument(
         "--dir", help="work directory; its trace is kept and reused (default: a temporary one)"
     )
+    parser.add_argument(
+        "--legacy",
+        action="store_true",
+        help="a trace as brokers wrote it before `final` (the full path)",
+    )
     parser.add_argument("--event-log", help="write Spark's event log here (for the history UI)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
@@ -156,7 +166,7 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
     trace = work / "trace"
-    events, jobs, size = synth_trace(trace, args.events, args.rate)
+    events, jobs, size = synth_trace(trace, args.events, args.rate, args.legacy)
 
     conf = {"spark.driver.memory": args.driver_memory, "spark.ui.enabled": "false"}
     if args.event_log:
@@ -204,6 +214,7 @@ def main() -> int:
         "jobs": jobs,
         "trace_bytes": size,
         "master": args.master,
+        "legacy_trace": args.legacy,
         "driver_memory": args.driver_memory,
         "spark_startup_s": round(startup_s, 1),
         "bare_read_count_s": [round(bare_before, 1), round(bare_after, 1)],

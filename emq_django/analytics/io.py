@@ -2,7 +2,9 @@
 
 Output layout (every table partitioned by ``date``, the UTC date of its minute):
 
-- ``jobs/``, ``attempts/``: facts, appended once per batch;
+- ``jobs/``, ``attempts/``: facts, appended once per batch (the final path's
+  job rows have ``final_line`` and their attempts are derived from them, not
+  stored in ``attempts/``, which has no job id column);
 - ``task_minute/``, ``queue_minute/``, ``jm_minute/``, ``failures/``,
   ``slowest_tasks/``: metrics, the dates a batch touched recomputed and
   overwritten (dynamic partition overwrite);
@@ -116,14 +118,18 @@ def existing_dates(path: Path, dates: Iterable[dt.date]) -> list[dt.date]:
     return [d for d in dates if (path / f"date={d.isoformat()}").is_dir()]
 
 
-def read_dates(spark: SparkSession, path: Path, dates: Iterable[dt.date]) -> DataFrame | None:
-    """Rows of a date-partitioned table for ``dates`` (partition pruning), or None."""
+def read_dates(
+    spark: SparkSession, path: Path, dates: Iterable[dt.date], merge_schema: bool = False
+) -> DataFrame | None:
+    """Rows of a date-partitioned table for ``dates`` (partition pruning), or None.
+    ``merge_schema``: the files may differ in columns (one added later): the union."""
     wanted = existing_dates(path, dates)
     if not wanted:
         return None
-    df = spark.read.option("basePath", str(path)).parquet(
-        *[str(path / f"date={d.isoformat()}") for d in wanted]
-    )
+    reader = spark.read.option("basePath", str(path))
+    if merge_schema:
+        reader = reader.option("mergeSchema", "true")
+    df = reader.parquet(*[str(path / f"date={d.isoformat()}") for d in wanted])
     return df
 
 
@@ -135,6 +141,39 @@ def append(df: DataFrame, path: Path, unique: str | None = None) -> None:
     if unique is not None:
         writer = writer.option(f"parquet.enable.dictionary#{unique}", "false")
     writer.parquet(str(path))
+
+
+def write_dates(df: DataFrame, path: Path, unique: str | None = None) -> None:
+    """``df`` as a new date-partitioned table at ``path`` (``unique`` as in ``append``)."""
+    writer = df.write.mode("overwrite").partitionBy("date")
+    if unique is not None:
+        writer = writer.option(f"parquet.enable.dictionary#{unique}", "false")
+    writer.parquet(str(path))
+
+
+def partition_dates(path: Path) -> list[dt.date]:
+    """The dates of a date-partitioned table's partitions (none if no table)."""
+    if not path.is_dir():
+        return []
+    prefix = "date="
+    return sorted(
+        dt.date.fromisoformat(p.name[len(prefix) :])
+        for p in path.iterdir()
+        if p.is_dir() and p.name.startswith(prefix)
+    )
+
+
+def move_partitions(source: Path, target: Path) -> None:
+    """Append the table at ``source`` to the one at ``target`` (the same columns
+    and partitioning) by moving its data files: names unique per write."""
+    for part in source.iterdir():
+        if not (part.is_dir() and part.name.startswith("date=")):
+            continue
+        into = target / part.name
+        into.mkdir(parents=True, exist_ok=True)
+        for f in part.iterdir():
+            if not f.name.startswith((".", "_")):
+                f.rename(into / f.name)
 
 
 def overwrite_dates(df: DataFrame, path: Path) -> None:

@@ -13,9 +13,17 @@ One batch:
    replace the Django models' rows;
 5. the checkpoint records the new offsets.
 
-The trace is parsed once per batch, into partials merged per job x attempt
-(one shuffle, by job; cached on disk); the jobs, the attempts and the open jobs
-come from that cache (see ``Analyzer.process``).
+Two paths for step 2-3 (``Analyzer.process``):
+
+- the *final path*, when every line of the batch that ends an attempt carries
+  ``final`` (brokers since it was added, docs/trace-format.md): only those lines
+  are parsed in full (the reader skips the rest of any other line once its
+  ``event`` is read), each job's final line is its job fact, written as it is
+  read, and its attempt fact is read back from those rows; no shuffle, no open
+  jobs to carry;
+- the *full path*, for older traces (and for a batch with no attempt end): the
+  trace is parsed into partials merged per job x attempt (one shuffle, by job;
+  cached on disk); the jobs, the attempts and the open jobs come from that cache.
 
 A batch with no new bytes does nothing. ``follow`` copies new bytes into an inbox
 directory that a Structured Streaming query reads; each micro-batch is step 2-4.
@@ -39,6 +47,7 @@ from pyspark.sql import functions as F
 
 from emq_django.analytics import io, transforms
 from emq_django.analytics.checkpoint import Checkpoint, stage, stage_all
+from emq_django.analytics.schema import FINAL_EVENTS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,8 @@ class AnalyzeConfig:
     update_db: bool = True
     open_job_ttl: float = 24 * 3600.0  # seconds
     slowest_limit: int = 20
+    # take the final path when the batch allows it (False: always the full path)
+    final_path: bool = True
 
 
 @dataclass
@@ -67,7 +78,7 @@ class BatchResult:
     bytes: int = 0
     events: int = 0
     finished_jobs: int = 0
-    open_jobs: int = 0
+    open_jobs: int | None = 0  # None: not counted (the final path keeps no open jobs)
     dates: list[dt.date] = field(default_factory=list)
     db_rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -76,11 +87,36 @@ class BatchResult:
         if not self.sources and not self.events:
             return "no new trace data"
         days = ", ".join(d.isoformat() for d in self.dates) or "none"
+        if self.open_jobs is None:
+            what = f"{self.events} attempt and job ends"
+            still = "(final lines: no open jobs kept)"
+        else:
+            what = f"{self.events} events"
+            still = f"{self.open_jobs} still open"
         return (
-            f"{self.events} events from {self.sources} trace ranges ({self.bytes} bytes): "
-            f"{self.finished_jobs} jobs finished, {self.open_jobs} still open; "
+            f"{what} from {self.sources} trace ranges ({self.bytes} bytes): "
+            f"{self.finished_jobs} jobs finished, {still}; "
             f"dates recomputed: {days}; in {self.seconds:.1f} s"
         )
+
+
+_END_MARKS = tuple(f'"event":"{e}"'.encode() for e in FINAL_EVENTS)
+PROBE_BYTES = 1 << 16
+
+
+def legacy_lines(path: Path, size: int = PROBE_BYTES) -> bool:
+    """Whether the first ``size`` bytes of a trace file hold a line that ends an
+    attempt without ``final`` (an older broker's): then the batch takes the full
+    path at once, rather than finding out in the final path's pass."""
+    with open(path, "rb") as f:
+        head = f.read(size)
+    lines = head.split(b"\n")
+    if len(head) == size:
+        lines.pop()  # cut short
+    for line in lines:
+        if any(mark in line for mark in _END_MARKS) and b'"final":' not in line:
+            return True
+    return False
 
 
 class Analyzer:
@@ -104,7 +140,8 @@ class Analyzer:
         try:
             paths = stage(sources, staging)
             io.tune_partitions(self.spark, sum(s.end - s.start for s in sources))
-            result = self.process(io.read_events(self.spark, paths))
+            final_path = cfg.final_path and not any(legacy_lines(p) for p in paths)
+            result = self.process(io.read_events(self.spark, paths), final_path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         with self._lock:
@@ -115,8 +152,65 @@ class Analyzer:
         result.seconds = time.monotonic() - started
         return result
 
-    def process(self, events: DataFrame) -> BatchResult:
-        """Steps 2-4 for ``events`` (already cleaned); saves the checkpoint's open jobs.
+    def process(self, events: DataFrame, final_path: bool = True) -> BatchResult:
+        """Steps 2-4 for ``events`` (already cleaned): the final path if the batch
+        allows it (and ``final_path``), else the full path."""
+        events = io.window_events(events, self.config.since, self.config.until)
+        with self._lock:
+            batch = self.checkpoint.batch + 1
+            old_open = self.checkpoint.open_dir
+        if final_path and self.config.final_path:
+            result = self._process_final(events, batch, old_open)
+            if result is not None:
+                return result
+        return self._process_full(events, batch, old_open)
+
+    def _process_final(self, events: DataFrame, batch: int, old_open: str) -> BatchResult | None:
+        """The final path; None (having written nothing) when the batch has a line
+        that ends an attempt without ``final``, or none at all.
+
+        One pass over the trace: the lines that end an attempt or a job (a pushed
+        filter: the JSON reader stops parsing any other line at its ``event``),
+        observed (how many, how many lack ``final``), and of those the jobs' final
+        lines, written as job facts to a staging directory, then moved into
+        ``jobs/`` once the batch is known to be all final lines. Their attempt
+        facts are not written again: the metrics derive them from those rows
+        (``transforms.all_attempts``)."""
+        staging = self.out / "_staging" / f"final-{batch}-{uuid.uuid4().hex}"
+        ends = events.where(F.col("event").isin(list(FINAL_EVENTS))).select(*transforms.END_COLUMNS)
+        seen = Observation(f"ends-{batch}-{uuid.uuid4().hex}")
+        jobs = transforms.final_job_facts(ends.observe(seen, *transforms.end_observations()))
+        try:
+            io.write_dates(jobs, staging, unique="job")
+            counts = seen.get
+            if counts["legacy"] or not counts["ends"]:
+                return None
+            dates = io.partition_dates(staging)
+            result = BatchResult(
+                events=int(counts["ends"]),
+                finished_jobs=int(counts["final"]),
+                open_jobs=None,
+                dates=dates,
+            )
+            stored_jobs = bool(io.existing_dates(self.out / "jobs", dates))
+            io.move_partitions(staging, self.out / "jobs")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if dates:
+            self._write_metrics(dates, dedupe=stored_jobs)
+        if dates and self.config.update_db:
+            result.db_rows = self._update_db(dates)
+        with self._lock:
+            self.checkpoint.batch = batch
+            self.checkpoint.open_dir = ""
+            self.checkpoint.save()
+        if old_open:
+            # the jobs a full path left open end with final lines: nothing to add
+            shutil.rmtree(self.out / old_open, ignore_errors=True)
+        return result
+
+    def _process_full(self, events: DataFrame, batch: int, old_open: str) -> BatchResult:
+        """The full path; saves the checkpoint's open jobs.
 
         The trace is read once: each event becomes a partial (longs, string
         hashes and the job id; ``transforms.event_partials``), the partials are
@@ -126,11 +220,7 @@ class Analyzer:
         within each partition: no shuffle), the attempts and the jobs left open
         all come from that cache; the metrics are computed from the fact tables
         once this batch's rows are appended (read back by date, a few columns)."""
-        cfg = self.config
-        events = io.window_events(events, cfg.since, cfg.until).select(*transforms.FACT_COLUMNS)
-        with self._lock:
-            batch = self.checkpoint.batch + 1
-            old_open = self.checkpoint.open_dir
+        events = events.select(*transforms.FACT_COLUMNS)
         strings = Observation(f"strings-{batch}-{uuid.uuid4().hex}")
         partials = transforms.event_partials(
             events.observe(strings, *transforms.string_observations())
@@ -199,11 +289,7 @@ class Analyzer:
         stored_jobs = bool(io.existing_dates(self.out / "jobs", result.dates))
         jobs = transforms.decode_jobs(codes.where(finished), dictionary)
         io.append(jobs, self.out / "jobs", unique="job")
-        io.append(
-            transforms.decode_attempts(attempt_partials, dictionary),
-            self.out / "attempts",
-            unique="job",
-        )
+        io.append(transforms.decode_attempts(attempt_partials, dictionary), self.out / "attempts")
         if result.dates:
             self._write_metrics(result.dates, dedupe=stored_jobs)
         if result.dates and self.config.update_db:
@@ -228,8 +314,8 @@ class Analyzer:
         """The metric tables for ``dates``, from the stored facts of those dates.
         ``dedupe``: the jobs table may hold a job twice (a job finished again by a
         later batch, a batch appended twice): keep each job's latest row."""
-        jobs = io.read_dates(self.spark, self.out / "jobs", dates)
-        attempts = io.read_dates(self.spark, self.out / "attempts", dates)
+        jobs = io.read_dates(self.spark, self.out / "jobs", dates, merge_schema=True)
+        stored_attempts = io.read_dates(self.spark, self.out / "attempts", dates)
         frames: dict[str, DataFrame] = {}
         reused: DataFrame | None = None
         if jobs is not None:
@@ -239,6 +325,7 @@ class Analyzer:
             frames["queue_minute"] = transforms.queue_minute_metrics(jobs)
             frames["failures"] = transforms.failures_by_error(jobs)
             frames["slowest_tasks"] = transforms.slowest_tasks(jobs, self.config.slowest_limit)
+        attempts = transforms.all_attempts(jobs, stored_attempts)
         if attempts is not None:
             frames["jm_minute"] = transforms.jm_minute_metrics(attempts)
         try:

@@ -7,6 +7,13 @@ with retries are ``retried`` after an exponential backoff, and dead-lettered onc
 the retries are spent; a few attempts are ``requeued`` (``PeerLost``) when their
 job manager vanishes. Events come out in time order and go to hourly files named
 as the broker names them.
+
+The lines are the broker's, field for field (tests/unit/test_trace_synth.py runs the
+broker's core through the same stories): a retried attempt ends with ``retried``
+alone, and the line that ends a job carries ``final`` and its counts. ``legacy``
+writes traces as brokers before ``final`` did, and as this generator did then: a
+``failed`` line before each ``retried``, no ``final``, ``retries`` or
+``requeues``, and no times on ``dead_lettered``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from emq_django.broker.trace import trace_file_name
+from emq_django.broker.trace import end_fields, trace_file_name
 
 US = 1_000_000
 
@@ -102,6 +109,7 @@ class SynthConfig:
     requeue_rate: float = 0.002  # attempts lost with their job manager
     drop_rate: float = 0.0  # events left out (a crashed broker's last loop turn)
     wait_median: float = 0.003  # seconds from enqueue (or retry) to dispatch
+    legacy: bool = False  # the trace format before ``final`` (see the module's doc)
 
 
 def _q(value: str | None) -> str:
@@ -126,9 +134,10 @@ class _Job:
 
     def build(self, enqueued: int) -> list[tuple[int, str]]:
         cfg, rng, p = self.cfg, self.rng, self.p
+        legacy = cfg.legacy
         self.emit(enqueued, "enqueued", 0, None)
         ready = enqueued
-        attempt = 0
+        attempt = retries = requeues = failures = 0
         while True:
             attempt += 1
             dispatched = ready + int(rng.lognormvariate(math.log(cfg.wait_median), 1.0) * US)
@@ -139,6 +148,7 @@ class _Job:
                 lost = dispatched + int(min(run, 3.0) * US) + 1
                 self.emit(lost, "requeued", attempt, jm, ',"error":"PeerLost"')
                 ready = lost
+                requeues += 1
                 continue
             if p.timeout and run > p.timeout:
                 event, error, run = "timed_out", "TimeoutError", p.timeout
@@ -148,16 +158,32 @@ class _Job:
                 event, error = "succeeded", ""
             done = dispatched + max(1, int(run * US))
             times = f',"run_us":{done - dispatched},"total_us":{done - enqueued}'
-            self.emit(done, event, attempt, jm, times + (f',"error":"{error}"' if error else ""))
+            quoted = f',"error":"{error}"' if error else ""
+            # the broker counts failures against the retries (a requeue is none)
+            failures += bool(error)
+            retry = bool(error) and failures <= p.retries
+            if legacy:
+                self.emit(done, event, attempt, jm, times + quoted)
+            elif not retry:
+                # the broker writes no line for a failure it retries (only ``retried``)
+                final = not (error and p.retries)  # else a dead letter follows
+                tail = times + end_fields(final, retries, requeues)
+                self.emit(done, event, attempt, jm, tail + quoted)
             if not error:
                 return self.lines
-            if attempt <= p.retries:
-                delay = int(p.backoff * 2 ** (attempt - 1) * US)
-                self.emit(done, "retried", attempt, jm, f',"error":"{error}","delay_us":{delay}')
+            if retry:
+                delay = int(p.backoff * 2 ** (failures - 1) * US)
+                if legacy:
+                    legacy_tail = f',"error":"{error}","delay_us":{delay}'
+                    self.emit(done, "retried", attempt, jm, legacy_tail)
+                else:
+                    self.emit(done, "retried", attempt, jm, f',"delay_us":{delay}{quoted}')
                 ready = done + delay
+                retries += 1
                 continue
             if p.retries:
-                self.emit(done, "dead_lettered", attempt, jm, f',"error":"{error}"')
+                tail = "" if legacy else times + end_fields(True, retries, requeues)
+                self.emit(done, "dead_lettered", attempt, jm, tail + quoted)
             return self.lines
 
 

@@ -628,7 +628,7 @@ class BrokerCore:
             job = queue.pop()
             self.counters["expired"] += 1
             if self.tracer is not None:
-                self.tracer.event("failed", job, now, "Expired")
+                self.tracer.event("failed", job, now, "Expired", final=True)
             self.life.forget(job, now)
 
     def _set_credit(self, peer: Peer, credit: int) -> None:

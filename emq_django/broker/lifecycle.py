@@ -129,7 +129,7 @@ class JobLifecycle:
         if died and job.headers.guarantee and self.journal_ops is not None:
             limit = max(limit, GUARANTEED_DEATH_RETRIES)
         if job.cancelled:
-            self.end_cancelled(job, now)
+            self.end_cancelled(job, now, failed_now=True)
             return True
         if job.failures <= limit:  # also while stopping: journaled
             if outcome.retry is not None and outcome.retry >= 0:
@@ -141,22 +141,24 @@ class JobLifecycle:
             self._retry(job, error, delay, now)
             return False
         self.counters["failed"] += 1
+        bury = died or bool(job.headers.retry_count) or outcome.retry is not None
         if self.tracer is not None:
             event = "timed_out" if error == TIMEOUT_ERROR else "failed"
-            self.tracer.event(event, job, now, error)
+            # not final when a dead letter follows: that line ends the job
+            self.tracer.event(event, job, now, error, final=not bury, failed_now=True)
         if died:  # a job that keeps killing its worker: the dead letters say how
             short = error.rpartition(".")[2]
             self._bury(job, f"{short}: {outcome.lost}" if outcome.lost else short, now)
-        elif job.headers.retry_count or outcome.retry is not None:
+        elif bury:
             self._bury(job, error, now)
         else:
             self.forget(job, now)
         return True
 
-    def end_cancelled(self, job: Job, now: float) -> None:
+    def end_cancelled(self, job: Job, now: float, failed_now: bool = False) -> None:
         self.counters["cancelled"] += 1
         if self.tracer is not None:
-            self.tracer.event("cancelled", job, now)
+            self.tracer.event("cancelled", job, now, final=True, failed_now=failed_now)
         self.forget(job, now)
 
     def _retry(self, job: Job, error: str, delay: float, now: float) -> None:
@@ -188,7 +190,7 @@ class JobLifecycle:
             error,
         )
         if self.tracer is not None:
-            self.tracer.event("dead_lettered", job, now, error)
+            self.tracer.event("dead_lettered", job, now, error, final=True, failed_now=True)
         evicted = self.dead.add(DeadLetter(job, error, now + self.wall_offset))
         if job.headers.guarantee and self.journal_ops is not None:
             self.journal_ops.append(

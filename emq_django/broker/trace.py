@@ -37,6 +37,9 @@ _quote = json.JSONEncoder(ensure_ascii=False).encode
 _QUOTED_CACHE_LIMIT = 10_000  # distinct task/queue/manager/error strings kept quoted
 _quoted: dict[str, str] = {"": "null"}
 _FINISHED = frozenset(("succeeded", "failed", "timed_out"))
+# the lines with run_us and total_us: an attempt's end, and the dead letter its
+# failure made (the same times: one line for the job's facts)
+_TIMED = _FINISHED | {"dead_lettered"}
 # (task, queue, job manager) -> '"task":...,"queue":...,"jm":...'
 _where: dict[tuple[str, str, str], str] = {}
 
@@ -75,6 +78,31 @@ def trace_file_name(wall: float) -> str:
     return time.strftime("trace-%Y%m%d-%H.jsonl", time.gmtime(wall))
 
 
+def end_fields(final: bool, retries: int = 0, requeues: int = 0) -> str:
+    """The fields of a line that ends an attempt: ``"final"``, whether it also ends
+    the job, and on a final line the job's ``retries`` and ``requeues`` (each
+    only when not 0). docs/trace-format.md."""
+    if not final:
+        return ',"final":false'
+    if not (retries or requeues):
+        return ',"final":true'
+    out = ',"final":true'
+    if retries:
+        out += f',"retries":{retries}'
+    if requeues:
+        out += f',"requeues":{requeues}'
+    return out
+
+
+def job_counts(job: Job, failed_now: bool) -> tuple[int, int]:
+    """(retries, requeues) of ``job`` as its attempt ends: every failure before
+    this attempt's was retried (``failed_now``: ``job.failures`` counts this
+    attempt's too), and every other new attempt was a requeue."""
+    retries = job.failures - 1 if failed_now else job.failures
+    retries = max(retries, 0)
+    return retries, max(job.attempt - 1 - retries, 0)
+
+
 def format_line(
     kind: str,
     now: float,
@@ -87,6 +115,9 @@ def format_line(
     dispatched: float,
     extra: float,
     partials: int = 0,
+    final: bool | None = None,
+    retries: int = 0,
+    requeues: int = 0,
 ) -> str:
     """One line of docs/trace-format.md, without the newline, from the parts the
     broker keeps: ``job`` from ``job_json``, ``where`` from ``where_fields``.
@@ -95,7 +126,7 @@ def format_line(
     same as this, only faster (no choosing)."""
     if kind == "dispatched":
         tail = f',"wait_us":{round((now - enqueued) * 1_000_000)}'
-    elif kind in _FINISHED:
+    elif kind in _TIMED:
         tail = (
             f',"run_us":{round((now - dispatched) * 1_000_000)}'
             f',"total_us":{round((now - enqueued) * 1_000_000)}'
@@ -104,6 +135,8 @@ def format_line(
         tail = f',"delay_us":{round(extra * 1_000_000)}'
     else:
         tail = ""
+    if final is not None:
+        tail += end_fields(final, retries, requeues)
     if partials:  # the attempt's partial results (PARTIAL), on the line that ends it
         tail += f',"partials":{partials}'
     end = f',"error":{_q(error)}}}' if error else "}"
@@ -126,9 +159,24 @@ def dispatched_line(wall: float, job: str, attempt: int, where: str, wait: float
 
 
 def succeeded_line(
-    wall: float, job: str, attempt: int, where: str, run: float, total: float, partials: int = 0
+    wall: float,
+    job: str,
+    attempt: int,
+    where: str,
+    run: float,
+    total: float,
+    partials: int = 0,
+    retries: int = 0,
+    requeues: int = 0,
 ) -> str:
-    tail = f',"partials":{partials}}}' if partials else "}"
+    """Always the job's final line; ``retries``, ``requeues``: its counts."""
+    if retries or requeues:
+        tail = end_fields(True, retries, requeues)
+        tail += f',"partials":{partials}}}' if partials else "}"
+    elif partials:
+        tail = f',"final":true,"partials":{partials}}}'
+    else:
+        tail = ',"final":true}'
     return (
         f'{{"ts":{round(wall * 1_000_000)},"event":"succeeded","job":{job},'
         f'"attempt":{attempt},{where},"run_us":{round(run * 1_000_000)},'
@@ -158,11 +206,18 @@ class JobTracer:
         error: str = "",
         peer: Peer | None = None,
         extra: float = 0.0,
+        final: bool | None = None,
+        failed_now: bool = False,
     ) -> None:
         """Any line; the three every job has go through the faster
-        ``enqueued``, ``dispatched`` and ``succeeded``."""
+        ``enqueued``, ``dispatched`` and ``succeeded``. ``final``: on a line that
+        ends an attempt or the job, whether it ends the job (the job's counts
+        follow on a final line, ``job_counts(job, failed_now)``)."""
         if peer is None:
             peer = job.peer
+        retries = requeues = 0
+        if final:
+            retries, requeues = job_counts(job, failed_now)
         where = where_fields(job.headers.task, job.queue, trace_name(peer))
         self.lines.append(
             format_line(
@@ -177,6 +232,9 @@ class JobTracer:
                 job.dispatched_at,
                 extra,
                 job.partials,
+                final,
+                retries,
+                requeues,
             )
         )
 
@@ -209,8 +267,13 @@ class JobTracer:
         """Its job manager is the one it was dispatched to (``Job.trace``)."""
         trace_id, where = job.trace
         if not where:  # never dispatched here (no such job yet)
-            self.event("succeeded", job, now)
+            self.event("succeeded", job, now, final=True)
             return
+        failures = job.failures
+        if failures or job.attempt > 1:
+            retries, requeues = job_counts(job, False)
+        else:
+            retries = requeues = 0
         self.lines.append(
             succeeded_line(
                 now + self.wall_offset,
@@ -220,6 +283,8 @@ class JobTracer:
                 now - job.dispatched_at,
                 now - job.enqueued_at,
                 job.partials,
+                retries,
+                requeues,
             )
         )
 

@@ -30,7 +30,12 @@ from emq_django.analytics.models import (  # noqa: E402
     QueueMetric,
     TaskMetric,
 )
-from emq_django.analytics.pipeline import AnalyzeConfig, Analyzer  # noqa: E402
+from emq_django.analytics.pipeline import (  # noqa: E402
+    PROBE_BYTES,
+    AnalyzeConfig,
+    Analyzer,
+    legacy_lines,
+)
 from emq_django.analytics.schema import PERCENTILE_ACCURACY  # noqa: E402
 from emq_django.analytics.synth import (  # noqa: E402
     SynthConfig,
@@ -106,12 +111,53 @@ def minute_of(ts: int) -> int:
     return ts // (60 * US) * 60 * US
 
 
+def ref_final_job(evs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job traced with ``final`` (docs/trace-format.md): its facts are those of
+    its final line; without one it is open."""
+    finals = [e for e in evs if e.get("final")]
+    if not finals:
+        last = max(evs, key=lambda e: (e["ts"], e.get("attempt") or 0, RANK[e["event"]]))
+        return {
+            "queue": last["queue"],
+            "task": last["task"] or "",
+            "jm": None,
+            "outcome": None,
+            "error": None,
+            "attempts": max(e.get("attempt") or 0 for e in evs),
+            "retries": 0,
+            "requeues": 0,
+            "run_us": None,
+            "e2e_us": None,
+            "wait_us": None,
+            "minute": None,
+        }
+    f = finals[-1]
+    run, total = f.get("run_us"), f.get("total_us")
+    return {
+        "queue": f["queue"],
+        "task": f["task"] or "",
+        "jm": f.get("jm"),
+        "outcome": f["event"],
+        "error": None if f["event"] == "succeeded" else f.get("error"),
+        "attempts": f.get("attempt") or 0,
+        "retries": f.get("retries", 0),
+        "requeues": f.get("requeues", 0),
+        "run_us": run,
+        "e2e_us": total,
+        "wait_us": None if run is None or total is None else total - run,
+        "minute": minute_of(f["ts"]),
+    }
+
+
 def ref_jobs(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         by_job[e["job"]].append(e)
     jobs = {}
     for job, evs in by_job.items():
+        if any("final" in e for e in evs):
+            jobs[job] = ref_final_job(evs)
+            continue
         evs.sort(key=lambda e: (e["ts"], e.get("attempt") or 0, RANK[e["event"]]))
         last = evs[-1]
         outcome = last["event"] if last["event"] in FINAL else None
@@ -264,21 +310,38 @@ TEST_PROFILES = (
 )
 
 
-@pytest.fixture(scope="module")
-def synth_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("trace")
+def make_trace(directory: Path, legacy: bool, drop_rate: float) -> Path:
     cfg = SynthConfig(
         jobs=600,
         start=HOUR.timestamp() - 150,
         rate=2.5,
         seed=7,
-        drop_rate=0.01,
+        drop_rate=drop_rate,
         requeue_rate=0.02,
         profiles=TEST_PROFILES,
+        legacy=legacy,
     )
     counts = write_trace(generate(cfg), directory)
     assert len(counts) == 2, counts  # both sides of 10:00
     return directory
+
+
+@pytest.fixture(scope="module")
+def synth_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As brokers wrote traces before ``final``, with lost events: the full path."""
+    return make_trace(tmp_path_factory.mktemp("trace"), legacy=True, drop_rate=0.01)
+
+
+@pytest.fixture(scope="module")
+def final_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As the broker writes traces now (``final``), every event there."""
+    return make_trace(tmp_path_factory.mktemp("final"), legacy=False, drop_rate=0.0)
+
+
+@pytest.fixture(scope="module")
+def final_trace_lossy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As the broker writes traces now, with lost events."""
+    return make_trace(tmp_path_factory.mktemp("lossy"), legacy=False, drop_rate=0.01)
 
 
 def ev(ts_s: float, event: str, job: str, attempt: int, **extra: Any) -> dict[str, Any]:
@@ -353,6 +416,109 @@ def test_synthetic_trace_metrics_match_the_reference(spark: SparkSession, synth_
         assert within(r["run_p95_us"], allowed), (r, allowed)
     jobs.unpersist()
     df.unpersist()
+
+
+def test_final_path_facts_equal_the_full_paths(spark: SparkSession, final_trace: Path):
+    """On a trace with ``final`` and nothing lost, the job and attempt facts from
+    the final lines alone equal those merged from every event, and the reference."""
+    events = load_lines(final_trace)
+    df = io.read_events(spark, sorted(final_trace.glob("*.jsonl"))).persist()
+    full = transforms.job_facts(df).where(F.col("outcome").isNotNull())
+    final = transforms.final_job_facts(df.select(*transforms.END_COLUMNS)).persist()
+    got = rows_by(final.drop("final_line"), ("job",))
+    assert got == rows_by(full, ("job",))
+    want = {(k,): v for k, v in ref_jobs(events).items() if v["outcome"]}
+    assert_rows_match(
+        got,
+        want,
+        (
+            "queue",
+            "task",
+            "jm",
+            "outcome",
+            "error",
+            "attempts",
+            "retries",
+            "requeues",
+            "run_us",
+            "e2e_us",
+            "wait_us",
+            "minute",
+        ),
+    )
+    outcomes = {v["outcome"] for v in want.values()}
+    assert {"succeeded", "failed", "dead_lettered"} <= outcomes, outcomes
+    assert any(v["requeues"] for v in want.values()) and any(v["retries"] for v in want.values())
+
+    def attempts(facts: DataFrame) -> list[tuple]:
+        cols = ("attempt", "queue", "task", "jm", "outcome", "run_us", "ts", "minute", "date")
+        return sorted(tuple(r) for r in facts.select(*cols).collect())
+
+    assert attempts(transforms.final_attempt_facts(final)) == attempts(transforms.attempt_facts(df))
+    final.unpersist()
+    df.unpersist()
+
+
+def _tables(out: Path, spark: SparkSession) -> dict[str, list[tuple]]:
+    tables = {}
+    for name in (
+        "jobs",
+        "task_minute",
+        "queue_minute",
+        "jm_minute",
+        "failures",
+        "slowest_tasks",
+    ):
+        df = spark.read.parquet(str(out / name))
+        cols = sorted(c for c in df.columns if c != "final_line")
+        tables[name] = sorted((tuple(r) for r in df.select(*cols).collect()), key=repr)
+    return tables
+
+
+def test_final_path_writes_what_the_full_path_writes(
+    spark: SparkSession, final_trace: Path, tmp_path: Path
+):
+    results, tables = [], []
+    for final_path in (True, False):
+        out = tmp_path / f"out-{final_path}"
+        config = AnalyzeConfig(
+            trace_dir=final_trace, output=out, update_db=False, final_path=final_path
+        )
+        results.append(Analyzer(spark, config).run_once())
+        tables.append(_tables(out, spark))
+    fast, full = results
+    assert fast.open_jobs is None and full.open_jobs == 0  # every job ends in this trace
+    assert fast.finished_jobs == full.finished_jobs > 0 and fast.dates == full.dates
+    assert tables[0] == tables[1]
+    # the final path's attempts are its job rows (jm_minute above is the same)
+    assert not (tmp_path / "out-True" / "attempts").exists()
+
+
+def test_a_batch_with_an_older_brokers_lines_takes_the_full_path(
+    spark: SparkSession, final_trace: Path, tmp_path: Path
+):
+    """Lines without ``final`` anywhere in a batch (here past what the probe of
+    each file's head reads) send it down the full path, which reads them right."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    for f in final_trace.glob("trace-*.jsonl"):
+        (trace / f.name).write_bytes(f.read_bytes())
+    late = sorted(trace.glob("trace-*.jsonl"))[-1]
+    assert late.stat().st_size > PROBE_BYTES
+    old = [
+        ev(3700, "enqueued", "old", 0),
+        ev(3701, "dispatched", "old", 1, wait_us=US),
+        ev(3702, "succeeded", "old", 1, run_us=US, total_us=2 * US),
+    ]
+    write_events(trace, late.name, old)
+    assert not legacy_lines(late)
+    config = AnalyzeConfig(trace_dir=trace, output=tmp_path / "out", update_db=False)
+    result = Analyzer(spark, config).run_once()
+    assert result.open_jobs == 0  # the full path
+    jobs = spark.read.parquet(str(tmp_path / "out" / "jobs"))
+    assert jobs.count() == 601
+    (row,) = jobs.where("job = 'old'").collect()
+    assert (row["outcome"], row["wait_us"], row["enqueued_ts"]) == ("succeeded", US, old[0]["ts"])
 
 
 EDGE_EVENTS = [
@@ -466,7 +632,13 @@ def _db_task_metrics() -> dict[tuple, dict[str, Any]]:
 
 
 @pytest.mark.django_db
-def test_incremental_runs_add_only_new_data(spark: SparkSession, synth_trace: Path, tmp_path):
+@pytest.mark.parametrize("trace_kind", ["legacy", "final"])
+def test_incremental_runs_add_only_new_data(
+    spark: SparkSession, trace_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+):
+    synth_trace = request.getfixturevalue(
+        "synth_trace" if trace_kind == "legacy" else "final_trace_lossy"
+    )
     trace = tmp_path / "trace"
     trace.mkdir()
     files = sorted(synth_trace.glob("trace-*.jsonl"))
@@ -480,7 +652,11 @@ def test_incremental_runs_add_only_new_data(spark: SparkSession, synth_trace: Pa
     analyzer = Analyzer(spark, AnalyzeConfig(trace_dir=trace, output=tmp_path / "out"))
 
     r1 = analyzer.run_once(now=during_hour_11)
-    assert r1.sources == 2 and r1.finished_jobs > 0 and r1.open_jobs > 0
+    assert r1.sources == 2 and r1.finished_jobs > 0
+    if trace_kind == "legacy":
+        assert r1.open_jobs is not None and r1.open_jobs > 0
+    else:  # the final path: nothing to carry over
+        assert r1.open_jobs is None and not (tmp_path / "out" / "_open").exists()
     seen = load_lines(trace)
     assert_rows_match(_db_task_metrics(), _ref_task(seen), ("jobs", "failed", "retried"))
     snapshot = _db_snapshot()

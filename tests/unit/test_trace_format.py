@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from emq_django.broker import trace
 
 
-def reference(event: tuple[Any, ...], wall_offset: float) -> str:
+def reference(
+    event: tuple[Any, ...],
+    wall_offset: float,
+    final: bool | None = None,
+    retries: int = 0,
+    requeues: int = 0,
+) -> str:
     kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = event
 
     def us(seconds: float) -> int:
@@ -30,11 +36,17 @@ def reference(event: tuple[Any, ...], wall_offset: float) -> str:
     }
     if kind == "dispatched":
         line["wait_us"] = us(now - enqueued)
-    elif kind in ("succeeded", "failed", "timed_out"):
+    elif kind in ("succeeded", "failed", "timed_out", "dead_lettered"):
         line["run_us"] = us(now - dispatched)
         line["total_us"] = us(now - enqueued)
     elif kind == "retried":
         line["delay_us"] = us(extra)
+    if final is not None:
+        line["final"] = final
+        if final and retries:
+            line["retries"] = retries
+        if final and requeues:
+            line["requeues"] = requeues
     if error:
         line["error"] = error
     return json.dumps(line, separators=(",", ":"), ensure_ascii=False)
@@ -68,12 +80,31 @@ def event(kind: str, job: bytes = b"3e174d1ddf5500000001", **kw: Any) -> tuple[A
     )
 
 
-def format_event(ev: tuple[Any, ...], wall_offset: float) -> str:
+def format_event(
+    ev: tuple[Any, ...],
+    wall_offset: float,
+    final: bool | None = None,
+    retries: int = 0,
+    requeues: int = 0,
+) -> str:
     """The broker's general formatter, given one event tuple."""
     kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = ev
     job, where = trace.job_json(job_id), trace.where_fields(task, queue, manager)
     return trace.format_line(
-        kind, now, wall_offset, job, attempt, where, error, enqueued, dispatched, extra
+        kind,
+        now,
+        wall_offset,
+        job,
+        attempt,
+        where,
+        error,
+        enqueued,
+        dispatched,
+        extra,
+        0,
+        final,
+        retries,
+        requeues,
     )
 
 
@@ -102,6 +133,27 @@ def test_line_equals_json_dumps(ev: tuple[Any, ...]) -> None:
     assert json.loads(line)["event"] == ev[0]
 
 
+@pytest.mark.parametrize(
+    ("ev", "final", "retries", "requeues"),
+    [
+        (event("succeeded"), True, 0, 0),
+        (event("succeeded", attempt=4), True, 2, 1),
+        (event("failed", error="ValueError"), True, 0, 0),
+        (event("timed_out", error="TimeoutError", attempt=3), False, 2, 0),
+        (event("dead_lettered", error="TimeoutError", attempt=3), True, 2, 0),
+        (event("cancelled", attempt=2), True, 0, 1),
+    ],
+)
+def test_lines_that_end_an_attempt_say_whether_they_end_the_job(
+    ev: tuple[Any, ...], final: bool, retries: int, requeues: int
+) -> None:
+    line = format_event(ev, 1.795e9, final, retries, requeues)
+    assert line == reference(ev, 1.795e9, final, retries, requeues)
+    doc = json.loads(line)
+    assert doc["final"] is final
+    assert doc.get("retries", 0) == (retries if final else 0)
+
+
 def fast_line(ev: tuple[Any, ...], wall_offset: float) -> str:
     """The broker's faster path for the three lines every job has."""
     kind, now, job_id, attempt, queue, task, manager, error, enqueued, dispatched, extra = ev
@@ -112,7 +164,10 @@ def fast_line(ev: tuple[Any, ...], wall_offset: float) -> str:
     if kind == "dispatched":
         return trace.dispatched_line(wall, job, attempt, where, now - enqueued)
     assert kind == "succeeded"
-    return trace.succeeded_line(wall, job, attempt, where, now - dispatched, now - enqueued)
+    retries, requeues = extra
+    return trace.succeeded_line(
+        wall, job, attempt, where, now - dispatched, now - enqueued, 0, retries, requeues
+    )
 
 
 @pytest.mark.parametrize("kind", ["enqueued", "dispatched", "succeeded"])
@@ -121,12 +176,18 @@ def fast_line(ev: tuple[Any, ...], wall_offset: float) -> str:
     text=st.text(max_size=20),
     now=st.floats(min_value=0, max_value=1e6, allow_nan=False),
     attempt=st.integers(min_value=0, max_value=1000),
+    counts=st.tuples(st.integers(0, 3), st.integers(0, 3)),
 )
 def test_the_fast_lines_equal_the_reference(
-    kind: str, job: bytes, text: str, now: float, attempt: int
+    kind: str, job: bytes, text: str, now: float, attempt: int, counts: tuple[int, int]
 ) -> None:
     ev = event(kind, job=job, queue=text, task=text, manager=text, now=now, attempt=attempt)
-    assert fast_line(ev, 1.795e9) == reference(ev, 1.795e9)
+    if kind != "succeeded":
+        assert fast_line(ev, 1.795e9) == reference(ev, 1.795e9)
+        return
+    # a succeeded line always ends its job: final, and the job's counts
+    line = fast_line(ev[:-1] + (counts,), 1.795e9)
+    assert line == reference(ev, 1.795e9, True, *counts)
 
 
 @given(

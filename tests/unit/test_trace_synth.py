@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from emq_django.analytics.synth import SynthConfig, generate, write_trace
 
@@ -71,3 +74,123 @@ def test_write_trace_splits_by_utc_hour(tmp_path: Path):
         assert len(lines) == n
         hour = int(name[-8:-6])
         assert {(json.loads(x)["ts"] // 3_600_000_000) % 24 for x in lines} == {hour}
+
+
+# ---- the synthetic lines are the broker's ----------------------------------------
+
+
+class Scripted:
+    """A random source that tells each story: ``random()`` gives these values in
+    turn (below the rates: a requeue, a failure), every time is 10 ms."""
+
+    def __init__(self, randoms: list[float]) -> None:
+        self.randoms = list(randoms)
+
+    def random(self) -> float:
+        return self.randoms.pop(0)
+
+    def lognormvariate(self, mu: float, sigma: float) -> float:
+        return 0.01
+
+    def choice(self, seq: Any) -> Any:
+        return seq[0]
+
+
+def synth_story(randoms: list[float], retries: int, timeout: float = 0.0) -> list[dict]:
+    from emq_django.analytics.synth import TaskProfile, _Job
+
+    profile = TaskProfile(
+        "pkg.tasks.add", "default", 1, 0.01, 0.0, 0.5, ("ValueError",), retries, timeout
+    )
+    cfg = SynthConfig(jobs=1, start=START, requeue_rate=0.5, managers={"default": ("jm-1",)})
+    lines = _Job(cfg, Scripted(randoms), profile, "j1").build(int(START * 1e6))  # type: ignore[arg-type]
+    return [json.loads(line) for _, line in lines]
+
+
+def broker_story(steps: list[bytes], retries: int) -> list[dict]:
+    """The broker core's trace of one job whose attempts end as ``steps`` says:
+    a worker status, or b"lost" (its delivery could not leave: requeued)."""
+    from tests.unit.test_broker_core import request, requests_to, tick
+    from tests.unit.test_lifecycle import W, dispatched, inform, make_core, ready, reply
+
+    core = make_core(trace=True)
+    inform(core, W)
+    ready(core, W, times=len(steps))
+    headers = b"task:pkg.tasks.add" + (b",retry-count:%d" % retries if retries else b"")
+    attempt = dispatched(request(core, b"client", b"j1", headers=headers))
+    now = 0.0
+    for step in steps:
+        assert len(attempt) == 1, attempt
+        now += 1.0
+        if step == b"lost":
+            core.worker_unsent(core.peers[W], attempt[0], now)
+            out = ready(core, W, now=now)
+        else:
+            out = reply(core, W, attempt[0], step, now=now)
+        attempt = [r.msgid for r in requests_to(out, W)]
+        if not attempt and len(core.delayed):
+            now = core.delayed.next_due()
+            attempt = dispatched(tick(core, now))
+    assert core.trace is not None
+    return [json.loads(line) for line in core.trace]
+
+
+def shape(lines: list[dict]) -> list[tuple]:
+    """What must agree: each line's fields in order, its event, attempt, error and
+    the end-of-job fields (times, ids and names differ)."""
+    return [
+        (
+            tuple(e),
+            e["event"],
+            e["attempt"],
+            e.get("error"),
+            e.get("final"),
+            e.get("retries"),
+            e.get("requeues"),
+        )
+        for e in lines
+    ]
+
+
+FAIL = b"failed,ready,error:ValueError"
+OK = b"ok,ready"
+TIMEOUT = b"failed,ready,error:TimeoutError"
+
+
+@pytest.mark.parametrize(
+    ("steps", "randoms", "retries", "timeout"),
+    [
+        # (broker statuses, synth's random values: requeue?, then fail? per attempt)
+        ([OK], [0.9, 0.9], 0, 0.0),
+        ([FAIL, FAIL, OK], [0.9, 0.1, 0.9, 0.1, 0.9, 0.9], 2, 0.0),
+        ([FAIL, FAIL], [0.9, 0.1, 0.9, 0.1], 1, 0.0),
+        ([FAIL], [0.9, 0.1], 0, 0.0),
+        ([TIMEOUT], [0.9], 0, 0.001),
+        ([TIMEOUT, TIMEOUT], [0.9, 0.9], 1, 0.001),
+        ([b"lost", OK], [0.1, 0.9, 0.9], 0, 0.0),
+        ([b"lost", FAIL, OK], [0.1, 0.9, 0.1, 0.9, 0.9], 1, 0.0),
+    ],
+    ids=[
+        "ok",
+        "retried-ok",
+        "dead-lettered",
+        "failed",
+        "timed-out",
+        "timeouts-dead",
+        "requeued-ok",
+        "requeued-retried-ok",
+    ],
+)
+def test_synthetic_jobs_are_traced_as_the_broker_traces_them(
+    steps: list[bytes], randoms: list[float], retries: int, timeout: float
+) -> None:
+    broker = broker_story(steps, retries)
+    assert shape(synth_story(randoms, retries, timeout)) == shape(broker)
+    last = broker[-1]
+    assert last["final"] is True and last["event"] in (
+        "succeeded",
+        "failed",
+        "timed_out",
+        "dead_lettered",
+    )
+    assert sum(e.get("final") is True for e in broker) == 1
