@@ -117,10 +117,11 @@ class Driver:
             command = frames[3] if len(frames) > 3 else b""
             if command == b"READY":
                 self.credit += 1
-            elif command == b"REPLY":
-                self.finished += 1
-                if b"ready" in frames[-1]:
-                    self.credit += 1
+            elif command == b"REPLY":  # one answer, or several (the "batch" extension)
+                for status in frames[7::3]:
+                    self.finished += 1
+                    if b"ready" in status:
+                        self.credit += 1
             elif command == b"HEARTBEAT":
                 self.router.send_multipart(
                     [self.peer, b"", self.protocol, b"HEARTBEAT", b"hb", b"%f" % time.time()]
