@@ -63,6 +63,7 @@ class SlotConfig:
     record_batch: int = 2000  # EMQ_RECORD_BATCH: ... or once it holds this many
     record_buffer: int = 50_000  # EMQ_RECORD_BUFFER: kept while the recorder process lags
     incarnation: str = ""  # the job manager's run: tells it apart from an earlier one
+    reply_hold: float = HOLD_LIMIT  # answers held back at most this long (between jobs)
 
 
 class SlotWorker:
@@ -164,7 +165,7 @@ class SlotWorker:
         if self._held:
             # answers wait: they go now unless another message is already here
             # (then they go with the answers to its jobs)
-            if _monotonic() - self._held_since < HOLD_LIMIT and wire.readable(sock):
+            if _monotonic() - self._held_since < self.config.reply_hold and wire.readable(sock):
                 frames = wire.recv(sock)
                 self.link.last_recv = time.monotonic()
                 return frames
@@ -229,7 +230,7 @@ class SlotWorker:
         self._queued = 0
 
     def _run(self, msgid: bytes, queue: str, h: Headers, body: bytes) -> None:
-        if self._held and _monotonic() - self._held_since >= HOLD_LIMIT:
+        if self._held and _monotonic() - self._held_since >= self.config.reply_hold:
             self._send_held()
         self.credit -= 1
         started = _monotonic()
@@ -269,7 +270,7 @@ class SlotWorker:
             self._held.append((outcome.body, msgid, status))
             self.table.clear(slot)
             if not self._queued and not (
-                _monotonic() - self._held_since < HOLD_LIMIT
+                _monotonic() - self._held_since < self.config.reply_hold
                 and self.link.sock is not None
                 and wire.readable(self.link.sock)
             ):
@@ -436,8 +437,6 @@ class SlotWorker:
 
     def _grant(self, count: int) -> None:
         """Send ``count`` READYs: one credit each."""
-        if count > 0:
-            self._send_held()  # the answers before: the broker sees jobs end in order
         for _ in range(count):
             self.link.send(F.encode_ready(self.link.new_id()))
         self.credit += max(count, 0)
