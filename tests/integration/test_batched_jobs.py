@@ -22,7 +22,6 @@ import emq_django as emq
 from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.server import BrokerServer
-from emq_django.protocol import PROTOCOL as P
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
 from emq_django.worker.slots import SlotTable
