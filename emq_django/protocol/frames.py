@@ -392,6 +392,11 @@ def reply_lost(status: bytes) -> str | None:
 
 
 @lru_cache(maxsize=1024)
+def without_ready(status: bytes) -> bytes:
+    """A REPLY status without its ``ready`` flag (the credit it gives back)."""
+    return b",".join(t for t in status.split(b",") if t != FLAG_READY)
+
+
 def reply_flags(status: bytes) -> tuple[bool, bool]:
     """(failed, ready) from a REPLY status frame such as ``failed,ready``.
 

@@ -428,8 +428,7 @@ class JobManager:
         self.table.release(slot)
         assert self.link is not None
         for ref, status, body in held:
-            status = b",".join(t for t in status.split(b",") if t != F.FLAG_READY)
-            self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
+            self.link.send(F.encode_reply(self.link.new_id(), body, ref, F.without_ready(status)))
         log.info("slot %d: sent %d answers its worker process had finished", slot, len(held))
 
     def _enforce_time_limits(self, now: float) -> None:

@@ -139,10 +139,10 @@ class SlotWorker:
 
     def _on_connect(self) -> None:
         self.credit = 0  # a fresh connection: the broker owes us nothing
-        # answers held for the old connection: the broker forgot that peer, and
-        # its job manager answers for its jobs; they go out on the new one anyway
-        # (the broker takes them from a peer of the same job manager)
-        self._send_held()
+        # answers held for the old connection go out on the new one (the broker
+        # takes them from a peer of the same job manager), without their credit:
+        # that was the old connection's
+        self._send_held(credit=False)
         self._grant(self._wanted())
 
     def _loop(self) -> None:
@@ -289,11 +289,14 @@ class SlotWorker:
             if deficit > 0 and deficit * READY_BATCH_DIVISOR >= wanted:
                 self._grant(deficit)
 
-    def _send_held(self) -> None:
-        """The answers held back, in one REPLY (one alone as the document's)."""
+    def _send_held(self, credit: bool = True) -> None:
+        """The answers held back, in one REPLY (one alone as the document's);
+        without ``credit``, their ``ready`` flags are dropped."""
         held = self._held
         if not held:
             return
+        if not credit:
+            held = [(body, ref, F.without_ready(status)) for body, ref, status in held]
         if self.link.sock is not None:
             if len(held) == 1:
                 body, ref, status = held[0]
