@@ -120,8 +120,11 @@ class Driver:
                 import json
 
                 self.batch = max(1, int(json.loads(frames[7]).get("batch", 1)))
-            elif command == b"READY":
-                self.credit += 1
+                if self.batch > 1:  # as our broker: an ACK that says batches are welcome
+                    ack = [self.peer, b"", self.protocol, b"ACK", b"ack", frames[4]]
+                    self.router.send_multipart([*ack, b"batch:%d" % self.batch])
+            elif command == b"READY":  # one credit, or several (the "batch" extension)
+                self.credit += int(frames[5]) if len(frames) > 5 else 1
             elif command == b"REPLY":  # one answer, or several (the "batch" extension)
                 for status in frames[7::3]:
                     self.finished += 1

@@ -732,6 +732,39 @@ def join_requests(first: list[bytes], more: Sequence[list[bytes]]) -> list[bytes
     return frames
 
 
+def batch_ack_frame(batch: int) -> bytes:
+    """The frame the broker adds to its ACK of an INFORM that announced a batch
+    (``['', PROTOCOL, ACK, msgid, inform_msgid, b'batch:N']``): the peer may send
+    REPLYs of several answers and READYs of several credits from then on."""
+    return b"batch:%d" % batch
+
+
+def acked_batch(frames: Sequence[bytes]) -> int:
+    """N of an ACK that says ``batch:N`` (see ``batch_ack_frame``), else 0."""
+    if len(frames) != 6 or frames[2] != ACK or not frames[5].startswith(b"batch:"):
+        return 0
+    n = frames[5][6:]
+    return int(n) if n.isdigit() and len(n) <= 4 else 0
+
+
+MAX_READY_COUNT = 1024  # the most credit one READY of the extension gives
+
+
+def encode_readies(msgid: bytes, count: int) -> list[bytes]:
+    """One READY giving ``count`` credits: ``['', PROTOCOL, READY, msgid, count]``
+    (ASCII decimal); only from a peer that announced a batch."""
+    return [b"", PROTOCOL, READY, msgid, b"%d" % count]
+
+
+def ready_count(frame: bytes) -> int:
+    """The credit a 5-frame READY gives; 0 when its count frame is not 1 to
+    MAX_READY_COUNT in ASCII decimal without a leading zero."""
+    if not 0 < len(frame) <= 4 or not frame.isdigit() or frame[:1] == b"0":
+        return 0
+    count = int(frame)
+    return count if count <= MAX_READY_COUNT else 0
+
+
 def join_replies(msgid: bytes, answers: Sequence[tuple[bytes, bytes, bytes]]) -> list[bytes]:
     """One REPLY answering several jobs: ``['', PROTOCOL, REPLY, msgid, body1,
     ref1, status1, body2, ref2, status2, ...]``; ``answers``: (body, ref, status)."""

@@ -112,6 +112,9 @@ class SlotWorker:
         self._held: list[tuple[bytes, bytes, bytes]] = []
         self._held_since = 0.0  # monotonic: when the oldest of them was finished
         self._queued = 0  # jobs of the REQUEST being run that have not started yet
+        # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
+        # answers and READYs of several credits; until then, the document's only
+        self.batching = False
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -139,6 +142,7 @@ class SlotWorker:
 
     def _on_connect(self) -> None:
         self.credit = 0  # a fresh connection: the broker owes us nothing
+        self.batching = False  # until this broker's ACK says otherwise
         # answers held for the old connection go out on the new one (the broker
         # takes them from a peer of the same job manager), without their credit:
         # that was the old connection's
@@ -186,6 +190,9 @@ class SlotWorker:
             # a REQUEST, most likely: its fields without a Request object (a frozen
             # dataclass costs several µs to build); anything else through decode()
             n = len(frames)
+            if n == 6 and F.acked_batch(frames):
+                self.batching = True  # the ACK of our INFORM: batches welcome
+                return
             if n > 7:
                 jobs = F.split_batch(frames)
                 if jobs is not None and frames[2] == F.REQUEST:
@@ -258,6 +265,7 @@ class SlotWorker:
         status = outcome.status(ready=give_back)
         if (
             (self._queued or self._held)
+            and self.batching
             and not self.abandoning
             and len(self._held) < BATCH
             and self.table.hold(slot, msgid, status, outcome.body)
@@ -439,9 +447,15 @@ class SlotWorker:
         return self.retiring
 
     def _grant(self, count: int) -> None:
-        """Send ``count`` READYs: one credit each."""
-        for _ in range(count):
-            self.link.send(F.encode_ready(self.link.new_id()))
+        """Send ``count`` READYs: one credit each (one READY naming the count when
+        the broker takes several per READY)."""
+        if count > 1 and self.batching:
+            for start in range(0, count, F.MAX_READY_COUNT):
+                n = min(count - start, F.MAX_READY_COUNT)
+                self.link.send(F.encode_readies(self.link.new_id(), n))
+        else:
+            for _ in range(count):
+                self.link.send(F.encode_ready(self.link.new_id()))
         self.credit += max(count, 0)
 
     def _goodbye(self) -> None:

@@ -156,6 +156,31 @@ def test_one_reply_answers_several_jobs_and_returns_their_credit(server: BrokerS
     assert peer.credit == 3
 
 
+def test_the_ack_of_the_inform_says_batch_only_to_a_worker_that_asked(
+    server: BrokerServer,
+) -> None:
+    port = port_of(server, EmqpWorkerPort)
+    for identity, meta, frame in ((b"w-batch", {"batch": 4}, [b"batch:4"]), (b"w-plain", {}, [])):
+        sock = dealer(server, port, identity)
+        sock.send_multipart(F.Inform(b"inform-1", ((10, "default"),), "worker", meta).encode())
+        read_turn(server, port, 1)
+        (ack,) = [m for m in messages(sock) if m[2] == F.ACK]
+        assert ack[4:] == [b"inform-1", *frame]
+
+
+def test_one_ready_gives_several_credits_to_a_worker_that_asked(server: BrokerServer) -> None:
+    port = port_of(server, EmqpWorkerPort)
+    worker = worker_joins(server, b"w-batch", {"batch": 4}, credit=0)
+    worker.send_multipart(F.encode_readies(b"ready-9", 5))
+    read_turn(server, port, 1)
+    assert port.peers[b"w-batch"].credit == 5
+    plain = worker_joins(server, b"w-plain", {}, credit=0)
+    plain.send_multipart(F.encode_readies(b"ready-9", 5))
+    read_turn(server, port, 1)
+    assert port.peers[b"w-plain"].credit == 0  # a 5-frame READY is malformed from it
+    assert server.core.counters["dropped_malformed"] == 1
+
+
 def test_a_reply_of_several_from_a_worker_that_did_not_ask_is_refused(
     server: BrokerServer,
 ) -> None:
@@ -181,7 +206,7 @@ def job(msgid: bytes, name: str, *args: Any) -> list[bytes]:
 class FakeBroker:
     """A ROUTER in the test's process, and a real SlotWorker forked to it."""
 
-    def __init__(self, table: SlotTable, prefetch: int = 8) -> None:
+    def __init__(self, table: SlotTable, prefetch: int = 8, acks_batch: bool = True) -> None:
         from emq_django.worker.process import SlotConfig, SlotWorker
 
         self.ctx: zmq.Context[Any] = zmq.Context()
@@ -208,6 +233,7 @@ class FakeBroker:
                 os._exit(code)
         self.peer = b""
         self.inform: list[bytes] = []
+        self.acks_batch = acks_batch  # ACK the INFORM as our broker does, or as an older one
         self.reaped = False  # the test killed and reaped the worker itself
 
     def recv(self, wait_ms: int = WAIT_MS) -> list[bytes]:
@@ -220,7 +246,7 @@ class FakeBroker:
             self.peer = frames[0]
             if frames[3] == F.INFORM:
                 self.inform = frames[1:]
-                self.router.send_multipart([self.peer, *F.encode_ack(b"ack-1", frames[4])])
+                self.ack(frames)
                 continue
             if frames[3] not in (F.HEARTBEAT, F.READY):
                 return frames[1:]
@@ -234,7 +260,13 @@ class FakeBroker:
                 self.peer = frames[0]
                 if frames[3] == F.INFORM:
                     self.inform = frames[1:]
-                    self.router.send_multipart([self.peer, *F.encode_ack(b"ack-1", frames[4])])
+                    self.ack(frames)
+
+    def ack(self, frames: list[bytes]) -> None:
+        ack = F.encode_ack(b"ack-1", frames[4])
+        if self.acks_batch and b'"batch"' in frames[-1]:
+            ack.append(F.batch_ack_frame(8))
+        self.router.send_multipart([self.peer, *ack])
 
     def send(self, frames: list[bytes]) -> None:
         self.router.send_multipart([self.peer, *frames])
@@ -283,6 +315,24 @@ def test_jobs_run_back_to_back_are_answered_in_one_reply(broker: FakeBroker) -> 
     assert [ref for _, ref, _ in got] == [b"a#1", b"b#1", b"c#1"]
     assert [json.loads(body)["value"] for body, _, _ in got] == [3, 7, 11]
     assert all(status.split(b",")[0] == b"ok" for _, _, status in got)
+
+
+def test_a_worker_whose_broker_did_not_say_batch_answers_each_job_alone(
+    table: SlotTable,
+) -> None:
+    """A broker from before the extension ACKs the INFORM with the document's 5
+    frames: the process takes a batched REQUEST (that broker never sends one) but
+    sends only the document's REPLYs and READYs."""
+    broker = FakeBroker(table, acks_batch=False)
+    try:
+        broker.wait_connected()
+        jobs = [job(b"a#1", "add", 1, 2), job(b"b#1", "add", 3, 4)]
+        broker.send(F.join_requests(jobs[0], jobs[1:]))
+        got = [broker.recv(), broker.recv()]
+        assert [len(m) for m in got] == [7, 7]
+        assert [m[5] for m in got] == [b"a#1", b"b#1"]
+    finally:
+        broker.close()
 
 
 def test_a_lone_job_is_answered_at_once_with_the_documents_reply(broker: FakeBroker) -> None:

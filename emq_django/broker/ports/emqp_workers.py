@@ -101,6 +101,16 @@ class EmqpWorkerPort(Port):
                     peer.last_seen = now
                     self.core.worker_ready(peer, now)
                     return None
+        elif n == 5 and frames[2] == F.READY and not frames[0] and frames[1] == F.PROTOCOL:
+            # a READY giving several credits (the "batch" extension), from a peer
+            # that announced it; from anybody else it is malformed (decode says so)
+            peer = self.peers.get(identity)
+            if peer is not None and peer.batch > 1 and not peer.gone:
+                count = F.ready_count(frames[4])
+                if count and 0 < len(frames[3]) <= F.MAX_ID_LENGTH:
+                    peer.last_seen = now
+                    self.core.worker_credit(peer, count, now)
+                    return None
         elif n > 7 and frames[2] == F.REPLY:
             # several answers in one REPLY (the "batch" extension), from a peer that
             # announced it: each one as if it came alone
@@ -190,7 +200,11 @@ class EmqpWorkerPort(Port):
         if kind is Beat:
             return F.encode_heartbeat(self.new_id(), e.wall)
         if kind is Acknowledge:
-            return F.encode_ack(self.new_id(), e.msgid)
+            frames = F.encode_ack(self.new_id(), e.msgid)
+            peer = self.peers.get(e.client.identity)
+            if peer is not None and peer.batch > 1:
+                frames.append(F.batch_ack_frame(peer.batch))  # its INFORM's: batches welcome
+            return frames
         if kind is Goodbye:
             return F.Kbye(self.new_id()).encode()
         if kind is Kill:
