@@ -298,19 +298,20 @@ class SlotWorker:
                 self._grant(deficit)
 
     def _send_held(self, credit: bool = True) -> None:
-        """The answers held back, in one REPLY (one alone as the document's);
-        without ``credit``, their ``ready`` flags are dropped."""
+        """The answers held back, in one REPLY (one alone, or each alone until the
+        broker said it takes several, as the document's); without ``credit``,
+        their ``ready`` flags are dropped."""
         held = self._held
         if not held:
             return
         if not credit:
             held = [(body, ref, F.without_ready(status)) for body, ref, status in held]
         if self.link.sock is not None:
-            if len(held) == 1:
-                body, ref, status = held[0]
-                self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
-            else:
+            if len(held) > 1 and self.batching:
                 self.link.send(F.join_replies(self.link.new_id(), held))
+            else:  # (a new connection's broker has not said it takes several yet)
+                for body, ref, status in held:
+                    self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
         self._held = []
         self.table.release(self.config.slot)
 
