@@ -228,6 +228,14 @@ class FakeBroker:
         if self.pid == 0:
             code = 1
             try:
+                # as a job manager's fresh process: no database connection of an
+                # earlier test (pytest-django refuses a check of it here)
+                from django.db import connections
+
+                from emq_django.worker import execution
+
+                connections.close_all()
+                execution._Connections.opened = False
                 code = SlotWorker(config, table).run()
             finally:
                 os._exit(code)
