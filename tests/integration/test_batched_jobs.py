@@ -228,14 +228,6 @@ class FakeBroker:
         if self.pid == 0:
             code = 1
             try:
-                # as a job manager's fresh process: no database connection of an
-                # earlier test (pytest-django refuses a check of it here)
-                from django.db import connections
-
-                from emq_django.worker import execution
-
-                connections.close_all()
-                execution._Connections.opened = False
                 code = SlotWorker(config, table).run()
             finally:
                 os._exit(code)
@@ -293,7 +285,16 @@ def table() -> SlotTable:
 
 
 @pytest.fixture
-def broker(table: SlotTable) -> Iterator[FakeBroker]:
+def unblocked(django_db_blocker: Any) -> Iterator[None]:
+    """Database access allowed, in this process and the forked worker: once an
+    earlier test opened a connection, the worker closes old connections after
+    each job, as in production, and pytest-django would refuse that."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture
+def broker(table: SlotTable, unblocked: None) -> Iterator[FakeBroker]:
     b = FakeBroker(table)
     try:
         b.wait_connected()
@@ -326,7 +327,7 @@ def test_jobs_run_back_to_back_are_answered_in_one_reply(broker: FakeBroker) -> 
 
 
 def test_a_worker_whose_broker_did_not_say_batch_answers_each_job_alone(
-    table: SlotTable,
+    table: SlotTable, unblocked: None
 ) -> None:
     """A broker from before the extension ACKs the INFORM with the document's 5
     frames: the process takes a batched REQUEST (that broker never sends one) but
