@@ -17,10 +17,12 @@ left to queue on).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +40,7 @@ from emq_django.exceptions import (
     QueueFull,
 )
 from emq_django.ids import IdGenerator
+from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
@@ -66,6 +69,20 @@ _MAX_ID = F.MAX_ID_LENGTH
 # NOBLOCK: a check per send cost more than sending (a getsockopt that makes
 # libzmq process its command queue).
 DRAIN_STEP = 64
+# Coalescing (the REQUESTS extension, docs/eventmq-wire.md §7): a pipelined send
+# made while earlier ones are unacknowledged waits in a buffer, and the buffer
+# leaves as one message at COALESCE_JOBS jobs or COALESCE_BYTES of bodies, when
+# anything else is sent or waited for, or COALESCE_WAIT after its first job (the
+# flusher thread). A send with nothing unacknowledged goes at once, as a REQUEST.
+COALESCE_JOBS = 128
+COALESCE_BYTES = 64 * 1024
+COALESCE_WAIT = 0.002  # seconds
+EXIT_WAIT = 2.0  # seconds the interpreter's exit waits for the last ACKs, at most
+_REQUESTS = B.REQUESTS
+_MARK = B.MARK
+_pack_head = B.HEAD.pack
+_MAX_HEADERS = B.MAX_HEADERS_LENGTH
+_SEP = B.PACK_SEPARATOR
 
 MAX_KEPT_REPLIES = 100_000
 # Partial results (PARTIAL) wait here until ``Result.stream()`` takes them. A job's
@@ -118,6 +135,16 @@ class Client:
         # a REQUEST's headers -> the same with the ``acks`` flag: this client reads an
         # ACK naming several msgids, so our broker sends one per turn, not one per job
         self._flagged: dict[bytes, bytes] = {}
+        # REQUESTS: the broker's ACKs said it reads them (``MARK``); the jobs waiting
+        # to go as one (records: protocol/batch.py), how many, their bodies' bytes
+        # and when the first came; the thread that sends them after COALESCE_WAIT
+        self._coalesce = False
+        self._buf: list[bytes] = []
+        self._buf_jobs = 0
+        self._buf_bytes = 0
+        self._buf_since = 0.0
+        self._flusher: _Flusher | None = None
+        _clients.add(self)
 
     # ---- sending ------------------------------------------------------------
 
@@ -155,9 +182,24 @@ class Client:
         as bytes), a new one unless ``msgid`` is given. ``Task.delay()`` calls this."""
         with self._lock:
             if msgid is None:
-                msgid = self._ids()
+                ready = self._ids._ready  # the generator's next id, without a call
+                msgid = ready.pop() if ready else self._ids()
             flagged = self._flagged.get(headers)
             headers = flagged if flagged is not None else self._flag(headers)
+            buf = self._buf
+            if buf and not confirm and len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
+                # the buffer's next job (its first checked what a send checks)
+                buf += (_pack_head(len(msgid), len(queue), len(headers), len(body)), msgid, queue)
+                buf += (headers, body)
+                self._buf_bytes += len(body)
+                self._buf_jobs += 1
+                pending = self._pending
+                pending[msgid] = self._buf_since
+                if self._buf_jobs >= COALESCE_JOBS or self._buf_bytes >= COALESCE_BYTES:
+                    self._send_buffer(self._sock)  # type: ignore[arg-type]
+                if len(pending) >= self._drain_at:
+                    self._drain_window(self._sock)  # type: ignore[arg-type]
+                return msgid
             sock = self._sock
             if confirm or sock is None or not self._confirmed:
                 self._send_waiting(msgid, queue, headers, body, confirm)
@@ -166,6 +208,11 @@ class Client:
             now = _monotonic()
             if pending and now - next(iter(pending.values())) > self.ack_timeout:
                 self._check_overdue()
+            if self._coalesce and pending and self._still_pending(sock):
+                if len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
+                    self._buffer(sock, msgid, queue, headers, body, now)
+                    return msgid
+            self._flush_buffer()
             f = _encode_request(msgid, queue, headers, body)  # frames come from protocol/
             try:
                 # NOBLOCK: a socket the broker refused may have no connection left to
@@ -182,11 +229,104 @@ class Client:
                 _send(sock, f[6], 0)
             pending[msgid] = now
             if len(pending) >= self._drain_at:
-                self._drain(sock, many=True)
-                if len(pending) >= self.window:
-                    self._wait_below(self.window // 2)
-                self._drain_at = min(len(pending) + DRAIN_STEP, self.window)
+                self._drain_window(sock)
             return msgid
+
+    def _drain_window(self, sock: zmq.Socket[Any]) -> None:
+        """Read the ACKs waiting; wait for room when the window is full."""
+        pending = self._pending
+        self._drain(sock, many=True)
+        if len(pending) >= self.window:
+            self._wait_below(self.window // 2)
+        self._drain_at = min(len(pending) + DRAIN_STEP, self.window)
+
+    # ---- coalescing (REQUESTS) ------------------------------------------------
+
+    def _still_pending(self, sock: zmq.Socket[Any]) -> bool:
+        """Whether sends are unacknowledged once the ACKs waiting are read: asked
+        when the buffer is empty (once per coalesced message), so that a send after
+        a pause is not held back by ACKs this client has not read yet."""
+        self._drain(sock)
+        return bool(self._pending)
+
+    def _buffer(
+        self,
+        sock: zmq.Socket[Any],
+        msgid: bytes,
+        queue: bytes,
+        headers: bytes,
+        body: bytes,
+        now: float,
+    ) -> None:
+        """Start a buffer with this job (``send_request`` adds the next ones)."""
+        self._buf_since = now
+        flusher = self._flusher
+        if flusher is None:
+            flusher = self._flusher = _Flusher(self)
+            flusher.start()
+        if flusher.idle:  # else it is between sleeps, and looks again before waiting
+            flusher.idle = False
+            flusher.wake.set()
+        self._buf = [_pack_head(len(msgid), len(queue), len(headers), len(body)), msgid, queue]
+        self._buf += (headers, body)
+        self._buf_bytes = len(body)
+        self._buf_jobs = 1
+        pending = self._pending
+        pending[msgid] = now
+        if len(pending) >= self._drain_at:
+            self._drain_window(sock)
+
+    def _send_buffer(self, sock: zmq.Socket[Any], waiting: bool = True) -> bool:
+        """Send the buffered jobs as one REQUESTS message. ``waiting``: as any send
+        here (may wait for room; raises ``HandshakeRefused``/``BrokerUnavailable``);
+        else (the flusher thread) never blocks nor raises: False when the socket
+        took nothing, the buffer kept for the next send or wait of a caller."""
+        data = b"".join(self._buf)
+        frames = [b"", _PROTOCOL, _REQUESTS, self._ids(), data]
+        try:
+            _send(sock, b"", _MORE_NOBLOCK)
+        except zmq.Again:
+            if not waiting:
+                self._buf = [data]
+                return False
+            self._buf = []
+            self._buf_jobs = self._buf_bytes = 0
+            self._send_blocked(sock, frames)
+            return True
+        _send(sock, _PROTOCOL, _SNDMORE)
+        _send(sock, _REQUESTS, _SNDMORE)
+        _send(sock, frames[3], _SNDMORE)
+        _send(sock, data, 0)
+        self._buf = []
+        self._buf_jobs = self._buf_bytes = 0
+        return True
+
+    def _flush_buffer(self) -> None:
+        """Send what is buffered (before anything that must come after it)."""
+        if self._buf and self._sock is not None:
+            self._send_buffer(self._sock)
+
+    def _flush_due(self, flusher: _Flusher) -> None:
+        """The flusher thread: send the buffer once its first job has waited
+        COALESCE_WAIT (a caller may send it sooner). Returns once no buffer is
+        left, marked ``idle`` under the lock: the next buffer wakes it."""
+        while True:
+            with self._lock:
+                if not self._buf or self._sock is None:
+                    flusher.idle = True
+                    return
+                wait = self._buf_since + COALESCE_WAIT - _monotonic()
+                if wait <= 0:
+                    try:
+                        sent = self._send_buffer(self._sock, waiting=False)
+                    except Exception:  # the socket closed under us: the caller will see
+                        log.debug("the flusher could not send", exc_info=True)
+                        sent = False
+                    if not sent:  # a caller's next send or wait sends it
+                        flusher.idle = True
+                        return
+                    continue
+            time.sleep(wait)
 
     def _flag(self, headers: bytes) -> bytes:
         """``headers`` with the ``acks`` flag, remembered (a task's headers repeat)."""
@@ -202,6 +342,7 @@ class Client:
         """The send that waits for its ACK: a guaranteed job, or the socket's first
         message (so that a missing broker is reported at once)."""
         sock = self._socket()
+        self._flush_buffer()
         self._drain(sock)
         if self._pending:
             self._check_overdue()
@@ -258,6 +399,7 @@ class Client:
 
     def _send_batch(self, batch: _Batch, confirm: bool) -> None:
         sock = self._socket()
+        self._flush_buffer()
         self._drain(sock)
         if self._pending:
             self._check_overdue()
@@ -348,6 +490,7 @@ class Client:
         """Send any client command (SCHEDULE, PUBLISH, ...) that carries ``msgid``."""
         with self._lock:
             sock = self._socket()
+            self._flush_buffer()
             self._drain(sock)
             self._send_frames(sock, frames)
             self._pending[msgid] = time.monotonic()
@@ -367,6 +510,7 @@ class Client:
 
         if not job_id or not job_id.isprintable() or " " in job_id:
             raise ValueError(f"not a job id: {job_id!r}")
+        self._sent_before(job_id.encode())
         settings = cached_settings()
         answer = query(settings.MONITOR_URL, b"CANCEL " + job_id.encode(), settings.MONITOR_TIMEOUT)
         if answer.startswith(b"ERROR"):
@@ -380,6 +524,15 @@ class Client:
             if self._sock is not None:
                 self._wait_below(1, timeout)
 
+    def _sent_before(self, msgid: bytes) -> None:
+        """Make sure the broker has job ``msgid`` if this client sent it (a cancel
+        goes by the monitor channel, another connection, and must not overtake
+        it): send the buffer, then wait for the job's ACK if it has none yet."""
+        with self._lock:
+            if msgid in self._pending and self._sock is not None:
+                self._flush_buffer()
+                self._wait_ack(msgid)
+
     # ---- replies ------------------------------------------------------------
 
     def take_reply(self, msgid: bytes) -> F.Reply | None:
@@ -387,6 +540,7 @@ class Client:
         with self._lock:
             reply = self._take_reply(msgid)
             if reply is None and self._sock is not None:
+                self._flush_buffer()
                 self._drain(self._sock)
                 reply = self._take_reply(msgid)
             return reply
@@ -403,6 +557,7 @@ class Client:
             reply = self._take_reply(msgid)
             if reply is not None:
                 return reply
+            self._flush_buffer()  # the job may be among them
         from emq_django.exceptions import ResultTimeout
 
         deadline = None if timeout is None else _monotonic() + timeout
@@ -415,7 +570,7 @@ class Client:
                 if remaining is not None and remaining <= 0:
                     raise ResultTimeout(f"no result for job {msgid.decode()} within {timeout} s")
                 # other threads may need the socket: wait in short slices
-                slice_ms = 20 if threading.active_count() > 1 else 1000
+                slice_ms = 20 if threading.active_count() > 1 + _Flusher.alive else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
                 if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
@@ -445,6 +600,8 @@ class Client:
         from emq_django.exceptions import ResultTimeout
 
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._flush_buffer()
         while True:
             with self._lock:
                 item = self._take_streamed(msgid)
@@ -453,7 +610,7 @@ class Client:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise ResultTimeout(f"nothing from job {msgid.decode()} within {timeout} s")
-                slice_ms = 20 if threading.active_count() > 1 else 1000
+                slice_ms = 20 if threading.active_count() > 1 + _Flusher.alive else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
                 if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
@@ -510,13 +667,22 @@ class Client:
         self._pending.clear()
         self._confirmed = False
         self._drain_at = 0
+        self._buf = []  # never sent: the caller is told the broker is unavailable
+        self._buf_jobs = self._buf_bytes = 0
 
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
+                try:
+                    self._flush_buffer()
+                except BrokerUnavailable:
+                    log.warning("closed with jobs unsent: the broker took nothing")
                 self._sock.close()
             self._sock = None
             self._close_watch()
+            flusher, self._flusher = self._flusher, None
+            if flusher is not None:
+                flusher.wake.set()  # it sees it is no longer this client's, and ends
 
     def _close_watch(self) -> None:
         if self._watch is not None:
@@ -600,9 +766,12 @@ class Client:
                 self._handle(frames)
             elif n == 5 and frames[2] == _ACK:
                 self._confirmed = True
+                if not self._coalesce and frames[3].startswith(_MARK):
+                    self._coalesce = True  # our broker: it reads REQUESTS
                 ack_msgid = frames[4]
-                pending.pop(ack_msgid, None)
-                if self._answered is not None:
+                if pending.pop(ack_msgid, None) is None and _SEP in ack_msgid:
+                    self._packed_ack(ack_msgid)  # our broker's, to a sender of REQUESTS
+                elif self._answered is not None:
                     self._answered.append(ack_msgid)
             elif n > 5 and frames[2] == _ACK:  # our broker's ACK of several (``acks``)
                 self._acks(frames)
@@ -621,6 +790,17 @@ class Client:
             log.warning("dropped a malformed ACK from the broker (a msgid of 0 or 256+ bytes)")
             return
         self._confirmed = True
+        if not self._coalesce and frames[3].startswith(_MARK):
+            self._coalesce = True
+        pending = self._pending
+        for ack_msgid in acked:
+            pending.pop(ack_msgid, None)
+        if self._answered is not None:
+            self._answered.extend(acked)
+
+    def _packed_ack(self, packed: bytes) -> None:
+        """An ACK naming several msgids in one frame, LF-separated."""
+        acked = packed.split(_SEP)
         pending = self._pending
         for ack_msgid in acked:
             pending.pop(ack_msgid, None)
@@ -663,6 +843,7 @@ class Client:
         """Wait for ``msgid``'s ACK. With ``resend``, send the same message again
         every quarter of the timeout: a broker that crashed and came back never got
         it, and one that did get it de-duplicates by msgid."""
+        self._flush_buffer()
         start = time.monotonic()
         deadline = start + self.ack_timeout
         step = self.ack_timeout / 4
@@ -683,6 +864,7 @@ class Client:
             raise _refusal(self._errors.pop(msgid))
 
     def _wait_below(self, limit: int, timeout: float | None = None) -> None:
+        self._flush_buffer()
         deadline = time.monotonic() + (self.ack_timeout if timeout is None else timeout)
         sock = self._socket()
         while len(self._pending) >= limit:
@@ -694,6 +876,7 @@ class Client:
             self._drain(sock, many=True, ready=True)
 
     def _check_overdue(self) -> None:
+        self._flush_buffer()
         oldest = next(iter(self._pending.values()))
         if time.monotonic() - oldest > self.ack_timeout:
             self._drain(self._socket())
@@ -731,6 +914,34 @@ class _Batch:
         return F.encode_request(self.msgids[k], self.queue, self.headers, self.bodies[k])
 
 
+class _Flusher(threading.Thread):
+    """Sends a client's buffered jobs COALESCE_WAIT after the first (one daemon
+    thread per client that coalesces; it sleeps on ``wake`` while nothing waits)."""
+
+    alive = 0  # such threads in this process (not "other threads" for the waits)
+
+    def __init__(self, client: Client) -> None:
+        super().__init__(name="emq-client-flusher", daemon=True)
+        self.wake = threading.Event()
+        self.idle = True  # waits on ``wake`` (set and read under the client's lock)
+        self._client = weakref.ref(client)
+        self._pid = os.getpid()
+
+    def run(self) -> None:
+        _Flusher.alive += 1
+        try:
+            while True:
+                self.wake.wait()
+                self.wake.clear()  # before looking: a job buffered later sets it again
+                client = self._client()
+                if client is None or client._flusher is not self or _pid != self._pid:
+                    return
+                client._flush_due(self)
+                del client
+        finally:
+            _Flusher.alive -= 1
+
+
 def _refusal(error: F.Error) -> JobRefused | QueueFull:
     cls: type[JobRefused | QueueFull] = QueueFull if error.code == "queue-full" else JobRefused
     return cls(error.reason)
@@ -743,9 +954,39 @@ _orphans: list[Client] = []  # a parent's clients, never touched in a forked chi
 _pid = os.getpid()  # this process's, kept by the fork hook: no system call per job
 
 
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()  # every client: fork and exit
+
+
 def _after_fork_in_child() -> None:
+    """A child never sends its parent's buffered jobs (the parent does), and has
+    none of its threads: each client forgets its buffer, flusher and lock."""
     global _pid
     _pid = os.getpid()
+    _Flusher.alive = 0
+    for client in list(_clients):
+        client._buf = []
+        client._buf_jobs = client._buf_bytes = 0
+        client._flusher = None
+        client._lock = threading.RLock()  # a parent's thread may have held it
+
+
+def _send_at_exit() -> None:
+    """The interpreter is ending: send what is buffered, and wait (EXIT_WAIT at
+    most) for the broker's ACK of every pipelined send, so that no job sent by
+    ``delay()`` just before the end is lost with the process's queues."""
+    for client in list(_clients):
+        if not client._lock.acquire(timeout=EXIT_WAIT):
+            continue
+        try:
+            if client._sock is not None and client._pending:
+                client._wait_below(1, EXIT_WAIT)
+        except Exception as exc:  # the end of the process: say so, do not raise
+            log.warning("at exit, jobs may not have reached the broker: %s", exc)
+        finally:
+            client._lock.release()
+
+
+atexit.register(_send_at_exit)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -33,6 +33,9 @@ class ClientRef:
     # an eMQP client that reads an ACK naming several msgids (its REQUESTs carry the
     # ``acks`` header flag): the server sends it one ACK per turn, not one per job
     acks: bool = False
+    # it sent REQUESTS (several jobs a message: our client only), so it reads that
+    # ACK's msgids in one frame, separated by LF (protocol/batch.py)
+    packed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

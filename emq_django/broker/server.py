@@ -79,6 +79,13 @@ TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
 _backend_recv = zmq.backend.Socket.recv
+
+
+class _NoPort:
+    carried = 0  # what ``_drain`` reads of a port it was not given
+
+
+_NO_PORT: Any = _NoPort()
 _backend_send = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
@@ -389,8 +396,9 @@ class BrokerServer:
         endpoints = self.endpoints
         n = 0
         for i in ready:
-            _, _, sock, handle, routed = endpoints[i]
-            n += self._drain(sock, handle, routed, flush=False)
+            port, _, sock, handle, routed = endpoints[i]
+            port.carried = 0
+            n += self._drain(sock, handle, routed, flush=False, port=port)
         self.turns.count("messages", n)
         self._flush()  # one journal commit per round, not per socket
 
@@ -426,7 +434,12 @@ class BrokerServer:
                 port.unroutable(frames[0], self.clock())
 
     def _drain(
-        self, sock: zmq.Socket[Any], handle: Handler, routed: bool = True, flush: bool = True
+        self,
+        sock: zmq.Socket[Any],
+        handle: Handler,
+        routed: bool = True,
+        flush: bool = True,
+        port: Port | None = None,
     ) -> int:
         """Handle up to CHUNK waiting messages, then (``flush``) send what they
         produced. ``routed``: a ROUTER, whose first frame is the sender's identity.
@@ -437,10 +450,14 @@ class BrokerServer:
         and a Python exception besides (zmq.Again: 8% of the broker's time per
         Majordomo round trip, py-spy).
         ``_drain_ready`` flushes once per round instead: producers' messages and
-        consumers' acks of the same round share one journal transaction."""
+        consumers' acks of the same round share one journal transaction.
+        A message that carried several jobs (REQUESTS: ``port.carried``) counts as
+        that many towards CHUNK, so that a turn does about as much work as before."""
         now = self.clock()
+        if port is None:
+            port = _NO_PORT
         if routed and self.guard is None:
-            return self._drain_router(sock, handle, now, flush)
+            return self._drain_router(sock, handle, now, flush, port)
         recv = wire.recv if self.guard is None else self.guard.recv
         n = 0
         more = True
@@ -455,7 +472,7 @@ class BrokerServer:
             n += 1
             if n == 1:
                 more = bool(_get(sock, _EVENTS) & _POLLIN)
-            elif n == CHUNK:
+            elif n + port.carried >= CHUNK:
                 more = False
             try:
                 if routed:
@@ -476,13 +493,15 @@ class BrokerServer:
         else:
             # not ended by EAGAIN: CHUNK messages read, or the first one was the only
             # one; then a message may wait that the socket's FD will not signal
-            if more or n >= CHUNK or replied:  # more: a turn's events are enough
+            if more or n + port.carried >= CHUNK or replied:  # more: a turn's events are enough
                 self._touched.add(sock)
         if n and flush:
             self._flush()
         return n
 
-    def _drain_router(self, sock: zmq.Socket[Any], handle: Handler, now: float, flush: bool) -> int:
+    def _drain_router(
+        self, sock: zmq.Socket[Any], handle: Handler, now: float, flush: bool, port: Any
+    ) -> int:
         """``_drain`` for a ROUTER without CURVE's guard (the hot path). The first
         frame, the sender's identity, is read straight into bytes: libzmq always
         flags it as followed by more, so it needs no ``zmq.Frame`` (a Frame costs
@@ -507,7 +526,7 @@ class BrokerServer:
             n += 1
             if n == 1:
                 more = bool(_get(sock, _EVENTS) & _POLLIN)
-            elif n == CHUNK:
+            elif n + port.carried >= CHUNK:
                 more = False
             try:
                 back = handle(identity, frames, now)
@@ -522,7 +541,7 @@ class BrokerServer:
         else:
             # not ended by EAGAIN: as in ``_drain``, the socket is asked before the
             # loop sleeps, since its FD may not signal a message already waiting
-            if more or n >= CHUNK or replied:  # more: a turn's events are enough
+            if more or n + port.carried >= CHUNK or replied:  # more: a turn's events are enough
                 self._touched.add(sock)
         if n and flush:
             self._flush()
@@ -622,7 +641,7 @@ class BrokerServer:
         sock = self.sockets[port]
         self._touched.add(sock)
         try:
-            wire.send(sock, [ref.identity, *port.encode_acks(msgids)])
+            wire.send(sock, [ref.identity, *port.encode_acks(msgids, ref.packed)])
         except zmq.Again:
             self.dropped_sends += 1
         except zmq.ZMQError as exc:

@@ -346,6 +346,12 @@ def request_fields(f: Sequence[bytes]) -> tuple[str, Headers] | None:
     return _queue_name(f[4], f), parse_headers(f[5])
 
 
+def job_fields(queue: bytes, headers: bytes, frames: Sequence[bytes]) -> tuple[str, Headers]:
+    """A job's queue name and headers, checked as a REQUEST's are (a REQUESTS
+    message's jobs: protocol/batch.py); raises ``ProtocolError`` naming ``frames``."""
+    return _queue_name(queue, frames), parse_headers(headers)
+
+
 STATUS_OK = b"ok"
 STATUS_FAILED = b"failed"
 FLAG_READY = b"ready"

@@ -41,7 +41,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RELOAD = 1.0  # EMQ_KEYS_RELOAD of the broker under test
 REFUSED_WAIT = 1.5  # how long a refused connection is given to (not) answer
-KEYS = {"jm": "worker", "app": "client,monitor", "watch": "monitor", "ops": "admin,monitor"}
+KEYS = {
+    "jm": "worker",
+    "app": "client,monitor",
+    "watch": "monitor",
+    "ops": "admin,monitor",
+    "bus": "publisher,subscriber",
+    "reader": "subscriber",
+}
 
 
 @dataclass
@@ -361,8 +368,43 @@ def test_publish_and_subscribe_refused_say_why(
     assert stack.status()["topics"]["last_seq"] == 0  # nothing got in
 
 
-def test_publish_and_subscribe_with_curve(curve_client_env: CurveStack) -> None:
-    with pubsub.subscribe("/secure/", since=0) as sub:
-        pubsub.publish("/secure/a", {"n": 1})
-        event = sub.next(timeout=15.0)
+def test_publish_and_subscribe_with_curve(stack: CurveStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    as_process(stack, monkeypatch, stack.key_env("bus"))  # publisher,subscriber
+    try:
+        with pubsub.subscribe("/secure/", since=0) as sub:
+            pubsub.publish("/secure/a", {"n": 1})
+            event = sub.next(timeout=15.0)
+    finally:
+        reset_cached_settings()
     assert event is not None and (event.topic, event.data) == ("/secure/a", {"n": 1})
+
+
+def test_event_bus_ports_admit_only_their_roles(
+    stack: CurveStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector wants a ``publisher`` key, the snapshot and publisher sockets a
+    ``subscriber`` key: a client key publishes nothing, a reader key reads but
+    cannot publish, and each refusal names the key's roles."""
+    try:
+        as_process(stack, monkeypatch, stack.key_env("app"))  # client,monitor
+        with pytest.raises(HandshakeRefused) as refused:
+            pubsub.publish("/roles/a", {"n": 1})
+        assert (refused.value.kind, refused.value.code) == ("auth", 400), refused.value
+        with pubsub.subscribe("/roles/", since=0) as sub:
+            with pytest.raises(HandshakeRefused):
+                sub.next(timeout=30.0)
+
+        as_process(stack, monkeypatch, stack.key_env("reader"))  # subscriber only
+        with pytest.raises(HandshakeRefused) as refused:
+            pubsub.publish("/roles/a", {"n": 2})
+        assert (refused.value.kind, refused.value.code) == ("auth", 400), refused.value
+
+        as_process(stack, monkeypatch, stack.key_env("bus"))
+        pubsub.publish("/roles/a", {"n": 3})
+        as_process(stack, monkeypatch, stack.key_env("reader"))
+        with pubsub.subscribe("/roles/", since=0) as sub:
+            event = sub.next(timeout=15.0)
+        assert event is not None and event.data == {"n": 3}
+    finally:
+        reset_cached_settings()
+    assert stack.status()["counters"]["zap_refused_role"] >= 3

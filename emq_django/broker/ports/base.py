@@ -71,6 +71,9 @@ class Port(ABC):
     acknowledges = True
     # the roles admitted on the port's socket (when the broker runs CURVE)
     roles: tuple[str, ...] = ()
+    # jobs beyond one per message that the messages read in this drain carried
+    # (eMQP REQUESTS): the server counts them towards its per-socket CHUNK
+    carried = 0
 
     def __init__(self, core: BrokerCore, address: str = "") -> None:
         self.core = core

@@ -26,6 +26,7 @@ from emq_django.broker.state import Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import MARK, REQUESTS, decode_jobs, encode_packed_ack
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
 from emq_django.security.roles import CLIENT, SCHEDULER
 from emq_django.transport import SocketOptions
@@ -73,6 +74,9 @@ class EmqpClientPort(Port):
                     msgid = frames[3]
                     self.core.client_request(ref, msgid, fields[0], fields[1], frames[6], now)
                     return None
+            if len(frames) == 5 and frames[2] == REQUESTS:
+                self._requests(identity, frames, now)
+                return None
             cmd = F.decode(frames)
             handler = _HANDLERS.get(type(cmd))
             if handler is None:
@@ -117,6 +121,29 @@ class EmqpClientPort(Port):
         if cmd.headers.acks:
             ref.acks = True
         self.core.client_request(ref, cmd.msgid, cmd.queue, cmd.headers, cmd.body, now)
+
+    def _requests(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
+        """Several REQUESTs in one message (our client's, protocol/batch.py): each
+        job as if it came alone, in order. A malformed message raises
+        ``ProtocolError`` before any of its jobs is taken; a job whose queue name
+        or headers are bad is refused on its own (an ERROR naming its msgid)."""
+        jobs = decode_jobs(frames)
+        if self.schedulers:
+            scheduler = self.schedulers.get(identity)
+            if scheduler is not None:
+                scheduler.last_seen = now
+        ref = self.clients.get(identity) or self.client(identity)
+        ref.acks = ref.packed = True  # only our client sends REQUESTS
+        request = self.core.client_request
+        self.carried += len(jobs) - 1
+        for msgid, queue, headers, body in jobs:
+            try:
+                name, parsed = F.job_fields(queue, headers, frames)
+            except ProtocolError as exc:
+                self.core.refuse(ref, msgid, exc.code, exc.reason[:1024], quiet=True)
+                self.count_malformed(identity, exc, answered=True)
+                continue
+            request(ref, msgid, name, parsed, body, now)
 
     def _schedule(self, identity: bytes, cmd: F.Schedule, now: float) -> None:
         self.core.client_schedule(self.client(identity), cmd.msgid, cmd, now)
@@ -171,11 +198,17 @@ class EmqpClientPort(Port):
             self.forget(e.peer)
         return None
 
-    def encode_acks(self, msgids: list[bytes]) -> list[bytes]:
-        """One ACK for ``msgids``, to a client that reads several per ACK (``acks``)."""
+    def encode_acks(self, msgids: list[bytes], packed: bool = False) -> list[bytes]:
+        """One ACK for ``msgids``, to a client that reads several per ACK (``acks``);
+        ``packed``: one that sent REQUESTS, which reads them in one frame."""
+        # MARK: this broker reads REQUESTS (several jobs a message) from such a client
         if len(msgids) == 1:
-            return _encode_ack(self.new_id(), msgids[0])
-        return F.encode_acks(self.new_id(), msgids)
+            return _encode_ack(MARK + self.new_id(), msgids[0])
+        if packed:
+            frames = encode_packed_ack(MARK + self.new_id(), msgids)
+            if frames is not None:
+                return frames
+        return F.encode_acks(MARK + self.new_id(), msgids)
 
     def _answer(self, effect: Answer) -> list[bytes] | None:
         if not effect.final:  # the core sends these only to clients that asked (``stream``)

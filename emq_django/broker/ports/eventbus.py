@@ -42,6 +42,7 @@ from emq_django.broker.ports.base import Handler, Port, SocketSpec
 from emq_django.broker.topics import Event, check_topic
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import eventbus
+from emq_django.security.roles import PUBLISHER, SUBSCRIBER
 from emq_django.transport import SocketOptions
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ MAX_SYNC = 100_000
 class EventBusPort(Port):
     name = "eventbus"
     multi_socket = True
+    # under CURVE: the collector admits ``publisher`` keys, the snapshot and the
+    # publishers ``subscriber`` keys (each socket's ZAP domain, in socket_specs)
+    roles = (PUBLISHER, SUBSCRIBER)
 
     def __init__(self, core: Any, address: str = "") -> None:
         super().__init__(core, address)
@@ -102,14 +106,16 @@ class EventBusPort(Port):
                 zmq.ROUTER,
                 self.address,
                 SocketOptions(sndhwm=SNAPSHOT_HWM, router_mandatory=True),
+                (SUBSCRIBER,),
             ),
             SocketSpec(
                 PUBLISH,
                 zmq.XPUB,
                 self.publish_address,
                 SocketOptions(sndhwm=self.publish_hwm, xpub_verboser=True),
+                (SUBSCRIBER,),
             ),
-            SocketSpec(COLLECT, zmq.ROUTER, self.collect_address, SocketOptions()),
+            SocketSpec(COLLECT, zmq.ROUTER, self.collect_address, SocketOptions(), (PUBLISHER,)),
         ]
         if self.batch_address:
             specs.append(
@@ -118,6 +124,7 @@ class EventBusPort(Port):
                     zmq.XPUB,
                     self.batch_address,
                     SocketOptions(sndhwm=max(self.publish_hwm // 4, 1), xpub_verboser=True),
+                    (SUBSCRIBER,),
                 )
             )
         return specs

@@ -1,0 +1,100 @@
+"""REQUESTS: several REQUESTs in one message (our extension, client -> our broker).
+
+    ['', 'eMQP/1.0', 'REQUESTS', msgid, jobs]
+
+``jobs`` is one frame holding one record per job, back to back::
+
+    u8 msgid length | u8 queue length | u16 headers length | u32 body length
+    | msgid | queue | headers | body
+
+(lengths big-endian), each job exactly what a REQUEST's frames 3-6 would carry.
+Only our client sends it, and only to a broker whose ACKs say it reads it
+(``MARK``, below); docs/eventmq-wire.md §7 says when and why. Pure: no sockets.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol.frames import ACK, MAX_ID_LENGTH, PROTOCOL
+
+REQUESTS = b"REQUESTS"
+# The msgid of every ACK our broker sends to a client that flags its REQUESTs with
+# ``acks`` starts with this: such a client may send REQUESTS from then on. Other
+# peers read an ACK's own msgid as an opaque id (EventMQ's never get these ACKs).
+MARK = b"requests:"
+PACK_SEPARATOR = b"\n"  # between the msgids of a packed ACK
+MAX_JOBS = 1024  # in one REQUESTS message; more is malformed
+HEAD = struct.Struct(">BBHI")
+MAX_HEADERS_LENGTH = 0xFFFF
+_pack_head = HEAD.pack
+_unpack_head = HEAD.unpack_from
+_HEAD_SIZE = HEAD.size
+
+Job = tuple[bytes, bytes, bytes, bytes]  # msgid, queue, headers, body
+
+
+def job_record(msgid: bytes, queue: bytes, headers: bytes, body: bytes) -> list[bytes]:
+    """One job's record as parts to join (``encode_requests`` joins them); raises
+    ``ValueError`` for a field over its length (the caller sends a REQUEST then)."""
+    if not 0 < len(msgid) <= MAX_ID_LENGTH or not 0 < len(queue) <= 255:
+        raise ValueError("a msgid and a queue name take 1 to 255 bytes")
+    if len(headers) > MAX_HEADERS_LENGTH:
+        raise ValueError(f"headers over {MAX_HEADERS_LENGTH} bytes")
+    head = _pack_head(len(msgid), len(queue), len(headers), len(body))
+    return [head, msgid, queue, headers, body]
+
+
+def encode_requests(msgid: bytes, jobs: Sequence[Job]) -> list[bytes]:
+    parts: list[bytes] = []
+    for job in jobs:
+        parts += job_record(*job)
+    return [b"", PROTOCOL, REQUESTS, msgid, b"".join(parts)]
+
+
+def encode_packed_ack(msgid: bytes, ref_msgids: Sequence[bytes]) -> list[bytes] | None:
+    """The ACK of several msgids in one frame, LF-separated, for a client that sent
+    REQUESTS: ``['', 'eMQP/1.0', 'ACK', msgid, b"ref1\nref2..."]``; None when a
+    msgid holds an LF itself (then the ACK names them one frame each)."""
+    joined = PACK_SEPARATOR.join(ref_msgids)
+    if joined.count(PACK_SEPARATOR) != len(ref_msgids) - 1:
+        return None
+    return [b"", PROTOCOL, ACK, msgid, joined]
+
+
+def decode_jobs(frames: Sequence[bytes]) -> list[Job]:
+    """The jobs of a REQUESTS message (``frames`` without the ROUTER identity),
+    or ``ProtocolError`` when the message is malformed anywhere (then none of its
+    jobs is taken: a record that overruns the frame, a zero-length msgid or queue,
+    bytes left over, over ``MAX_JOBS`` jobs, not 5 frames). A job's queue name
+    and headers are checked as a REQUEST's are, by the caller, job by job."""
+    if len(frames) != 5:
+        raise ProtocolError(f"REQUESTS needs 5 frames, got {len(frames)}", frames)
+    if frames[0] or frames[1] != PROTOCOL or not 0 < len(frames[3]) <= MAX_ID_LENGTH:
+        raise ProtocolError("REQUESTS: not an eMQP/1.0 message with a msgid", frames)
+    data = frames[4]
+    end = len(data)
+    jobs: list[Job] = []
+    at = 0
+    try:
+        while at < end:
+            m, q, h, b = _unpack_head(data, at)
+            at += _HEAD_SIZE
+            if not m or not q:
+                raise ProtocolError(f"REQUESTS: job {len(jobs) + 1} has no msgid or queue", frames)
+            i = at + m
+            j = i + q
+            k = j + h
+            at = k + b
+            if at > end:
+                raise ProtocolError(f"REQUESTS: job {len(jobs) + 1} overruns the frame", frames)
+            jobs.append((data[i - m : i], data[i:j], data[j:k], data[k:at]))
+            if len(jobs) > MAX_JOBS:
+                raise ProtocolError(f"REQUESTS: over {MAX_JOBS} jobs", frames)
+    except struct.error:
+        raise ProtocolError(f"REQUESTS: job {len(jobs) + 1} is cut short", frames) from None
+    if not jobs:
+        raise ProtocolError("REQUESTS without a job", frames)
+    return jobs

@@ -1,0 +1,97 @@
+"""REQUESTS (several jobs in one message) and the packed ACK: protocol/batch.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol import batch as B
+from emq_django.protocol.frames import PROTOCOL
+
+JOBS = [
+    (b"job-1", b"default", b"acks", b'["run",{"args":[1]}]'),
+    (b"job-2", b"email", b"reply-requested,acks", b""),
+    (b"j" * 255, b"q" * 255, b"h" * 1000, b"b" * 70_000),
+]
+
+
+def test_requests_round_trip_keeps_every_field_and_the_order() -> None:
+    frames = B.encode_requests(b"batch-1", JOBS)
+    assert frames[:4] == [b"", PROTOCOL, B.REQUESTS, b"batch-1"]
+    assert B.decode_jobs(frames) == JOBS
+
+
+def valid() -> list[bytes]:
+    return B.encode_requests(b"batch-1", JOBS[:2])
+
+
+def with_data(data: bytes) -> list[bytes]:
+    return [*valid()[:4], data]
+
+
+GOOD = valid()[4]
+HEAD = B.HEAD.size
+
+MALFORMED = [
+    pytest.param(with_data(b""), id="no-job"),
+    pytest.param(with_data(GOOD[:3]), id="cut-in-a-head"),
+    pytest.param(with_data(GOOD[:-1]), id="cut-in-a-body"),
+    pytest.param(with_data(GOOD + b"x"), id="a-byte-left-over"),
+    pytest.param(with_data(b"\x00" + GOOD[1:]), id="empty-msgid"),
+    pytest.param(with_data(GOOD[:1] + b"\x00" + GOOD[2:]), id="empty-queue"),
+    pytest.param(with_data(GOOD[:4] + b"\xff\xff\xff\xff" + GOOD[8:]), id="body-overruns"),
+    pytest.param(valid()[:4], id="four-frames"),
+    pytest.param([*valid(), b""], id="six-frames"),
+    pytest.param([b"x", *valid()[1:]], id="first-frame-not-empty"),
+    pytest.param([b"", b"eMQP/0.9", *valid()[2:]], id="other-protocol"),
+    pytest.param([*valid()[:3], b"", GOOD], id="no-batch-msgid"),
+]
+
+
+@pytest.mark.parametrize("frames", MALFORMED)
+def test_a_malformed_requests_message_yields_no_job(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        B.decode_jobs(frames)
+    assert info.value.frames == frames  # the raw frames travel with the error
+
+
+def test_more_jobs_than_the_limit_is_malformed() -> None:
+    jobs = [(b"m%d" % i, b"q", b"", b"") for i in range(B.MAX_JOBS + 1)]
+    with pytest.raises(ProtocolError, match="over"):
+        B.decode_jobs(B.encode_requests(b"batch", jobs))
+    assert len(B.decode_jobs(B.encode_requests(b"batch", jobs[:-1]))) == B.MAX_JOBS
+
+
+def test_random_bytes_either_decode_to_whole_records_or_raise() -> None:
+    rng = random.Random(18)
+    for _ in range(2000):
+        data = bytearray(GOOD)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(len(data))]
+        try:
+            jobs = B.decode_jobs(with_data(bytes(data)))
+        except ProtocolError:
+            continue
+        # what decodes accounts for every byte, record by record
+        size = sum(HEAD + sum(len(f) for f in job) for job in jobs)
+        assert size == len(data) and all(job[0] and job[1] for job in jobs)
+
+
+def test_a_field_over_its_length_is_refused_when_encoding() -> None:
+    with pytest.raises(ValueError):
+        B.job_record(b"", b"q", b"", b"")
+    with pytest.raises(ValueError):
+        B.job_record(b"m", b"q" * 256, b"", b"")
+    with pytest.raises(ValueError):
+        B.job_record(b"m", b"q", b"h" * (B.MAX_HEADERS_LENGTH + 1), b"")
+
+
+def test_packed_ack_names_every_msgid_in_one_frame_unless_one_holds_a_newline() -> None:
+    frames = B.encode_packed_ack(b"a-1", [b"m1", b"m2", b"m3"])
+    assert frames is not None and frames[2] == b"ACK"
+    assert frames[4].split(B.PACK_SEPARATOR) == [b"m1", b"m2", b"m3"]
+    assert B.encode_packed_ack(b"a-2", [b"m1", b"bad\nid"]) is None
