@@ -78,6 +78,7 @@ class Driver:
             encode_run_body("bench.emq_bench_tasks", "noop"),
         )
         self.protocol = F.PROTOCOL
+        self.batch = 1  # jobs per REQUEST the worker takes (its INFORM's "batch")
 
     def start_worker(self) -> int:
         if self.kind == "zmq":
@@ -115,12 +116,20 @@ class Driver:
                     self.finished += 1
                 continue
             command = frames[3] if len(frames) > 3 else b""
-            if command == b"READY":
-                self.credit += 1
-            elif command == b"REPLY":
-                self.finished += 1
-                if b"ready" in frames[-1]:
-                    self.credit += 1
+            if command == b"INFORM" and len(frames) > 7:
+                import json
+
+                self.batch = max(1, int(json.loads(frames[7]).get("batch", 1)))
+                if self.batch > 1:  # as our broker: an ACK that says batches are welcome
+                    ack = [self.peer, b"", self.protocol, b"ACK", b"ack", frames[4]]
+                    self.router.send_multipart([*ack, b"batch:%d" % self.batch])
+            elif command == b"READY":  # one credit, or several (the "batch" extension)
+                self.credit += int(frames[5]) if len(frames) > 5 else 1
+            elif command == b"REPLY":  # one answer, or several (the "batch" extension)
+                for status in frames[7::3]:
+                    self.finished += 1
+                    if b"ready" in status:
+                        self.credit += 1
             elif command == b"HEARTBEAT":
                 self.router.send_multipart(
                     [self.peer, b"", self.protocol, b"HEARTBEAT", b"hb", b"%f" % time.time()]
@@ -128,15 +137,22 @@ class Driver:
         while self.done.poll(0):
             self.done.recv()
 
-    def send_job(self) -> None:
+    def send_job(self, total: int) -> None:
+        """One job, or (a worker that takes several per REQUEST) as many as its
+        credit allows, in one message, as the broker sends them."""
         if self.kind == "zmq":
             self.router.send_multipart([self.peer, b"client", b""])
-        else:
-            frames = list(self.job)
-            frames[3] = b"job%d" % self.sent
-            self.router.send_multipart([self.peer, *frames])
-        self.sent += 1
-        self.credit -= 1
+            self.sent += 1
+            self.credit -= 1
+            return
+        count = max(1, min(self.credit, self.batch, total - self.sent))
+        frames = list(self.job)
+        frames[3] = b"job%d" % self.sent
+        for i in range(1, count):
+            frames += [b"job%d" % (self.sent + i), *self.job[4:]]
+        self.router.send_multipart([self.peer, *frames])
+        self.sent += count
+        self.credit -= count
 
 
 def one_run(
@@ -159,7 +175,7 @@ def one_run(
             d.read()
             now = time.perf_counter()
             if d.credit > 0 and d.sent < total and now >= due:
-                d.send_job()
+                d.send_job(total)
                 due = max(due + interval, now - 0.01) if interval else now
             elif d.credit > 0 and d.sent < total:
                 d.router.poll(max(0, int((due - now) * 1000)))

@@ -29,7 +29,7 @@ from zmq.backend import Socket as _BackendSocket
 from emq_django import transport, wire
 from emq_django.broker import exposure, monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
-from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
+from emq_django.broker.effects import Acknowledge, Answer, Deliver, Published, Refuse, Send
 from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
@@ -42,6 +42,7 @@ from emq_django.broker.trace import TraceWriter
 from emq_django.broker.turns import TurnWatch
 from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
+from emq_django.protocol import frames as F
 from emq_django.protocol.limits import REFUSED_JOURNAL
 from emq_django.security.allow import AllowList, KeyReloader, Loader
 from emq_django.security.handshakes import HandshakeWatch
@@ -565,6 +566,9 @@ class BrokerServer:
         # ACKs held back for clients that read several per ACK (ClientRef.acks): one
         # message per client per batch, instead of one per job
         acks: dict[Any, list[bytes]] = {}
+        # jobs for a worker that takes several per REQUEST (Peer.batch): one message
+        # per worker per batch, instead of one per job
+        deliveries: dict[Any, list[Any]] = {}
         while core.out:
             batch, core.out = core.out, []
             for effect in batch:
@@ -584,6 +588,15 @@ class BrokerServer:
                         continue
                     if acks and ref in acks:  # what this client gets keeps its order
                         self._send_acks(ref, acks.pop(ref))
+                elif kind is Deliver and ref.batch > 1:
+                    held_jobs = deliveries.get(ref)
+                    if held_jobs is None:
+                        deliveries[ref] = [effect]
+                    else:
+                        held_jobs.append(effect)
+                    continue
+                elif deliveries and ref in deliveries:  # what this worker gets keeps its order
+                    self._send_deliveries(ref, deliveries.pop(ref))
                 port = ref.port
                 if port.multi_socket:
                     self._send_routed(port, effect)
@@ -615,6 +628,10 @@ class BrokerServer:
                 for ref, msgids in acks.items():
                     self._send_acks(ref, msgids)
                 acks.clear()
+            if deliveries:
+                for ref, held_jobs in deliveries.items():
+                    self._send_deliveries(ref, held_jobs)
+                deliveries.clear()
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
 
@@ -631,6 +648,28 @@ class BrokerServer:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             port.unroutable(ref.identity, self.clock())
+
+    def _send_deliveries(self, peer: Any, effects: list[Any]) -> None:
+        """The jobs of ``effects`` (Deliver) to a worker that takes several per
+        REQUEST, ``peer.batch`` at most per message (eMQP's "batch" extension)."""
+        port = peer.port
+        sock = self.sockets[port]
+        self._touched.add(sock)
+        size = peer.batch
+        for start in range(0, len(effects), size):
+            requests = [port.encode(e) for e in effects[start : start + size]]
+            frames = (
+                F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
+            )
+            try:
+                wire.send(sock, [peer.identity, *frames])
+            except zmq.Again:
+                self.dropped_sends += 1
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                port.unroutable(peer.identity, self.clock())
+                return
 
     def _publish(self, event: Event) -> None:
         """Every port fans the event out to its own subscribers."""

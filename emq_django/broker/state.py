@@ -87,6 +87,9 @@ class Peer:
     # seconds it has to answer each delivery, else the attempt failed (PZQ's ack
     # time-out); 0: no limit
     lease: float = 0.0
+    # the most jobs it takes per message (its port batches deliveries up to this
+    # many, eMQP's "batch" extension); 1: one message per job
+    batch: int = 1
     # ``role`` and ``manager``, worked out once from ``meta`` (which a port fills
     # before the peer joins and nothing changes after): every dispatch reads them
     role: str = field(init=False, default=ROLE_PLAIN)

@@ -367,7 +367,10 @@ class JobManager:
 
     def _answer_for_lost_job(self, slot: int, pid: int, status: int) -> None:
         """Send the REPLY a dead worker process could not: Cancelled, TimeoutError or
-        WorkerLost, with how the process ended (``lost:exit code 1``)."""
+        WorkerLost, with how the process ended (``lost:exit code 1``). First the
+        answers it held back (finished jobs: sent as the process would have, so
+        the broker never gives them to another process), then the lost job's."""
+        self._send_held(slot)
         job = self.table.running(slot)
         if job is None:
             return
@@ -414,6 +417,19 @@ class JobManager:
                 self.recorder.flush()
             except Exception:
                 log.exception("the job recorder failed on lost job %r", attempt_id)
+
+    def _send_held(self, slot: int) -> None:
+        """The REPLYs of the jobs a dead process finished but had not sent (it held
+        them to send several in one message), without the credit they gave back:
+        that credit was the dead process's."""
+        held = self.table.held(slot)
+        if not held:
+            return
+        self.table.release(slot)
+        assert self.link is not None
+        for ref, status, body in held:
+            self.link.send(F.encode_reply(self.link.new_id(), body, ref, F.without_ready(status)))
+        log.info("slot %d: sent %d answers its worker process had finished", slot, len(held))
 
     def _enforce_time_limits(self, now: float) -> None:
         for pid, slot in list(self.children.items()):

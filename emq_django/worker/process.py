@@ -38,6 +38,12 @@ PARTIAL_SEND_WAIT = 1.0
 # Extra credit goes out (READYs) once it is at least 1/READY_BATCH_DIVISOR of what
 # the process wants to hold (at once for a credit under this number).
 READY_BATCH_DIVISOR = 8
+# eMQP's "batch" extension (docs/eventmq-wire.md §7): the most jobs this process
+# takes in one REQUEST, announced in its INFORM; its answers to jobs that run back
+# to back go out together, held at most HOLD_LIMIT seconds (checked between jobs)
+# and never while nothing else waits to run
+BATCH = 32
+HOLD_LIMIT = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,7 @@ class SlotConfig:
     record_batch: int = 2000  # EMQ_RECORD_BATCH: ... or once it holds this many
     record_buffer: int = 50_000  # EMQ_RECORD_BUFFER: kept while the recorder process lags
     incarnation: str = ""  # the job manager's run: tells it apart from an earlier one
+    reply_hold: float = HOLD_LIMIT  # answers held back at most this long (between jobs)
 
 
 class SlotWorker:
@@ -71,6 +78,8 @@ class SlotWorker:
             "slot": config.slot,
             "pid": os.getpid(),
         }
+        if config.prefetch > 1:  # with one job at a time there is nothing to batch
+            meta["batch"] = min(config.prefetch, BATCH)
         self.link = BrokerLink(
             self.context,
             config.broker_url,
@@ -99,6 +108,13 @@ class SlotWorker:
         self.credit = 0
         self._timed_sock: zmq.Socket[Any] | None = None  # the socket whose RCVTIMEO is set
         self._timeout = 0  # ... to this many ms
+        # answers not sent yet, (body, ref, status), also in the slot table
+        self._held: list[tuple[bytes, bytes, bytes]] = []
+        self._held_since = 0.0  # monotonic: when the oldest of them was finished
+        self._queued = 0  # jobs of the REQUEST being run that have not started yet
+        # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
+        # answers and READYs of several credits; until then, the document's only
+        self.batching = False
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -126,6 +142,11 @@ class SlotWorker:
 
     def _on_connect(self) -> None:
         self.credit = 0  # a fresh connection: the broker owes us nothing
+        self.batching = False  # until this broker's ACK says otherwise
+        # answers held for the old connection go out on the new one (the broker
+        # takes them from a peer of the same job manager), without their credit:
+        # that was the old connection's
+        self._send_held(credit=False)
         self._grant(self._wanted())
 
     def _loop(self) -> None:
@@ -136,6 +157,7 @@ class SlotWorker:
             if self.stopping or self.retiring or self.abandoning:
                 break
             self.link.tick()
+        self._send_held()
         self._goodbye()
 
     def _next(self, wait: float) -> list[bytes] | None:
@@ -144,6 +166,14 @@ class SlotWorker:
         by a receive: a job that arrives while the process waits costs one call."""
         sock = self.link.sock
         assert sock is not None
+        if self._held:
+            # answers wait: they go now unless another message is already here
+            # (then they go with the answers to its jobs)
+            if _monotonic() - self._held_since < self.config.reply_hold and wire.readable(sock):
+                frames = wire.recv(sock)
+                self.link.last_recv = time.monotonic()
+                return frames
+            self._send_held()
         timeout = max(int(wait * 1000), 0) + 1
         if sock is not self._timed_sock or timeout != self._timeout:
             sock.setsockopt(zmq.RCVTIMEO, timeout)
@@ -159,7 +189,16 @@ class SlotWorker:
         try:
             # a REQUEST, most likely: its fields without a Request object (a frozen
             # dataclass costs several µs to build); anything else through decode()
-            fields = F.request_fields(frames) if len(frames) == 7 else None
+            n = len(frames)
+            if n == 6 and F.acked_batch(frames):
+                self.batching = True  # the ACK of our INFORM: batches welcome
+                return
+            if n > 7:
+                jobs = F.split_batch(frames)
+                if jobs is not None and frames[2] == F.REQUEST:
+                    self._run_batch(jobs)
+                    return
+            fields = F.request_fields(frames) if n == 7 else None
             if fields is not None:
                 if self.abandoning:
                     self._give_back(frames[3])
@@ -179,7 +218,27 @@ class SlotWorker:
             log.info("the broker said goodbye; connecting again")
             self.link.connect()
 
+    def _run_batch(self, jobs: list[list[bytes]]) -> None:
+        """The jobs of one REQUEST (the "batch" extension), one by one."""
+        self._queued = len(jobs)
+        for frames in jobs:
+            self._queued -= 1
+            try:
+                fields = F.request_fields(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed job from the broker at %s: %s", self.link.url, exc)
+                continue
+            if fields is None:
+                continue
+            if self.abandoning:
+                self._give_back(frames[3])
+            else:
+                self._run(frames[3], fields[0], fields[1], frames[6])
+        self._queued = 0
+
     def _run(self, msgid: bytes, queue: str, h: Headers, body: bytes) -> None:
+        if self._held and _monotonic() - self._held_since >= self.config.reply_hold:
+            self._send_held()
         self.credit -= 1
         started = _monotonic()
         slot = self.config.slot
@@ -204,10 +263,32 @@ class SlotWorker:
         # wake of the socket's I/O thread) after every few jobs.
         give_back = self.credit < wanted or self.credit < self._ceiling(wanted)
         status = outcome.status(ready=give_back)
-        self.link.send(F.encode_reply(self.link.new_id(), outcome.body, msgid, status))
-        # cleared after the REPLY: killed in between, its job manager answers too,
-        # and the broker drops the second answer as stale
-        self.table.clear(slot)
+        if (
+            (self._queued or self._held)
+            and self.batching
+            and not self.abandoning
+            and len(self._held) < BATCH
+            and self.table.hold(slot, msgid, status, outcome.body)
+        ):
+            # more jobs here to run (or answers held already): this answer goes with
+            # theirs; held in the slot table first, so that its job manager sends it
+            # if this process dies
+            if not self._held:
+                self._held_since = _monotonic()
+            self._held.append((outcome.body, msgid, status))
+            self.table.clear(slot)
+            if not self._queued and not (
+                _monotonic() - self._held_since < self.config.reply_hold
+                and self.link.sock is not None
+                and wire.readable(self.link.sock)
+            ):
+                self._send_held()
+        else:
+            self._send_held()
+            self.link.send(F.encode_reply(self.link.new_id(), outcome.body, msgid, status))
+            # cleared after the REPLY: killed in between, its job manager answers too,
+            # and the broker drops the second answer as stale
+            self.table.clear(slot)
         if give_back:
             self.credit += 1
             # more credit than the REPLY returned: READYs, once the shortfall is at
@@ -215,6 +296,24 @@ class SlotWorker:
             deficit = wanted - self.credit
             if deficit > 0 and deficit * READY_BATCH_DIVISOR >= wanted:
                 self._grant(deficit)
+
+    def _send_held(self, credit: bool = True) -> None:
+        """The answers held back, in one REPLY (one alone, or each alone until the
+        broker said it takes several, as the document's); without ``credit``,
+        their ``ready`` flags are dropped."""
+        held = self._held
+        if not held:
+            return
+        if not credit:
+            held = [(body, ref, F.without_ready(status)) for body, ref, status in held]
+        if self.link.sock is not None:
+            if len(held) > 1 and self.batching:
+                self.link.send(F.join_replies(self.link.new_id(), held))
+            else:  # (a new connection's broker has not said it takes several yet)
+                for body, ref, status in held:
+                    self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
+        self._held = []
+        self.table.release(self.config.slot)
 
     def _send_partial(self, attempt_id: bytes, body: bytes, seq: int) -> None:
         """PARTIAL to the broker now, without blocking while the socket has room."""
@@ -257,6 +356,7 @@ class SlotWorker:
 
     def _give_back(self, msgid: bytes) -> None:
         """A job this process will not start: back to the broker, uncounted."""
+        self._send_held()
         self.credit -= 1
         self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, F.REQUEUE_STATUS))
 
@@ -348,9 +448,15 @@ class SlotWorker:
         return self.retiring
 
     def _grant(self, count: int) -> None:
-        """Send ``count`` READYs: one credit each."""
-        for _ in range(count):
-            self.link.send(F.encode_ready(self.link.new_id()))
+        """Send ``count`` READYs: one credit each (one READY naming the count when
+        the broker takes several per READY)."""
+        if count > 1 and self.batching:
+            for start in range(0, count, F.MAX_READY_COUNT):
+                n = min(count - start, F.MAX_READY_COUNT)
+                self.link.send(F.encode_readies(self.link.new_id(), n))
+        else:
+            for _ in range(count):
+                self.link.send(F.encode_ready(self.link.new_id()))
         self.credit += max(count, 0)
 
     def _goodbye(self) -> None:
@@ -363,6 +469,7 @@ class SlotWorker:
                     self._give_back(cmd.msgid)
                 else:
                     self._run(cmd.msgid, cmd.queue, cmd.headers, cmd.body)
+        self._send_held()
 
 
 class _PartialSender:

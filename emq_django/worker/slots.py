@@ -4,7 +4,10 @@ The job manager reads it to enforce time limits and to answer for a worker
 process that died mid-job (with the job's task and queue, for the history),
 without a message per job between the processes. It also marks a job cancelled
 there, so that a worker process whose job returns during the kill grace reports
-it cancelled, not succeeded.
+it cancelled, not succeeded. And a process that holds the REPLYs of finished jobs
+back to send several in one message (eMQP's "batch" extension) keeps them here
+until they leave, so that its job manager sends them if the process dies first:
+a job that ran is never run again for want of its answer.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ _FLAGS = _HEADER.size - 1  # offset of the flags byte
 GUARANTEED = 1
 _IDLE = _HEADER.pack(0.0, 0.0, 0, 0, 0, 0, 0, 0)  # a cleared slot's header
 CANCELLED = 2
+# answers held back per slot: (used bytes) then (ref, status, body lengths, the three)
+HELD_SIZE = 16384
+_USED = struct.Struct("=I")
+_ANSWER = struct.Struct("=HHI")
 
 
 class Running(NamedTuple):
@@ -44,6 +51,7 @@ class SlotTable:
     def __init__(self, count: int) -> None:
         self.count = count
         self._mem = mmap.mmap(-1, SLOT_SIZE * max(count, 1))  # shared with forked children
+        self._held = mmap.mmap(-1, HELD_SIZE * max(count, 1))
         self._names: dict[tuple[str, str], tuple[bytes, int, int]] = {}
 
     def start(
@@ -93,6 +101,42 @@ class SlotTable:
     def clear(self, slot: int) -> None:
         base = slot * SLOT_SIZE
         self._mem[base : base + _HEADER.size] = _IDLE
+
+    def hold(self, slot: int, ref: bytes, status: bytes, body: bytes) -> bool:
+        """Keep an answer the slot's process has not sent yet; False (nothing kept)
+        when it does not fit: the process sends it, and what it holds, now."""
+        base = slot * HELD_SIZE
+        mem = self._held
+        (used,) = _USED.unpack_from(mem, base)
+        start = base + _USED.size + used
+        size = _ANSWER.size + len(ref) + len(status) + len(body)
+        if _USED.size + used + size > HELD_SIZE:
+            return False
+        _ANSWER.pack_into(mem, start, len(ref), len(status), len(body))
+        data = start + _ANSWER.size
+        mem[data : data + size - _ANSWER.size] = ref + status + body
+        _USED.pack_into(mem, base, used + size)  # last: a half-written one is not there
+        return True
+
+    def release(self, slot: int) -> None:
+        """The held answers left (or were given up)."""
+        _USED.pack_into(self._held, slot * HELD_SIZE, 0)
+
+    def held(self, slot: int) -> list[tuple[bytes, bytes, bytes]]:
+        """The answers the slot's process holds, (ref, status, body), oldest first."""
+        base = slot * HELD_SIZE
+        mem = self._held
+        (used,) = _USED.unpack_from(mem, base)
+        out = []
+        at = base + _USED.size
+        end = at + min(used, HELD_SIZE - _USED.size)
+        while at + _ANSWER.size <= end:
+            n_ref, n_status, n_body = _ANSWER.unpack_from(mem, at)
+            at += _ANSWER.size
+            raw = bytes(mem[at : at + n_ref + n_status + n_body])
+            at += n_ref + n_status + n_body
+            out.append((raw[:n_ref], raw[n_ref : n_ref + n_status], raw[n_ref + n_status :]))
+        return out
 
     def mark_cancelled(self, slot: int) -> None:
         base = slot * SLOT_SIZE

@@ -3,7 +3,9 @@
 EventMQ's job managers (one connection each) and ours (a control connection plus
 one per worker process) INFORM here, give credit with READY (or with a REPLY
 flagged ``ready``), run REQUESTs and answer with REPLY. Only our job managers'
-control connections ever receive KILL (an extension, docs/eventmq-wire.md).
+control connections ever receive KILL, and only our worker processes, which
+ask for it, get several jobs per REQUEST and answer several per REPLY
+(extensions, docs/eventmq-wire.md §7).
 """
 
 from __future__ import annotations
@@ -99,6 +101,28 @@ class EmqpWorkerPort(Port):
                     peer.last_seen = now
                     self.core.worker_ready(peer, now)
                     return None
+        elif n == 5 and frames[2] == F.READY and not frames[0] and frames[1] == F.PROTOCOL:
+            # a READY giving several credits (the "batch" extension), from a peer
+            # that announced it; from anybody else it is malformed (decode says so)
+            peer = self.peers.get(identity)
+            if peer is not None and peer.batch > 1 and not peer.gone:
+                count = F.ready_count(frames[4])
+                if count and 0 < len(frames[3]) <= F.MAX_ID_LENGTH:
+                    peer.last_seen = now
+                    self.core.worker_credit(peer, count, now)
+                    return None
+        elif n > 7 and frames[2] == F.REPLY:
+            # several answers in one REPLY (the "batch" extension), from a peer that
+            # announced it: each one as if it came alone
+            peer = self.peers.get(identity)
+            answers = F.split_batch(frames) if peer is not None and peer.batch > 1 else None
+            if answers is not None and all(
+                len(a[6]) <= F.MAX_STATUS_LENGTH and 0 < len(a[5]) <= F.MAX_ID_LENGTH
+                for a in answers
+            ):
+                for answer in answers:
+                    self.handle(identity, answer, now)
+                return None
         try:
             cmd = F.decode(frames)
             handler = _HANDLERS.get(type(cmd))
@@ -132,6 +156,7 @@ class EmqpWorkerPort(Port):
             self.core.worker_gone(old, now, "sent INFORM again")
         queues = cmd.queues or DEFAULT_QUEUES
         peer = Peer(identity, cmd.peer_type, queues, now, cmd.meta, connected_at=now, port=self)
+        peer.batch = F.batch_of(cmd.meta)  # several jobs per REQUEST, answers per REPLY
         self.peers[identity] = peer
         self.core.worker_join(peer, now, ClientRef(self, identity), cmd.msgid)
 
@@ -175,7 +200,11 @@ class EmqpWorkerPort(Port):
         if kind is Beat:
             return F.encode_heartbeat(self.new_id(), e.wall)
         if kind is Acknowledge:
-            return F.encode_ack(self.new_id(), e.msgid)
+            frames = F.encode_ack(self.new_id(), e.msgid)
+            peer = self.peers.get(e.client.identity)
+            if peer is not None and peer.batch > 1:
+                frames.append(F.batch_ack_frame(peer.batch))  # its INFORM's: batches welcome
+            return frames
         if kind is Goodbye:
             return F.Kbye(self.new_id()).encode()
         if kind is Kill:
