@@ -41,9 +41,13 @@ READY_BATCH_DIVISOR = 8
 # eMQP's "batch" extension (docs/eventmq-wire.md §7): the most jobs this process
 # takes in one REQUEST, announced in its INFORM; its answers to jobs that run back
 # to back go out together, held at most HOLD_LIMIT seconds (checked between jobs)
-# and never while nothing else waits to run
+# and never while nothing else waits to run; held across the next job only when
+# that job's task last ran in under HOLD_LIMIT (a slow or new task would keep them
+# for its whole run: they go before it starts)
 BATCH = 32
 HOLD_LIMIT = 0.002
+LAST_RUN_TASKS = 1024
+_NEVER_RAN = float("inf")  # tasks whose last run time is kept (then forgotten, all at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,7 @@ class SlotWorker:
         # answers not sent yet, (body, ref, status), also in the slot table
         self._held: list[tuple[bytes, bytes, bytes]] = []
         self._held_since = 0.0  # monotonic: when the oldest of them was finished
+        self._last_run: dict[str | None, float] = {}  # task -> its last run, seconds
         self._queued = 0  # jobs of the REQUEST being run that have not started yet
         # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
         # answers and READYs of several credits; until then, the document's only
@@ -237,8 +242,11 @@ class SlotWorker:
         self._queued = 0
 
     def _run(self, msgid: bytes, queue: str, h: Headers, body: bytes) -> None:
-        if self._held and _monotonic() - self._held_since >= self.config.reply_hold:
-            self._send_held()
+        if self._held and (
+            _monotonic() - self._held_since >= self.config.reply_hold
+            or self._last_run.get(h.task or None, _NEVER_RAN) >= self.config.reply_hold
+        ):
+            self._send_held()  # this job may take long: the answers held go first
         self.credit -= 1
         started = _monotonic()
         slot = self.config.slot
@@ -251,6 +259,11 @@ class SlotWorker:
         if h.timeout or self.table.cancelled(slot):
             outcome = self._overruled(outcome, elapsed, h.timeout)
         self.policy.observe(elapsed)
+        last_run = self._last_run
+        if h.task:  # (a job without a task header, EventMQ's, is never known fast)
+            if len(last_run) >= LAST_RUN_TASKS and h.task not in last_run:
+                last_run.clear()
+            last_run[h.task] = elapsed
         if self.recorder is not None:
             self._record(msgid, queue, h, body, outcome, elapsed)
         wanted = self._wanted()

@@ -368,7 +368,9 @@ def test_publish_and_subscribe_refused_say_why(
     assert stack.status()["topics"]["last_seq"] == 0  # nothing got in
 
 
-def test_publish_and_subscribe_with_curve(stack: CurveStack, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_and_subscribe_with_curve(
+    stack: CurveStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     as_process(stack, monkeypatch, stack.key_env("bus"))  # publisher,subscriber
     try:
         with pubsub.subscribe("/secure/", since=0) as sub:

@@ -24,6 +24,7 @@ from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.server import BrokerServer
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
+from emq_django.protocol.headers import format_headers
 from emq_django.worker.slots import SlotTable
 from tests.conftest import private_broker_settings
 
@@ -38,6 +39,12 @@ def add(a: int, b: int) -> int:
 
 @emq.task(queue="batch")
 def nap(seconds: float) -> str:
+    time.sleep(seconds)
+    return "rested"
+
+
+@emq.task(queue="batch")
+def nap2(seconds: float) -> str:
     time.sleep(seconds)
     return "rested"
 
@@ -199,14 +206,22 @@ def test_a_reply_of_several_from_a_worker_that_did_not_ask_is_refused(
 
 
 def job(msgid: bytes, name: str, *args: Any) -> list[bytes]:
+    """A REQUEST as our client sends it (with the task's name in its headers)."""
     body = encode_run_body(__name__, name, args)
-    return F.encode_request(msgid, b"batch", b"reply-requested", body)
+    headers = format_headers(reply_requested=True, task=f"{__name__}.{name}")
+    return F.encode_request(msgid, b"batch", headers, body)
 
 
 class FakeBroker:
     """A ROUTER in the test's process, and a real SlotWorker forked to it."""
 
-    def __init__(self, table: SlotTable, prefetch: int = 8, acks_batch: bool = True) -> None:
+    def __init__(
+        self,
+        table: SlotTable,
+        prefetch: int = 8,
+        acks_batch: bool = True,
+        reply_hold: float = 60.0,  # no timing in the tests: held answers wait for the batch
+    ) -> None:
         from emq_django.worker.process import SlotConfig, SlotWorker
 
         self.ctx: zmq.Context[Any] = zmq.Context()
@@ -222,7 +237,7 @@ class FakeBroker:
             heartbeat_interval=1.0,
             heartbeat_liveness=5,
             prefetch=prefetch,
-            reply_hold=60.0,  # no timing in the tests: held answers wait for the batch
+            reply_hold=reply_hold,
         )
         self.pid = os.fork()
         if self.pid == 0:
@@ -354,13 +369,16 @@ def test_a_lone_job_is_answered_at_once_with_the_documents_reply(broker: FakeBro
 def test_answers_held_while_a_job_runs_are_in_the_slot_table(
     broker: FakeBroker, table: SlotTable
 ) -> None:
-    """The answers to the jobs before a long one wait for it (they go in one
-    message), and meanwhile the slot table holds them, so that the job manager
-    can send them if the process dies; killed, its job manager sends them without
-    the credit, before the lost job's answer."""
+    """The answers to the jobs before one whose task ran fast last time wait for it
+    (they go in one message); when that job takes long after all, the slot table
+    holds them meanwhile, so that the job manager can send them if the process
+    dies; killed, its job manager sends them without the credit, before the lost
+    job's answer."""
     from emq_django.link import BrokerLink
     from emq_django.worker.jobmanager import JobManager, JobManagerConfig
 
+    broker.send(job(b"n#0", "nap", 0))  # nap's last run: fast
+    assert broker.recv()[5] == b"n#0"
     jobs = [job(b"a#1", "add", 1, 1), job(b"b#1", "add", 2, 2), job(b"n#1", "nap", 60)]
     broker.send(F.join_requests(jobs[0], jobs[1:]))
     deadline = time.monotonic() + WAIT_MS / 1000
@@ -399,6 +417,35 @@ def test_answers_held_while_a_job_runs_are_in_the_slot_table(
     assert [json.loads(m[4])["value"] for m in got[:2]] == [2, 4]
     assert F.reply_lost(got[2][6]) is not None
     assert not table.held(0)
+
+
+def test_answers_go_before_a_job_of_a_task_not_known_to_be_fast(
+    table: SlotTable, unblocked: None
+) -> None:
+    """A job of a task that never ran here (or ran slower than the hold limit last
+    time) may take long: the answers held go before it starts, not after it."""
+    from emq_django.worker.process import HOLD_LIMIT
+
+    broker = FakeBroker(table, reply_hold=HOLD_LIMIT)
+    try:
+        broker.wait_connected()
+        _answers_go_first(broker)
+    finally:
+        broker.close()
+
+
+def _answers_go_first(broker: FakeBroker) -> None:
+    broker.send(job(b"n#0", "nap", 0.3))  # nap's last run: 0.3 s, slow
+    assert broker.recv()[5] == b"n#0"
+    for first, slow in ((b"a#1", "nap"), (b"b#1", "never")):
+        if slow == "never":  # a task this process has not run yet
+            jobs = [job(first, "add", 1, 1), job(b"s#1", "nap2", 0.3)]
+        else:
+            jobs = [job(first, "add", 1, 1), job(b"s#1", "nap", 0.3)]
+        broker.send(F.join_requests(jobs[0], jobs[1:]))
+        reply = broker.recv()
+        assert [ref for _, ref, _ in answers_of(reply)] == [first]  # alone, at once
+        assert [ref for _, ref, _ in answers_of(broker.recv())] == [b"s#1"]
 
 
 def test_the_slot_table_keeps_held_answers_until_released() -> None:
