@@ -637,39 +637,37 @@ class BrokerServer:
 
     def _send_acks(self, ref: Any, msgids: list[bytes]) -> None:
         """One ACK naming ``msgids`` to a client that reads several per ACK."""
-        port = ref.port
-        sock = self.sockets[port]
-        self._touched.add(sock)
-        try:
-            wire.send(sock, [ref.identity, *port.encode_acks(msgids, ref.packed)])
-        except zmq.Again:
-            self.dropped_sends += 1
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            port.unroutable(ref.identity, self.clock())
+        self._send_to(ref.port, ref.identity, ref.port.encode_acks(msgids, ref.packed))
 
     def _send_deliveries(self, peer: Any, effects: list[Any]) -> None:
         """The jobs of ``effects`` (Deliver) to a worker that takes several per
         REQUEST, ``peer.batch`` at most per message (eMQP's "batch" extension)."""
         port = peer.port
-        sock = self.sockets[port]
-        self._touched.add(sock)
         size = peer.batch
         for start in range(0, len(effects), size):
             requests = [port.encode(e) for e in effects[start : start + size]]
             frames = (
                 F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
             )
-            try:
-                wire.send(sock, [peer.identity, *frames])
-            except zmq.Again:
-                self.dropped_sends += 1
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-                port.unroutable(peer.identity, self.clock())
+            if not self._send_to(port, peer.identity, frames):
                 return
+
+    def _send_to(self, port: Port, identity: bytes, frames: list[bytes]) -> bool:
+        """One message to ``identity`` on ``port``'s socket; a peer that is not
+        reading loses it (counted), an unroutable one is reported to the port.
+        False: the peer is gone."""
+        sock = self.sockets[port]
+        self._touched.add(sock)
+        try:
+            wire.send(sock, [identity, *frames])
+        except zmq.Again:
+            self.dropped_sends += 1
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            port.unroutable(identity, self.clock())
+            return False
+        return True
 
     def _publish(self, event: Event) -> None:
         """Every port fans the event out to its own subscribers."""
