@@ -241,7 +241,7 @@ def test_worker_deaths_inside_coalesced_and_batched_bursts_lose_nothing(
     time.sleep(3.0)  # more than a retry delay and the heartbeat expiry
     assert {key: len(runs(env, key)) for key, _ in deaths} == {key: 1 for key, _ in deaths}
     assert all(p.alive() for p in procs)
-    counters = monitor(env)["counters"]  # type: ignore[index]
+    counters = monitor(env)["counters"]
     assert counters["succeeded"] >= len(handles) + 1
     assert tasks.add.delay(2, 2).get(timeout=30) == 4
 
