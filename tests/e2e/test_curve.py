@@ -69,13 +69,25 @@ class CurveStack:
             "EMQ_CURVE_SERVER_KEY": str(self.keys_dir / "broker.key"),
         }
 
-    def monitor(self, request: bytes, key: str | None = "ops", timeout: float = 3.0) -> bytes:
+    def monitor(self, request: bytes, key: str | None = "ops", timeout: float = 10.0) -> bytes:
         keys = self.keys(key) if key else None
         return query(self.env["EMQ_MONITOR_URL"], request, timeout, curve=keys)
 
     def status(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.monitor(b"MONITOR JSON"))
         return doc
+
+
+@pytest.fixture(autouse=True)
+def settings_of_this_process_after() -> Iterator[None]:
+    """Set up before ``monkeypatch`` (autouse), so torn down after it has put the
+    environment back: the cached settings and the client are dropped then, never
+    kept with a test's CURVE keys and the stack's ports for the next test (a
+    reset made inside the test, before monkeypatch's undo, could be re-cached
+    from the test's environment by anything reading the settings in between)."""
+    yield
+    reset_client()
+    reset_cached_settings()
 
 
 def manage(env: dict[str, str], *args: str) -> str:
