@@ -124,6 +124,10 @@ def test_garbage_requests_are_counted_drops_and_no_accepted_job_is_lost(broker: 
     got, errors, _ = acked(client, set(before + after) | named)
     assert got == set(before + after)
     assert {e.ref_msgid for e in errors} == named  # a malformed one naming a msgid is answered
+    by_msgid = {e.ref_msgid: e for e in errors}
+    for msgid in (b"g-5", b"g-6"):  # a REQUESTS of the wrong length is malformed, and says so
+        assert by_msgid[msgid].code == "malformed", by_msgid[msgid]
+        assert "REQUESTS needs 5 frames" in by_msgid[msgid].reason, by_msgid[msgid]
     wait_until(
         lambda: broker.status()["counters"]["protocol_errors"] == len(GARBAGE),
         "protocol_errors to count every garbage message",

@@ -74,7 +74,7 @@ class EmqpClientPort(Port):
                     msgid = frames[3]
                     self.core.client_request(ref, msgid, fields[0], fields[1], frames[6], now)
                     return None
-            if len(frames) == 5 and frames[2] == REQUESTS:
+            if len(frames) > 2 and frames[2] == REQUESTS:  # decode_jobs checks the rest
                 self._requests(identity, frames, now)
                 return None
             cmd = F.decode(frames)
