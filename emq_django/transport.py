@@ -174,18 +174,24 @@ class HandshakeWatch:
         self.sock.monitor(address, events)
         pair: Socket = self.sock.context.socket(zmq.PAIR)
         pair.linger = 0
+        # no high-water mark on the events' pipe (inproc: the sum of both ends'; 0
+        # here makes it unbounded): libzmq sends monitor events blocking, from the
+        # I/O thread, so a full pipe would stop that thread, and every socket of the
+        # context with it, until someone reads. Events left unread cost memory
+        # instead (tens of bytes each; the owner reads them on its next ``check()``)
+        pair.rcvhwm = 0
         pair.connect(address)
         return pair
 
     def _stop_retries(self) -> None:
         """Watch handshakes only, from now on (with a new ``pair``: only for a watch
-        whose owner does not poll ``pair`` itself, as the publisher's). libzmq sends
-        monitor events blocking: once about 2,000 wait unread (CONNECT_RETRIED
-        comes every reconnect interval, 100 ms, while nobody listens), the I/O
-        thread of the socket's context stops for good, and every socket of that
-        context with it. A publisher's socket may go unread for long (its thread
-        idle or gone, its broker stopped), so once a handshake succeeded or nobody
-        was found listening, its watch no longer asks for retries."""
+        whose owner does not poll ``pair`` itself, as the publisher's).
+        CONNECT_RETRIED comes every reconnect interval, 100 ms, while nobody
+        listens, and a publisher's socket may go unread for long (its thread idle
+        or gone, its broker stopped): unread, they would pile up in ``pair``
+        (unbounded, see ``_monitor``; with a bound, about 2,000 of them stopped the
+        context's I/O thread for good). So once a handshake succeeded or nobody was
+        found listening, its watch no longer asks for retries."""
         old = self.pair
         self.events &= ~CONNECT_RETRIED
         self.pair = self._monitor(self.events)  # replaces the old monitor

@@ -10,7 +10,9 @@ the ZAP handler, which knows the key.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections import Counter
 from typing import Any
 
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 LOG_BUDGET = 100
+_ids = itertools.count()
 
 
 class HandshakeWatch(SocketThread):
@@ -36,7 +39,16 @@ class HandshakeWatch(SocketThread):
 
     def watch(self, sock: zmq.Socket[Any], name: str) -> None:
         """Watch ``sock`` (before the thread starts; from the socket's thread)."""
-        self._monitors[sock.get_monitor_socket(EVENTS)] = name
+        address = f"inproc://emq-handshake-failures-{os.getpid()}-{next(_ids)}"
+        sock.monitor(address, EVENTS)
+        pair: zmq.Socket[Any] = sock.context.socket(zmq.PAIR)
+        pair.linger = 0
+        # unbounded (transport.HandshakeWatch._monitor says why): a flood of failed
+        # handshakes faster than this thread reads must never stop the broker's I/O
+        # thread, which libzmq's blocking monitor sends would at the high-water mark
+        pair.rcvhwm = 0
+        pair.connect(address)
+        self._monitors[pair] = name
 
     def start(self) -> None:
         self._start(list(self._monitors))

@@ -1,12 +1,14 @@
 """A watched socket whose broker is gone never stops its context's I/O thread.
 
-libzmq sends socket-monitor events blocking: about 2,000 unread events stop the
+libzmq sends socket-monitor events blocking: about 2,000 unread events stopped the
 I/O thread of the socket's context for good (found when the publisher's context
 froze in a full test run: every later ``emq.publish`` of the process went
 nowhere). The publisher's watch asks for CONNECT_RETRIED, which comes every
 reconnect interval while nobody listens, so once the outcome it wants is known
 (a handshake succeeded, or nobody listens) it stops asking. Here the reconnect
-interval is 1 ms, so those 2,000 events would come within a few seconds."""
+interval is 1 ms, so those 2,000 events would come within a few seconds. Since
+then the watch's pipe has no high-water mark either, which also covers events
+that never stop coming (a handshake failing on every reconnect)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 import zmq
 
 from emq_django import transport
+from emq_django.exceptions import HandshakeRefused
 from tests.conftest import free_tcp_port
 
 RETRIES_WINDOW = 5.0  # seconds of 1 ms reconnects: well past 2,000 events
@@ -80,3 +83,39 @@ def test_broker_gone_after_a_handshake_then_left_unread(context: zmq.Context[Any
     assert io_thread_works(context), "the context's I/O thread stopped"
     sock.close(linger=0)
     watch.close()
+
+
+def test_handshakes_failing_in_a_loop_left_unread() -> None:
+    """A watch that asks for handshake events only, never read, while every
+    reconnect's handshake fails without a reason (a wrong server key: the broker
+    cannot read our HELLO and closes): one event per reconnect, with no end. The
+    watch's pipe has no high-water mark, so they queue instead of stopping the
+    I/O thread (the owner reads them on its next ``check()``)."""
+    server_ctx: zmq.Context[Any] = zmq.Context()
+    client_ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        server_public, server_secret = zmq.curve_keypair()
+        router = server_ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        router.curve_server = True
+        router.curve_secretkey = server_secret
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        public, secret = zmq.curve_keypair()
+        sock = client_ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.reconnect_ivl = 1
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.curve_serverkey = zmq.curve_keypair()[0]  # not the server's
+        watch = transport.HandshakeWatch(sock, f"tcp://127.0.0.1:{port}", None)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(RETRIES_WINDOW)  # nobody reads the watch meanwhile
+        assert io_thread_works(client_ctx), "the context's I/O thread stopped"
+        with pytest.raises(HandshakeRefused) as refused:  # what waits is read, and says why
+            watch.check()
+        assert refused.value.kind == "no-detail", refused.value
+        sock.close(linger=0)
+        watch.close()
+        router.close(linger=0)
+    finally:
+        client_ctx.destroy(linger=0)
+        server_ctx.destroy(linger=0)
