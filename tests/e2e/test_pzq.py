@@ -212,6 +212,11 @@ def test_restart_after_kill_delivers_unacked_messages_again(
             consumer.ack(d)
             acked.add(d.body[0])
     wait_until(lambda: monitor(emq_env)["counters"]["succeeded"] == 10, "10 acks")
+    # the monitor answers as it reads, and the loop turn that counted the last ack
+    # commits it to the journal at the turn's end: a reply in that same turn may
+    # leave first (a kill -9 then, on a loaded machine, lost the acks). A second
+    # question is read in a later turn, so its answer means the acks are on disk.
+    monitor(emq_env)
     emq_processes.send_signal(broker, signal.SIGKILL)
     emq_processes.wait_for_exit(broker)
     start_pzq_broker(emq_processes, emq_env, name="broker-2")
