@@ -8,6 +8,7 @@ when a test fails the tail of each process's log is added to its report.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,14 +26,39 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 
 
+# Test ports come from below the kernel's ephemeral range (32768-60999 here): a port
+# the kernel hands out for bind(port 0) is also one it may give any outgoing
+# connection as its source port, between our check and the broker's bind (seen:
+# "cannot bind ...: Address already in use" with other sessions' tests running).
+# Left out: the product's defaults and the benchmark peers' ports in this range.
+TEST_PORTS = range(20000, 32000)
+TAKEN_PORTS = frozenset({25672})  # RabbitMQ's inter-node port
+_handed_out: set[int] = set()  # this run's, never handed out twice
+_port_rng = random.Random(int.from_bytes(os.urandom(8), "big"))  # runs side by side differ
+
+
 def free_tcp_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the kernel hands out for `host`; all held at once, so they are distinct."""
-    sockets = []
+    """Distinct loopback ports free now, outside the ephemeral range, none handed
+    out before in this run: each is checked with a bind (all held at once)."""
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for _ in range(100 * count):
+            if len(sockets) == count:
+                break
+            if len(_handed_out) > len(TEST_PORTS) // 2:
+                _handed_out.clear()  # a very long run: start over
+            port = _port_rng.choice(TEST_PORTS)
+            if port in _handed_out or port in TAKEN_PORTS:
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
             sockets.append(s)
+            _handed_out.add(port)
+        assert len(sockets) == count, f"found {len(sockets)} of {count} free test ports"
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
