@@ -78,6 +78,9 @@ COUNTERS = (
     "requeued",
     "protocol_errors",
     "stale_replies",
+    # answers our job manager sent again for a worker process that died, which the
+    # broker had already (or had stopped waiting for): dropped
+    "stale_resends",
     "unknown_peer",
     "peers_expired",
     "unroutable",
@@ -480,7 +483,10 @@ class BrokerCore:
         """How the attempt ``attempt_id`` ended, from ``peer``."""
         job = self.inflight.get(attempt_id)
         if job is None or (job.peer is not peer and not self._may_answer(peer, job)):
-            self.counters["stale_replies"] += 1
+            if peer.role == ROLE_MANAGER and outcome.lost is None:
+                self.counters["stale_resends"] += 1
+            else:
+                self.counters["stale_replies"] += 1
         elif outcome.requeue:
             # a worker process that is going away gives back a job it never started
             del self.inflight[attempt_id]
