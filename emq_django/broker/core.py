@@ -911,7 +911,7 @@ class BrokerCore:
         if job.manager is not None:
             self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
         self.counters["worker_lost"] += 1
-        log.warning("job %s: %s mid-job", show_identity(job.id), detail)
+        log.warning("job %s: %s", show_identity(job.id), message or f"{detail} mid-job")
         outcome = Outcome(failed=True, error=WORKER_LOST, lost=detail)
         if self.life.settle(job, outcome, now):
             body = encode_failure(WORKER_LOST, message or f"the job's {detail} mid-job", "")
