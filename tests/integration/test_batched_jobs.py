@@ -464,3 +464,21 @@ def test_the_slot_table_keeps_held_answers_until_released() -> None:
     assert len(table.held(1)) == 2
     table.release(1)
     assert table.held(1) == []
+
+
+def test_the_slot_table_keeps_the_answers_sent_last() -> None:
+    """A ring of the last answers each process sent (a message in its socket's
+    queue dies with it): the newest ``recent - 1``, oldest first, those sent since a
+    time; a body too large for its record is not kept, its job's id is."""
+    from emq_django.worker.slots import RECENT_RECORD
+
+    table = SlotTable(2, recent=4)
+    for n in range(6):
+        table.sent(1, b"a#%d" % n, b"ok,ready", b'{"value": %d}' % n, 10.0 + n)
+    assert table.recent(0) == []
+    assert table.recent(1) == [(b"a#%d" % n, b"ok,ready", b'{"value": %d}' % n) for n in (3, 4, 5)]
+    assert [ref for ref, _, _ in table.recent(1, since=14.0)] == [b"a#4", b"a#5"]
+    table.sent(1, b"big#1", b"ok", b"x" * RECENT_RECORD, 20.0)
+    assert table.recent(1)[-1] == (b"big#1", b"ok", None)
+    table.forget_recent(1)
+    assert table.recent(1) == []
