@@ -450,8 +450,8 @@ class JobManager:
             if body is None:  # too large to keep: the job ran, its answer is lost
                 body = encode_failure(
                     WORKER_LOST,
-                    "the job ran, but its worker process died before its answer (too "
-                    "large to keep) surely reached the broker",
+                    "the job ran, but its worker process died, maybe before its answer "
+                    "reached the broker (an answer this large is not kept to send again)",
                     "",
                 )
                 status = F.status_frame(True, WORKER_LOST)

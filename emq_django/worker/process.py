@@ -299,8 +299,8 @@ class SlotWorker:
         else:
             self._send_held()
             # kept before it leaves (it may die in the socket's queue with this
-            # process); cleared after: killed in between, its job manager sends
-            # this answer, then a lost one, which the broker drops as stale
+            # process) and cleared after: killed in between, its job manager sends
+            # this answer again, not a lost one
             self.table.sent(slot, msgid, status, outcome.body, _monotonic())
             self.link.send(F.encode_reply(self.link.new_id(), outcome.body, msgid, status))
             self.table.clear(slot)
