@@ -163,13 +163,11 @@ class SlotTable:
         mem = self._recent
         (n,) = _COUNT.unpack_from(mem, base)
         start = base + _COUNT.size + (n % self.recent_count) * RECENT_RECORD
-        data = start + _RECENT.size
         if len(body) > RECENT_RECORD - _RECENT.size - len(ref) - len(status):
-            _RECENT.pack_into(mem, start, at, len(ref), len(status), NOT_KEPT)
-            mem[data : data + len(ref) + len(status)] = ref + status
+            record = _RECENT.pack(at, len(ref), len(status), NOT_KEPT) + ref + status
         else:
-            _RECENT.pack_into(mem, start, at, len(ref), len(status), len(body))
-            mem[data : data + len(ref) + len(status) + len(body)] = ref + status + body
+            record = _RECENT.pack(at, len(ref), len(status), len(body)) + ref + status + body
+        mem[start : start + len(record)] = record
         _COUNT.pack_into(mem, base, n + 1)  # last: a half-written record is not counted
 
     def recent(self, slot: int, since: float = 0.0) -> list[tuple[bytes, bytes, bytes | None]]:
