@@ -301,7 +301,7 @@ class SlotWorker:
             # kept before it leaves (it may die in the socket's queue with this
             # process) and cleared after: killed in between, its job manager sends
             # this answer again, not a lost one
-            self.table.sent(slot, msgid, status, outcome.body, _monotonic())
+            self.table.sent(slot, msgid, status, outcome.body, started + elapsed)
             self.link.send(F.encode_reply(self.link.new_id(), outcome.body, msgid, status))
             self.table.clear(slot)
         if give_back:
