@@ -37,6 +37,7 @@ from emq_django.broker.state import (
     ROLE_PLAIN,
     ROLE_SLOT,
     BrokerConfig,
+    HeldSlot,
     Job,
     Peer,
     Queue,
@@ -77,6 +78,9 @@ COUNTERS = (
     "requeued",
     "protocol_errors",
     "stale_replies",
+    # answers our job manager sent again for a worker process that died, which the
+    # broker had already (or had stopped waiting for): dropped
+    "stale_resends",
     "unknown_peer",
     "peers_expired",
     "unroutable",
@@ -117,9 +121,11 @@ class BrokerCore:
         self.inflight: dict[bytes, Job] = {}  # attempt id -> job
         # (deadline, attempt id) of deliveries to peers with a lease, soonest first
         self.leases: list[tuple[float, bytes]] = []
-        # attempts whose worker process is gone, held under its job manager until
-        # it says how the process ended (or until this deadline)
-        self.held: dict[bytes, float] = {}
+        # the attempts of our worker processes that are gone, held under their job
+        # manager until it says which ran (or until the group's deadline): attempt
+        # id -> its group, and the groups by the process they were in flight at
+        self.held: dict[bytes, HeldSlot] = {}
+        self.held_slots: dict[Peer, HeldSlot] = {}
         self.done_by_manager: dict[str, int] = {}  # Peer.manager -> attempts finished
         self.held_schedules: list[Any] = []  # schedule payloads waiting for a scheduler
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -158,7 +164,7 @@ class BrokerCore:
             # a quarter interval: a dead peer is noticed within liveness + 1/4 intervals
             self.next_expiry_check = now + self.config.heartbeat_interval / 4
             self._expire_peers(now)
-            if self.held:
+            if self.held_slots:
                 self._expire_held(now)
         if now >= self.life.delayed.next_due():
             for job in self.life.due(now):
@@ -220,6 +226,7 @@ class BrokerCore:
         self.life.compact()
         self.inflight = dict(self.inflight)
         self.held = dict(self.held)
+        self.held_slots = dict(self.held_slots)
         for peer in self.peers:
             peer.inflight = dict(peer.inflight)
 
@@ -476,29 +483,32 @@ class BrokerCore:
         """How the attempt ``attempt_id`` ended, from ``peer``."""
         job = self.inflight.get(attempt_id)
         if job is None or (job.peer is not peer and not self._may_answer(peer, job)):
-            self.counters["stale_replies"] += 1
+            if peer.role == ROLE_MANAGER and outcome.lost is None:
+                self.counters["stale_resends"] += 1
+            else:
+                self.counters["stale_replies"] += 1
         elif outcome.requeue:
             # a worker process that is going away gives back a job it never started
             del self.inflight[attempt_id]
+            if self.held:
+                self._unhold(attempt_id)
             self._release(job)
             self._requeue(job, now)
         else:
             del self.inflight[attempt_id]
-            if self.held:
-                self.held.pop(attempt_id, None)
+            group = self._unhold(attempt_id) if self.held else None
             owner = self._finish(job, now)
             if outcome.lost is not None:
                 self.counters["worker_lost"] += 1
             final = self.life.settle(job, outcome, now)
-            if (
-                outcome.lost is not None
-                and owner is not None
-                and owner is not peer
-                and owner.role == ROLE_SLOT
-            ):
-                # its job manager says the process is gone: the slot's other jobs
+            if outcome.lost is not None:
+                # its job manager says the process is gone and this was the job it
+                # ran, after the answers of the jobs it had finished: its other jobs
                 # never started, and go back to their queue without counting
-                self._drop_peer(owner, now, "lost its worker process", verdict=True)
+                if group is not None:
+                    self._release_held(group, now)
+                elif owner is not None and owner is not peer and owner.role == ROLE_SLOT:
+                    self._drop_peer(owner, now, "lost its worker process", verdict=True)
             if final:
                 self._answer(job, body, outcome, more)
         if outcome.ready:
@@ -562,6 +572,27 @@ class BrokerCore:
         self.out.append(Goodbye(peer))
         if not peer.inflight:
             self._drop_peer(peer, now, "said goodbye")
+
+    def worker_ended(self, peer: Peer, pid: int, how: str, now: float) -> None:
+        """Our job manager (``peer``: its control connection) says its worker process
+        ``pid`` ended (``how``: ``exit code 1``), after every answer of that process
+        it had to send: those the process held or sent last, and the ``lost`` one
+        of the job it was running, if any. The process's other attempts in flight
+        never started: back to their queue, uncounted."""
+        if peer.role != ROLE_MANAGER or not peer.manager:
+            return
+        for slot in [
+            p
+            for p in self.peers
+            if p.role == ROLE_SLOT and p.manager == peer.manager and p.meta.get("pid") == pid
+        ]:
+            self._drop_peer(slot, now, f"ended ({how})", verdict=True)
+        for group in [
+            g
+            for g in self.held_slots.values()
+            if g.slot.manager == peer.manager and g.slot.meta.get("pid") == pid
+        ]:
+            self._release_held(group, now)
 
     def worker_gone(self, peer: Peer, now: float, why: str, verdict: bool = False) -> None:
         """``peer`` is gone (its goodbye, its socket, its silence). ``verdict``: its
@@ -698,7 +729,13 @@ class BrokerCore:
 
     def _requeue(self, job: Job, now: float, lost_from: Peer | None = None) -> None:
         """Back to the front of its queue, not counted as an attempt: it never started.
-        The caller has released it (``in_flight``) already."""
+        The caller has released it (``in_flight``) already. One cancelled meanwhile
+        ends here, cancelled."""
+        if job.cancelled:
+            job.peer = None
+            self.life.end_cancelled(job, now)
+            self._answer(job, b"", CANCELLED_OUTCOME)
+            return
         if self.tracer is not None:
             self.tracer.event("requeued", job, now, "PeerLost", peer=lost_from)
         queue = self.queues[job.queue]
@@ -724,10 +761,12 @@ class BrokerCore:
     # ---- peers going away -------------------------------------------------------------
 
     def _drop_peer(self, peer: Peer, now: float, why: str, verdict: bool = False) -> None:
-        """Forget ``peer``. Its in-flight attempts: a slot runs the first and has not
-        started the others, which go back to their queue uncounted; the running one
-        ended with its process (an attempt that failed: ``_lost``), or waits for its
-        job manager's word on how (``verdict``: it came already)."""
+        """Forget ``peer``. Its in-flight attempts: with ``verdict`` (the peer or its
+        job manager said so) none started, and they go back to their queue
+        uncounted. Else a worker process of ours whose job manager lives holds them
+        all until that job manager says which one ran (``_hold``); one whose job
+        manager is gone leaves nobody to say (``_unsaid``); EventMQ's job manager
+        runs one job per worker, so every one of its attempts counts."""
         if peer not in self.peers:
             return
         del self.peers[peer]
@@ -738,68 +777,144 @@ class BrokerCore:
             queue.remove_server(peer)
             queue.unready(peer, weight)
         orphans: list[Peer] = []
-        if peer.role == ROLE_MANAGER and self.managers.get(peer.manager or "") is peer:
-            del self.managers[peer.manager or ""]
-            # its worker processes die with it (PDEATHSIG): do not wait for them to expire
-            orphans = [p for p in self.peers if p.manager == peer.manager]
-            for orphan in orphans:
-                self._set_credit(orphan, 0)  # so that nothing is requeued onto them
+        if peer.role == ROLE_MANAGER:
+            if self.managers.get(peer.manager or "") is peer:
+                del self.managers[peer.manager or ""]
+                # its worker processes die with it (PDEATHSIG): do not wait for them
+                orphans = [p for p in self.peers if p.manager == peer.manager]
+                for orphan in orphans:
+                    self._set_credit(orphan, 0)  # so that nothing is requeued onto them
+            self._rehome_held(peer, now)
         lost = [self.inflight.pop(a) for a in peer.inflight if a in self.inflight]
         peer.inflight.clear()
-        running: list[Job] = []
-        if lost and not verdict:
-            # a slot runs one job at a time; our job manager's control connection
-            # holds attempts whose processes died; EventMQ's runs one per worker
-            running = lost[:1] if peer.role == ROLE_SLOT else lost
-        unstarted = lost[len(running) :]
+        manager = self.managers.get(peer.manager or "") if peer.role == ROLE_SLOT else None
         if peer.role != ROLE_SLOT or lost:
             log.info(
-                "job manager %s %s; %d jobs were running, %d go back to their queue",
+                "job manager %s %s; %d jobs in flight %s",
                 show_identity(peer.identity),
                 why,
-                len(running),
-                len(unstarted),
+                len(lost),
+                "go back to their queue"
+                if verdict
+                else "held until its job manager says which ran"
+                if manager is not None
+                else "end with it",
             )
-        for job in unstarted:
-            self.queues[job.queue].in_flight -= 1
-            self._requeue(job, now, lost_from=peer)
-        for job in running:
-            self._lost_or_hold(job, peer, now)
+        if not lost:
+            pass
+        elif verdict:
+            for job in lost:
+                self.queues[job.queue].in_flight -= 1
+                self._requeue(job, now, lost_from=peer)
+        elif manager is not None:
+            self._hold(peer, manager, lost, now)
+        elif peer.role == ROLE_SLOT:
+            self._unsaid(lost, peer, now, "job manager lost")
+        else:
+            for job in lost:
+                self._lost(job, now, "job manager lost")
         if peer.role == ROLE_MANAGER and peer.manager not in self.managers:
             self.done_by_manager.pop(peer.manager or "", None)
         for orphan in orphans:
             self._drop_peer(orphan, now, f"went with its job manager {peer.manager}")
 
-    def _lost_or_hold(self, job: Job, peer: Peer, now: float) -> None:
-        """``job`` was running on ``peer``, which is gone. While its job manager
-        lives, the attempt waits for its word (the exit code, the signal); else it
-        ends now as a failed attempt."""
-        manager = self.managers.get(peer.manager or "")
-        if peer.role == ROLE_SLOT and manager is not None and manager is not peer:
+    def _hold(self, slot: Peer, manager: Peer, jobs: list[Job], now: float) -> None:
+        """The attempts ``jobs`` (in dispatch order) of the worker process ``slot``,
+        which is gone, wait under its job manager for its word: a process holds
+        several jobs (credit, batched REQUESTs) and may have finished some whose
+        answers died with it; which one it ran, the broker cannot tell."""
+        limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
+        group = HeldSlot(slot, manager, now + limit)
+        for job in jobs:
+            attempt_id = job.attempt_id
             job.peer = manager
-            manager.inflight[job.attempt_id] = None
-            self.inflight[job.attempt_id] = job
-            self.held[job.attempt_id] = now + self.config.heartbeat_interval * (
-                self.config.heartbeat_liveness
-            )
-            return
-        if peer.role == ROLE_SLOT and peer.manager in self.managers:
-            detail = "worker process lost"
-        else:
-            detail = "job manager lost"
-        self._lost(job, now, detail)
+            manager.inflight[attempt_id] = None
+            self.inflight[attempt_id] = job
+            self.held[attempt_id] = group
+            group.attempts[attempt_id] = None
+        self.held_slots[slot] = group
 
-    def _lost(self, job: Job, now: float, detail: str) -> None:
-        """The attempt ended with its process, and nobody can say more: a failed attempt."""
-        self.held.pop(job.attempt_id, None)
+    def _unhold(self, attempt_id: bytes) -> HeldSlot | None:
+        """``attempt_id`` is no longer held; returns the group it was held in."""
+        group = self.held.pop(attempt_id, None)
+        if group is not None:
+            group.attempts.pop(attempt_id, None)
+            if not group.attempts:
+                self.held_slots.pop(group.slot, None)
+        return group
+
+    def _take_held(self, group: HeldSlot) -> list[Job]:
+        """The group's attempts still held, out of ``inflight`` (their queue still
+        counts them in flight), in dispatch order."""
+        self.held_slots.pop(group.slot, None)
+        jobs = []
+        for attempt_id in group.attempts:
+            self.held.pop(attempt_id, None)
+            job = self.inflight.pop(attempt_id, None)
+            if job is not None:
+                if job.peer is not None:
+                    job.peer.inflight.pop(attempt_id, None)
+                jobs.append(job)
+        group.attempts.clear()
+        return jobs
+
+    def _release_held(self, group: HeldSlot, now: float) -> None:
+        """The job manager has answered for the group's process: the attempts still
+        held never started, and go back to their queue uncounted."""
+        for job in self._take_held(group):
+            self.queues[job.queue].in_flight -= 1
+            self._requeue(job, now, lost_from=group.slot)
+
+    def _rehome_held(self, manager: Peer, now: float) -> None:
+        """``manager``, a control connection that attempts are held under, is gone:
+        they wait under its successor (the same job manager, connected again), or
+        nobody is left to say which ran."""
+        successor = self.managers.get(manager.manager or "")
+        for group in [g for g in self.held_slots.values() if g.manager is manager]:
+            if successor is None or successor is manager:
+                self._unsaid(self._take_held(group), group.slot, now, "job manager lost")
+                continue
+            group.manager = successor
+            for attempt_id in group.attempts:
+                manager.inflight.pop(attempt_id, None)
+                successor.inflight[attempt_id] = None
+                self.inflight[attempt_id].peer = successor
+
+    def _unsaid(self, jobs: list[Job], slot: Peer, now: float, detail: str) -> None:
+        """Nobody can say which of ``jobs`` (the attempts, in dispatch order, that a
+        worker process that is gone held; out of ``inflight``) it had started. The
+        oldest counts as the one it ran: a failed attempt. Of the others, a job
+        that a death would end (at most once, or on its last retry) may have
+        started and is never run again: it fails with WorkerLost. The rest go back
+        to their queue uncounted."""
+        for n, job in enumerate(jobs):
+            if n == 0:
+                self._lost(job, now, detail)
+            elif self.life.last_chance(job):
+                self._lost(
+                    job,
+                    now,
+                    f"{detail}; it may have started the job",
+                    f"the job's {detail} while it held the job, which it may have "
+                    "started: not run again (it runs at most once)",
+                )
+            else:
+                self.queues[job.queue].in_flight -= 1
+                self._requeue(job, now, lost_from=slot)
+
+    def _lost(self, job: Job, now: float, detail: str, message: str = "") -> None:
+        """The attempt ended with its process, and nobody can say more: a failed
+        attempt (``message``: what its client reads, when not the usual)."""
+        if self.held:
+            self._unhold(job.attempt_id)
         self.queues[job.queue].in_flight -= 1
         if job.manager is not None:
             self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
         self.counters["worker_lost"] += 1
-        log.warning("job %s: %s mid-job", show_identity(job.id), detail)
+        log.warning("job %s: %s", show_identity(job.id), message or f"{detail} mid-job")
         outcome = Outcome(failed=True, error=WORKER_LOST, lost=detail)
         if self.life.settle(job, outcome, now):
-            body = encode_failure(WORKER_LOST, f"the job's {detail} mid-job", "")
+            body = encode_failure(WORKER_LOST, message or f"the job's {detail} mid-job", "")
             self._answer(job, body, outcome)
 
     def _kill_attempt(self, job: Job) -> bool:
@@ -817,14 +932,9 @@ class BrokerCore:
         return True
 
     def _expire_held(self, now: float) -> None:
-        for attempt_id in [a for a, due in self.held.items() if now >= due]:
-            del self.held[attempt_id]
-            job = self.inflight.pop(attempt_id, None)
-            if job is None:
-                continue
-            if job.peer is not None:
-                job.peer.inflight.pop(attempt_id, None)
-            self._lost(job, now, "worker process lost (its job manager did not say how)")
+        for group in [g for g in self.held_slots.values() if now >= g.deadline]:
+            detail = "worker process lost (its job manager did not say how)"
+            self._unsaid(self._take_held(group), group.slot, now, detail)
 
     # ---- heartbeats -------------------------------------------------------------------
 

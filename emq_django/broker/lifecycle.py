@@ -126,8 +126,8 @@ class JobLifecycle:
         limit = job.headers.retry_count
         if outcome.retry is not None and not limit:
             limit = RETRY_REQUESTED_LIMIT
-        if died and job.headers.guarantee and self.journal_ops is not None:
-            limit = max(limit, GUARANTEED_DEATH_RETRIES)
+        if died:
+            limit = max(limit, self._death_limit(job))
         if job.cancelled:
             self.end_cancelled(job, now, failed_now=True)
             return True
@@ -154,6 +154,20 @@ class JobLifecycle:
         else:
             self.forget(job, now)
         return True
+
+    def _death_limit(self, job: Job) -> int:
+        """How many deaths of its worker process the job is retried after: its
+        retries, and at least ``GUARANTEED_DEATH_RETRIES`` when it is guaranteed."""
+        limit = job.headers.retry_count
+        if job.headers.guarantee and self.journal_ops is not None:
+            limit = max(limit, GUARANTEED_DEATH_RETRIES)
+        return limit
+
+    def last_chance(self, job: Job) -> bool:
+        """Whether a death of the job's current attempt would end the job: one with
+        ``retries=0`` that is not guaranteed (at most once), or its last retry. Such
+        an attempt, once it may have started, is never run again."""
+        return job.failures >= self._death_limit(job)
 
     def end_cancelled(self, job: Job, now: float, failed_now: bool = False) -> None:
         self.counters["cancelled"] += 1

@@ -115,6 +115,20 @@ class Peer:
         return str(name) if name else None
 
 
+@dataclass(slots=True, eq=False)
+class HeldSlot:
+    """The attempts that were in flight at a worker process of our job manager when
+    the broker lost it, held under that job manager (``job.peer`` is its control
+    connection) until it says which one the process was running and which it had
+    finished: a process holds several jobs at once (credit, batched REQUESTs), and
+    the broker cannot tell which it had started."""
+
+    slot: Peer  # the dropped worker process (its ``meta`` names its pid)
+    manager: Peer  # the control connection they are held under
+    deadline: float  # monotonic: past it, nobody said; ``BrokerCore._unsaid`` decides
+    attempts: dict[bytes, None] = field(default_factory=dict)  # in dispatch order
+
+
 class Queue:
     """A named queue: waiting jobs, and the ready peers that serve it by weight.
 

@@ -45,6 +45,9 @@ KILL = b"KILL"  # extension: broker -> our job manager only, stop the process ru
 # extension: a partial result of a running attempt, our worker -> broker -> our client
 # (only a client whose REQUEST carried the ``stream`` header); docs/eventmq-wire.md
 PARTIAL = b"PARTIAL"
+# extension: our job manager -> broker, on its control connection only: one of its
+# worker processes ended, and every answer of that process it had went before this
+ENDED = b"ENDED"
 
 PEER_WORKER = "worker"
 PEER_SCHEDULER = "scheduler"
@@ -275,6 +278,23 @@ class Partial:
         return int(number) if sep and number.isdigit() and len(number) < 10 else 1
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """Extension: our job manager says that its worker process ``pid`` ended
+    (``how``: ``exit code 1``, ``killed by signal 9``). Sent on its control
+    connection after every answer of that process it had to send (those the
+    process held or sent last, the ``lost`` one of the job it was running), so the
+    broker knows that the process's other jobs in flight never started. Never sent
+    by an EventMQ peer."""
+
+    msgid: bytes
+    pid: int
+    how: str = ""
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, ENDED, self.msgid, b"%d" % self.pid, self.how.encode()]
+
+
 Command: TypeAlias = (
     Ack
     | Reply
@@ -290,6 +310,7 @@ Command: TypeAlias = (
     | Error
     | Kill
     | Partial
+    | Ended
 )
 
 
@@ -599,6 +620,13 @@ def _decode_partial(f: Sequence[bytes]) -> Partial:
     return Partial(f[3], f[4], f[5], int(f[6]))
 
 
+def _decode_ended(f: Sequence[bytes]) -> Ended:
+    _count(f, "ENDED", 6)
+    if not (0 < len(f[4]) < 10 and f[4].isdigit()):
+        raise ProtocolError("ENDED needs a process id (ASCII decimal)", f)
+    return Ended(f[3], int(f[4]), _text(f[5], "how", f))
+
+
 _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     ACK: _decode_ack,
     REPLY: _decode_reply,
@@ -615,6 +643,7 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     ERROR: _decode_error,
     KILL: _decode_kill,
     PARTIAL: _decode_partial,
+    ENDED: _decode_ended,
 }
 
 

@@ -24,7 +24,7 @@ from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
-from emq_django.worker.process import SlotConfig, SlotWorker
+from emq_django.worker.process import BATCH, SlotConfig, SlotWorker
 from emq_django.worker.recorder_process import (
     RecorderProcess,
     RecordForwarder,
@@ -40,6 +40,10 @@ CANCELLED = "emq_django.exceptions.Cancelled"
 PR_SET_PDEATHSIG = 1
 RECORDER_RESPAWN_DELAY = 1.0  # seconds between restarts of a recorder process that died
 RECORDER_STOP_WAIT = 30.0  # seconds a stopping recorder process gets to write its backlog
+# a dead process's answers sent this long before its death are sent again (the broker
+# drops those it has): older ones reached the broker, unless it read nothing from
+# that process for this long
+RESEND_WINDOW = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +90,9 @@ class JobManager:
         self.config = config
         self.name = config.name or f"{pysocket.gethostname()}:{os.getpid()}"
         self.incarnation = os.urandom(4).hex()  # this run, as opposed to its name
-        self.table = SlotTable(config.concurrency)
+        # each process keeps the answers it sent last: more than it can have in
+        # flight (its credit and a batch), which its job manager sends again
+        self.table = SlotTable(config.concurrency, recent=2 * (config.prefetch + BATCH) + 8)
         self.children: dict[int, int] = {}  # pid -> slot
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.signals = 0
@@ -366,17 +372,29 @@ class JobManager:
                 self._spawn(slot)
 
     def _answer_for_lost_job(self, slot: int, pid: int, status: int) -> None:
-        """Send the REPLY a dead worker process could not: Cancelled, TimeoutError or
-        WorkerLost, with how the process ended (``lost:exit code 1``). First the
-        answers it held back (finished jobs: sent as the process would have, so
-        the broker never gives them to another process), then the lost job's."""
-        self._send_held(slot)
+        """Answer for a worker process that ended: first the answers of the jobs it
+        finished that may not have reached the broker (those it sent last and
+        those it held back: sent as the process would have, so the broker never
+        gives them to another process; it drops those it has), then the REPLY of
+        the job it was running, if any (Cancelled, TimeoutError or WorkerLost, with
+        how the process ended: ``lost:exit code 1``), then ENDED: its other jobs
+        in flight never started."""
+        how = _describe_status(status)
+        answered = self._send_held(slot)
+        self._answer_running(slot, pid, how, answered)
+        assert self.link is not None
+        self.link.send(F.Ended(self.link.new_id(), pid, how[:120]).encode())
+
+    def _answer_running(self, slot: int, pid: int, how: str, answered: set[bytes]) -> None:
+        """The lost REPLY of the job the process was running, unless it had
+        finished it (``answered``: it died before it said it runs nothing)."""
         job = self.table.running(slot)
         if job is None:
             return
         self.table.clear(slot)
+        if job.attempt_id in answered:
+            return
         elapsed = time.monotonic() - job.started
-        how = _describe_status(status)
         retries = job.retries
         if job.cancelled:
             error = CANCELLED
@@ -418,18 +436,31 @@ class JobManager:
             except Exception:
                 log.exception("the job recorder failed on lost job %r", attempt_id)
 
-    def _send_held(self, slot: int) -> None:
-        """The REPLYs of the jobs a dead process finished but had not sent (it held
+    def _send_held(self, slot: int) -> set[bytes]:
+        """The REPLYs of the jobs a dead process finished: those it sent last (they
+        may have died in its socket's queue) and those it had not sent (it held
         them to send several in one message), without the credit they gave back:
-        that credit was the dead process's."""
+        that credit was the dead process's. Returns their attempt ids."""
+        recent = self.table.recent(slot, since=time.monotonic() - RESEND_WINDOW)
         held = self.table.held(slot)
-        if not held:
-            return
+        self.table.forget_recent(slot)
         self.table.release(slot)
         assert self.link is not None
+        for ref, status, body in recent:
+            if body is None:  # too large to keep: the job ran, its answer is lost
+                body = encode_failure(
+                    WORKER_LOST,
+                    "the job ran, but its worker process died, maybe before its answer "
+                    "reached the broker (an answer this large is not kept to send again)",
+                    "",
+                )
+                status = F.status_frame(True, WORKER_LOST)
+            self.link.send(F.encode_reply(self.link.new_id(), body, ref, F.without_ready(status)))
         for ref, status, body in held:
             self.link.send(F.encode_reply(self.link.new_id(), body, ref, F.without_ready(status)))
-        log.info("slot %d: sent %d answers its worker process had finished", slot, len(held))
+        if held:
+            log.info("slot %d: sent %d answers its worker process had held", slot, len(held))
+        return {ref for ref, _, _ in recent} | {ref for ref, _, _ in held}
 
     def _enforce_time_limits(self, now: float) -> None:
         for pid, slot in list(self.children.items()):

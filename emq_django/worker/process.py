@@ -298,9 +298,11 @@ class SlotWorker:
                 self._send_held()
         else:
             self._send_held()
+            # kept before it leaves (it may die in the socket's queue with this
+            # process) and cleared after: killed in between, its job manager sends
+            # this answer again, not a lost one
+            self.table.sent(slot, msgid, status, outcome.body, started + elapsed)
             self.link.send(F.encode_reply(self.link.new_id(), outcome.body, msgid, status))
-            # cleared after the REPLY: killed in between, its job manager answers too,
-            # and the broker drops the second answer as stale
             self.table.clear(slot)
         if give_back:
             self.credit += 1
@@ -320,6 +322,9 @@ class SlotWorker:
         if not credit:
             held = [(body, ref, F.without_ready(status)) for body, ref, status in held]
         if self.link.sock is not None:
+            slot, at, sent = self.config.slot, _monotonic(), self.table.sent
+            for body, ref, status in held:
+                sent(slot, ref, status, body, at)
             if len(held) > 1 and self.batching:
                 self.link.send(F.join_replies(self.link.new_id(), held))
             else:  # (a new connection's broker has not said it takes several yet)

@@ -6,8 +6,10 @@ without a message per job between the processes. It also marks a job cancelled
 there, so that a worker process whose job returns during the kill grace reports
 it cancelled, not succeeded. And a process that holds the REPLYs of finished jobs
 back to send several in one message (eMQP's "batch" extension) keeps them here
-until they leave, so that its job manager sends them if the process dies first:
-a job that ran is never run again for want of its answer.
+until they leave, and every process keeps here the answers it sent last: a
+message still in its socket's queue (or its kernel's) dies with the process. Its
+job manager sends both again after its death, so a job that ran is never run
+again for want of its answer (the broker drops an answer it already has).
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ CANCELLED = 2
 HELD_SIZE = 16384
 _USED = struct.Struct("=I")
 _ANSWER = struct.Struct("=HHI")
+# answers sent last, per slot: (answers recorded so far) then a ring of records of
+# (monotonic time sent, lengths of ref, status and body, the three); a body too large
+# for its record is not kept (NOT_KEPT), its job's id and status are
+RECENT = 200  # records per slot by default: more than a process can have in flight
+RECENT_RECORD = 1024
+_COUNT = struct.Struct("=Q")
+_RECENT = struct.Struct("=dBBH")
+NOT_KEPT = 0xFFFF
 
 
 class Running(NamedTuple):
@@ -48,10 +58,15 @@ class Running(NamedTuple):
 
 
 class SlotTable:
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, recent: int = RECENT) -> None:
+        """``recent``: how many answers each slot's process keeps after sending them;
+        its job manager sends them again if it dies (the last ``recent - 1``)."""
         self.count = count
         self._mem = mmap.mmap(-1, SLOT_SIZE * max(count, 1))  # shared with forked children
         self._held = mmap.mmap(-1, HELD_SIZE * max(count, 1))
+        self.recent_count = max(recent, 2)
+        self._recent_stride = _COUNT.size + self.recent_count * RECENT_RECORD
+        self._recent = mmap.mmap(-1, self._recent_stride * max(count, 1))
         self._names: dict[tuple[str, str], tuple[bytes, int, int]] = {}
 
     def start(
@@ -137,6 +152,48 @@ class SlotTable:
             at += n_ref + n_status + n_body
             out.append((raw[:n_ref], raw[n_ref : n_ref + n_status], raw[n_ref + n_status :]))
         return out
+
+    def sent(self, slot: int, ref: bytes, status: bytes, body: bytes, at: float) -> None:
+        """Keep an answer the slot's process sends now (``at``: monotonic), over the
+        oldest one kept. Written before the send: killed in between, the process's
+        answer still reaches the broker, through its job manager."""
+        if len(ref) > 255 or len(status) > 255:  # (longer ones the broker refuses)
+            ref, status = ref[:255], status[:255]
+        base = slot * self._recent_stride
+        mem = self._recent
+        (n,) = _COUNT.unpack_from(mem, base)
+        start = base + _COUNT.size + (n % self.recent_count) * RECENT_RECORD
+        if len(body) > RECENT_RECORD - _RECENT.size - len(ref) - len(status):
+            record = _RECENT.pack(at, len(ref), len(status), NOT_KEPT) + ref + status
+        else:
+            record = _RECENT.pack(at, len(ref), len(status), len(body)) + ref + status + body
+        mem[start : start + len(record)] = record
+        _COUNT.pack_into(mem, base, n + 1)  # last: a half-written record is not counted
+
+    def recent(self, slot: int, since: float = 0.0) -> list[tuple[bytes, bytes, bytes | None]]:
+        """The answers the slot's process sent last, (ref, status, body), oldest
+        first, those sent at ``since`` (monotonic) or later; body None: too large
+        to keep. The oldest record is left out: it may be the one the process was
+        writing over when it died."""
+        base = slot * self._recent_stride
+        mem = self._recent
+        (n,) = _COUNT.unpack_from(mem, base)
+        out = []
+        for i in range(max(0, n - self.recent_count + 1), n):
+            start = base + _COUNT.size + (i % self.recent_count) * RECENT_RECORD
+            at, n_ref, n_status, n_body = _RECENT.unpack_from(mem, start)
+            if at < since:
+                continue
+            data = start + _RECENT.size
+            kept = n_body != NOT_KEPT
+            raw = bytes(mem[data : data + n_ref + n_status + (n_body if kept else 0)])
+            ref, status = raw[:n_ref], raw[n_ref : n_ref + n_status]
+            out.append((ref, status, raw[n_ref + n_status :] if kept else None))
+        return out
+
+    def forget_recent(self, slot: int) -> None:
+        """The answers kept were sent again (or a fresh process takes the slot)."""
+        _COUNT.pack_into(self._recent, slot * self._recent_stride, 0)
 
     def mark_cancelled(self, slot: int) -> None:
         base = slot * SLOT_SIZE

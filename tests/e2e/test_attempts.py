@@ -203,14 +203,6 @@ def test_retries_zero_worker_death_runs_once(
     assert all(p.alive() for p in procs)
 
 
-@pytest.mark.xfail(
-    reason="known defect, older than the batch extension (fails at 3bf88ea too): when the "
-    "broker finds a dead worker process unreachable before its job manager's word comes, "
-    "core._drop_peer guesses that the oldest of its in-flight jobs was the one running "
-    "(holds it, then fails it 'did not say how') and requeues the others as unstarted, "
-    "the job that really ran among them: an at-most-once dies_once job ran twice",
-    strict=False,
-)
 def test_worker_deaths_inside_coalesced_and_batched_bursts_lose_nothing(
     emq_processes: EmqProcesses, env: dict[str, str]
 ) -> None:

@@ -372,8 +372,9 @@ def test_answers_held_while_a_job_runs_are_in_the_slot_table(
     """The answers to the jobs before one whose task ran fast last time wait for it
     (they go in one message); when that job takes long after all, the slot table
     holds them meanwhile, so that the job manager can send them if the process
-    dies; killed, its job manager sends them without the credit, before the lost
-    job's answer."""
+    dies; killed, its job manager sends them without the credit, after the answer
+    the process sent last (it may have died in its socket's queue) and before the
+    lost job's answer, then ENDED naming the process."""
     from emq_django.link import BrokerLink
     from emq_django.worker.jobmanager import JobManager, JobManagerConfig
 
@@ -409,14 +410,16 @@ def test_answers_held_while_a_job_runs_are_in_the_slot_table(
     manager.link.connect()
     try:
         manager._answer_for_lost_job(0, 12345, 9)  # as the reaper calls it: killed by signal 9
-        got = [broker.recv() for _ in range(3)]
+        got = [broker.recv() for _ in range(5)]
     finally:
         manager.link.close()
-    assert [m[5] for m in got] == [b"a#1", b"b#1", b"n#1"]
-    assert [m[6] for m in got[:2]] == [b"ok", b"ok"]  # no "ready": the credit died with it
-    assert [json.loads(m[4])["value"] for m in got[:2]] == [2, 4]
-    assert F.reply_lost(got[2][6]) is not None
-    assert not table.held(0)
+    replies, ended = got[:4], got[4]
+    assert [m[5] for m in replies] == [b"n#0", b"a#1", b"b#1", b"n#1"]
+    assert [m[6] for m in replies[:3]] == [b"ok"] * 3  # no "ready": the credit died with it
+    assert [json.loads(m[4])["value"] for m in replies[1:3]] == [2, 4]
+    assert F.reply_lost(replies[3][6]) is not None
+    assert F.decode(ended) == F.Ended(ended[3], 12345, "killed by signal 9")
+    assert not table.held(0) and not table.recent(0)
 
 
 def test_answers_go_before_a_job_of_a_task_not_known_to_be_fast(
@@ -461,3 +464,21 @@ def test_the_slot_table_keeps_held_answers_until_released() -> None:
     assert len(table.held(1)) == 2
     table.release(1)
     assert table.held(1) == []
+
+
+def test_the_slot_table_keeps_the_answers_sent_last() -> None:
+    """A ring of the last answers each process sent (a message in its socket's
+    queue dies with it): the newest ``recent - 1``, oldest first, those sent since a
+    time; a body too large for its record is not kept, its job's id is."""
+    from emq_django.worker.slots import RECENT_RECORD
+
+    table = SlotTable(2, recent=4)
+    for n in range(6):
+        table.sent(1, b"a#%d" % n, b"ok,ready", b'{"value": %d}' % n, 10.0 + n)
+    assert table.recent(0) == []
+    assert table.recent(1) == [(b"a#%d" % n, b"ok,ready", b'{"value": %d}' % n) for n in (3, 4, 5)]
+    assert [ref for ref, _, _ in table.recent(1, since=14.0)] == [b"a#4", b"a#5"]
+    table.sent(1, b"big#1", b"ok", b"x" * RECENT_RECORD, 20.0)
+    assert table.recent(1)[-1] == (b"big#1", b"ok", None)
+    table.forget_recent(1)
+    assert table.recent(1) == []

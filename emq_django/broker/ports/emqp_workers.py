@@ -172,6 +172,9 @@ class EmqpWorkerPort(Port):
     def _partial(self, peer: Peer, cmd: F.Partial, now: float) -> None:
         self.core.worker_partial(peer, cmd.attempt_id, cmd.body, now, seq=cmd.seq)
 
+    def _ended(self, peer: Peer, cmd: F.Ended, now: float) -> None:
+        self.core.worker_ended(peer, cmd.pid, cmd.how, now)
+
     def _heartbeat(self, peer: Peer, cmd: F.Heartbeat, now: float) -> None:
         pass  # last_seen is updated for every command
 
@@ -222,6 +225,7 @@ _HANDLERS: dict[type, _Handler] = {
     F.Ready: EmqpWorkerPort._ready,
     F.Reply: EmqpWorkerPort._reply,
     F.Partial: EmqpWorkerPort._partial,
+    F.Ended: EmqpWorkerPort._ended,
     F.Heartbeat: EmqpWorkerPort._heartbeat,
     F.Disconnect: EmqpWorkerPort._disconnect,
     F.Kbye: EmqpWorkerPort._kbye,
