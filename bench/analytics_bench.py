@@ -120,19 +120,19 @@ def process_cpu() -> float:
     return total
 
 
-def jvm_threads() -> dict[str, float]:
-    """CPU seconds so far of the Spark JVM's threads, by kind (the thread name as
-    Linux keeps it, 15 characters, without its number): the tasks (``Executor
-    task ...``), the JIT compilers (``C1``/``C2 CompilerThre``), the garbage
-    collector (``GC Thread``), and the rest. Linux only (/proc); empty elsewhere."""
-    out: dict[str, float] = {}
+def jvm_threads() -> dict[tuple[int, str], float]:
+    """CPU seconds so far of each thread of the Spark JVM, by (thread id, kind):
+    the kind is the thread's name as Linux keeps it (15 characters) without its
+    number, such as the tasks (``Executor task ...``), the JIT compilers
+    (``C1``/``C2 CompilerThre``), the garbage collector (``GC Thread``). Linux only
+    (/proc); empty elsewhere."""
+    out: dict[tuple[int, str], float] = {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     for p in psutil.Process().children(recursive=True):
         try:
             if "java" not in p.name():
                 continue
-            tasks = Path(f"/proc/{p.pid}/task")
-            for t in tasks.iterdir():
+            for t in Path(f"/proc/{p.pid}/task").iterdir():
                 try:
                     stat = (t / "stat").read_text()
                 except OSError:
@@ -140,17 +140,22 @@ def jvm_threads() -> dict[str, float]:
                 name = stat[stat.index("(") + 1 : stat.rindex(")")]
                 kind = re.sub(r"[#\d]+$", "", name).strip() or name
                 fields = stat[stat.rindex(")") + 2 :].split()
-                cpu = (int(fields[11]) + int(fields[12])) / tick
-                out[kind] = out.get(kind, 0.0) + cpu
+                out[(int(t.name), kind)] = (int(fields[11]) + int(fields[12])) / tick
         except (psutil.Error, OSError):
             pass
     return out
 
 
-def threads_since(before: dict[str, float]) -> dict[str, float]:
-    after = jvm_threads()
-    spent = {k: round(v - before.get(k, 0.0), 1) for k, v in after.items()}
-    return dict(sorted(((k, v) for k, v in spent.items() if v >= 0.2), key=lambda kv: -kv[1]))
+def threads_since(before: dict[tuple[int, str], float], total: float) -> dict[str, float]:
+    """CPU seconds by thread kind since ``before`` (``jvm_threads``), of ``total``
+    (the CPU of this process and the JVM over the same time): what no live thread
+    accounts for (this process, threads that ended) is ``(other)``."""
+    spent: dict[str, float] = {}
+    for key, cpu in jvm_threads().items():
+        spent[key[1]] = spent.get(key[1], 0.0) + cpu - before.get(key, 0.0)
+    spent["(other)"] = total - sum(spent.values())
+    rounded = {k: round(v, 1) for k, v in spent.items() if v >= 0.2}
+    return dict(sorted(rounded.items(), key=lambda kv: -kv[1]))
 
 
 def bare_read(spark: Any, trace: Path) -> tuple[float, int]:
@@ -236,15 +241,16 @@ def main() -> int:
         py0 = psutil.Process().cpu_times()
         result = Analyzer(spark, config).run_once()
         run_s, run_cpu = time.monotonic() - t0, process_cpu() - c0
-        run_threads = threads_since(th0)
         py1 = psutil.Process().cpu_times()
-        run_threads["(python driver)"] = round(py1.user + py1.system - py0.user - py0.system, 1)
+        python_cpu = py1.user + py1.system - py0.user - py0.system
+        run_threads = threads_since(th0, run_cpu - python_cpu)
+        run_threads["(python driver)"] = round(python_cpu, 1)
         print(f"pipeline: {result.describe()} ({run_cpu:.1f} CPU s)")
         print(f"pipeline CPU by thread: {run_threads}")
         c0, th0 = process_cpu(), jvm_threads()
         bare_after, _ = bare_read(spark, trace)
         cpu_after = process_cpu() - c0
-        bare_threads = threads_since(th0)
+        bare_threads = threads_since(th0, cpu_after)
         print(f"bare read CPU by thread: {bare_threads}")
         print(f"bare read and count again: {bare_after:.1f} s ({cpu_after:.1f} CPU s)")
         # For context, not the ratio: reading every field of every line, no more.
