@@ -9,7 +9,9 @@ session: a bare read and count of those files (explicit schema), one
 job facts -> metrics -> Parquet and a scratch SQLite database), the bare read and
 count again, a read that parses every field (context only), and a rerun with
 nothing new. The ratio is the pipeline's time over the mean of the two bare
-reads: the machine is shared, so compare only ratios from one run. Memory is the
+reads: the machine is shared, so compare only ratios from one run. The
+pipeline's CPU is also split by JVM thread (tasks, JIT compilers, garbage
+collector) and the Python driver, to show where it goes. Memory is the
 resident set of this process and every child (the Spark JVM), sampled every
 0.2 s; the peak of their sum is reported.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -117,6 +120,44 @@ def process_cpu() -> float:
     return total
 
 
+def jvm_threads() -> dict[tuple[int, str], float]:
+    """CPU seconds so far of each thread of the Spark JVM, by (thread id, kind):
+    the kind is the thread's name as Linux keeps it (15 characters) without its
+    number, such as the tasks (``Executor task ...``), the JIT compilers
+    (``C1``/``C2 CompilerThre``), the garbage collector (``GC Thread``). Linux only
+    (/proc); empty elsewhere."""
+    out: dict[tuple[int, str], float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "java" not in p.name():
+                continue
+            for t in Path(f"/proc/{p.pid}/task").iterdir():
+                try:
+                    stat = (t / "stat").read_text()
+                except OSError:
+                    continue
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                kind = re.sub(r"[#\d]+$", "", name).strip() or name
+                fields = stat[stat.rindex(")") + 2 :].split()
+                out[(int(t.name), kind)] = (int(fields[11]) + int(fields[12])) / tick
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+
+def threads_since(before: dict[tuple[int, str], float], total: float) -> dict[str, float]:
+    """CPU seconds by thread kind since ``before`` (``jvm_threads``), of ``total``
+    (the CPU of this process and the JVM over the same time): what no live thread
+    accounts for (this process, threads that ended) is ``(other)``."""
+    spent: dict[str, float] = {}
+    for key, cpu in jvm_threads().items():
+        spent[key[1]] = spent.get(key[1], 0.0) + cpu - before.get(key, 0.0)
+    spent["(other)"] = total - sum(spent.values())
+    rounded = {k: round(v, 1) for k, v in spent.items() if v >= 0.2}
+    return dict(sorted(rounded.items(), key=lambda kv: -kv[1]))
+
+
 def bare_read(spark: Any, trace: Path) -> tuple[float, int]:
     """Seconds for a bare Spark read and count of the trace files (the same
     explicit schema as the pipeline, no cleaning), and the count."""
@@ -144,6 +185,9 @@ def main() -> int:
     )
     parser.add_argument("--event-log", help="write Spark's event log here (for the history UI)")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument(
+        "--java-options", default="", help="more options for the driver JVM (experiments)"
+    )
     args = parser.parse_args()
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="emq-analytics-bench-"))
@@ -169,6 +213,10 @@ def main() -> int:
     events, jobs, size = synth_trace(trace, args.events, args.rate, args.legacy)
 
     conf = {"spark.driver.memory": args.driver_memory, "spark.ui.enabled": "false"}
+    if args.java_options:
+        from emq_django.analytics.io import java_options
+
+        conf["spark.driver.extraJavaOptions"] = f"{java_options(args.master)} {args.java_options}"
     if args.event_log:
         Path(args.event_log).mkdir(parents=True, exist_ok=True)
         conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log}
@@ -189,13 +237,21 @@ def main() -> int:
             f"bare read and count: {bare_n} lines in {bare_before:.1f} s ({cpu_before:.1f} CPU s)"
         )
         config = AnalyzeConfig(trace_dir=trace, output=out)
-        t0, c0 = time.monotonic(), process_cpu()
+        t0, c0, th0 = time.monotonic(), process_cpu(), jvm_threads()
+        py0 = psutil.Process().cpu_times()
         result = Analyzer(spark, config).run_once()
         run_s, run_cpu = time.monotonic() - t0, process_cpu() - c0
+        py1 = psutil.Process().cpu_times()
+        python_cpu = py1.user + py1.system - py0.user - py0.system
+        run_threads = threads_since(th0, run_cpu - python_cpu)
+        run_threads["(python driver)"] = round(python_cpu, 1)
         print(f"pipeline: {result.describe()} ({run_cpu:.1f} CPU s)")
-        c0 = process_cpu()
+        print(f"pipeline CPU by thread: {run_threads}")
+        c0, th0 = process_cpu(), jvm_threads()
         bare_after, _ = bare_read(spark, trace)
         cpu_after = process_cpu() - c0
+        bare_threads = threads_since(th0, cpu_after)
+        print(f"bare read CPU by thread: {bare_threads}")
         print(f"bare read and count again: {bare_after:.1f} s ({cpu_after:.1f} CPU s)")
         # For context, not the ratio: reading every field of every line, no more.
         paths = [str(p) for p in sorted(trace.glob("trace-*.jsonl"))]
@@ -216,12 +272,15 @@ def main() -> int:
         "master": args.master,
         "legacy_trace": args.legacy,
         "driver_memory": args.driver_memory,
+        "java_options": args.java_options,
         "spark_startup_s": round(startup_s, 1),
         "bare_read_count_s": [round(bare_before, 1), round(bare_after, 1)],
         "run_s": round(run_s, 1),
         "ratio_to_bare": round(run_s / bare_s, 2),
         "bare_read_count_cpu_s": [round(cpu_before, 1), round(cpu_after, 1)],
         "run_cpu_s": round(run_cpu, 1),
+        "run_cpu_by_thread_s": run_threads,
+        "bare_after_cpu_by_thread_s": bare_threads,
         "cpu_ratio_to_bare": round(run_cpu / bare_cpu, 2),
         "bare_parse_all_s": round(parse_s, 1),
         "events_per_s": round(events / run_s),

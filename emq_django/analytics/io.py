@@ -49,6 +49,19 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 LOCAL_GC_OPTIONS = "-XX:+UseParallelGC"
 
 
+def java_options(master: str, log_level: str = "ERROR") -> str:
+    """The driver JVM's options (``spark.driver.extraJavaOptions``) for ``master``."""
+    options = (
+        f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -Demq.spark.level={log_level.lower()}"
+    )
+    if master.startswith("local"):
+        # The driver runs the tasks, a batch job: the throughput (parallel)
+        # collector, which does no concurrent marking beside them, not G1 (the
+        # JVM's default, tuned for short pauses).
+        options += " " + LOCAL_GC_OPTIONS
+    return options
+
+
 def build_session(
     master: str = "local[*]",
     conf: Mapping[str, str] | None = None,
@@ -58,15 +71,11 @@ def build_session(
     """A SparkSession on ``master`` (``local[*]``, ``spark://host:port``, ...) whose
     driver logs at ``log_level`` (ERROR, WARN, INFO) from its start, so a local run
     prints none of Spark's start-up warnings."""
-    java_options = (
-        f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -Demq.spark.level={log_level.lower()}"
-    )
-    if master.startswith("local"):
-        # The driver runs the tasks, a batch job: the throughput (parallel)
-        # collector, which does no concurrent marking beside them, not G1 (the
-        # JVM's default, tuned for short pauses).
-        java_options += " " + LOCAL_GC_OPTIONS
-    settings = {"spark.driver.extraJavaOptions": java_options, **DEFAULT_CONF, **(conf or {})}
+    settings = {
+        "spark.driver.extraJavaOptions": java_options(master, log_level),
+        **DEFAULT_CONF,
+        **(conf or {}),
+    }
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
