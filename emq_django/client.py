@@ -39,7 +39,7 @@ from emq_django.exceptions import (
     ProtocolError,
     QueueFull,
 )
-from emq_django.ids import IdGenerator
+from emq_django.ids import ID_CHARS, IdGenerator
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
@@ -179,18 +179,44 @@ class Client:
         msgid: bytes | None = None,
     ) -> bytes:
         """``send()`` with the queue already encoded; returns the msgid (the job id
-        as bytes), a new one unless ``msgid`` is given. ``Task.delay()`` calls this."""
+        as bytes), a new one unless ``msgid`` is given."""
         with self._lock:
             if msgid is None:
                 ready = self._ids._ready  # the generator's next id, without a call
                 msgid = ready.pop() if ready else self._ids()
             flagged = self._flagged.get(headers)
             headers = flagged if flagged is not None else self._flag(headers)
-            buf = self._buf
-            if buf and not confirm and len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
+            if self._buf and not confirm and len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
                 # the buffer's next job (its first checked what a send checks)
-                buf += (_pack_head(len(msgid), len(queue), len(headers), len(body)), msgid, queue)
-                buf += (headers, body)
+                head = _pack_head(len(msgid), len(queue), len(headers), len(body))
+                self._buf += (head, msgid, queue, headers, body)
+                self._buffered(msgid, len(body))
+                return msgid
+            self._send_locked(msgid, queue, headers, body, confirm)
+            return msgid
+
+    def send_pipelined(
+        self, queue: bytes, headers: bytes, body: bytes, head: bytes | None, tail: bytes | None
+    ) -> bytes:
+        """``send_request(queue, headers, body)`` for a job that does not wait for
+        its ACK, on ``Task.delay()``'s path: the caller checked once that ``queue``
+        (1 to 255 bytes) and ``headers`` (already with the ``acks`` flag, at most
+        ``MAX_HEADERS_LENGTH``) may go in a REQUESTS record, and may give the
+        record's parts around the msgid: ``head`` (for a msgid of ``ID_CHARS``
+        bytes) and ``tail`` (``queue + headers + body``). Returns the msgid."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            ready = self._ids._ready  # the generator's next id, without a call
+            msgid = ready.pop() if ready else self._ids()
+            if self._buf:
+                if head is None or len(msgid) != ID_CHARS:
+                    head = _pack_head(len(msgid), len(queue), len(headers), len(body))
+                if tail is None:
+                    self._buf += (head, msgid, queue, headers, body)
+                else:
+                    self._buf += (head, msgid, tail)
+                # (_buffered, inline: this is every coalesced job's path)
                 self._buf_bytes += len(body)
                 self._buf_jobs += 1
                 pending = self._pending
@@ -199,38 +225,59 @@ class Client:
                     self._send_buffer(self._sock)  # type: ignore[arg-type]
                 if len(pending) >= self._drain_at:
                     self._drain_window(self._sock)  # type: ignore[arg-type]
-                return msgid
-            sock = self._sock
-            if confirm or sock is None or not self._confirmed:
-                self._send_waiting(msgid, queue, headers, body, confirm)
-                return msgid
-            pending = self._pending
-            now = _monotonic()
-            if pending and now - next(iter(pending.values())) > self.ack_timeout:
-                self._check_overdue()
-            if self._coalesce and pending and self._still_pending(sock):
-                if len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
-                    self._buffer(sock, msgid, queue, headers, body, now)
-                    return msgid
-            self._flush_buffer()
-            f = _encode_request(msgid, queue, headers, body)  # frames come from protocol/
-            try:
-                # NOBLOCK: a socket the broker refused may have no connection left to
-                # queue on (libzmq does not connect again), and would block for ever
-                _send(sock, f[0], _MORE_NOBLOCK)
-            except zmq.Again:
-                self._send_blocked(sock, f)
-            else:  # the first frame went: the rest of the message goes with it
-                _send(sock, f[1], _SNDMORE)
-                _send(sock, f[2], _SNDMORE)
-                _send(sock, f[3], _SNDMORE)
-                _send(sock, f[4], _SNDMORE)
-                _send(sock, f[5], _SNDMORE)
-                _send(sock, f[6], 0)
-            pending[msgid] = now
-            if len(pending) >= self._drain_at:
-                self._drain_window(sock)
-            return msgid
+            else:
+                self._send_locked(msgid, queue, headers, body, False)
+        finally:
+            lock.release()
+        return msgid
+
+    def _buffered(self, msgid: bytes, size: int) -> None:
+        """Count the job just added to the buffer (``size``: its body's bytes): send
+        the buffer when full, read the ACKs waiting every DRAIN_STEP jobs."""
+        self._buf_bytes += size
+        self._buf_jobs += 1
+        pending = self._pending
+        pending[msgid] = self._buf_since
+        if self._buf_jobs >= COALESCE_JOBS or self._buf_bytes >= COALESCE_BYTES:
+            self._send_buffer(self._sock)  # type: ignore[arg-type]
+        if len(pending) >= self._drain_at:
+            self._drain_window(self._sock)  # type: ignore[arg-type]
+
+    def _send_locked(
+        self, msgid: bytes, queue: bytes, headers: bytes, body: bytes, confirm: bool
+    ) -> None:
+        """A send with nothing buffered (headers flagged): it waits for its ACK, starts
+        a buffer, or goes at once as a REQUEST. Called with the lock held."""
+        sock = self._sock
+        if confirm or sock is None or not self._confirmed:
+            self._send_waiting(msgid, queue, headers, body, confirm)
+            return
+        pending = self._pending
+        now = _monotonic()
+        if pending and now - next(iter(pending.values())) > self.ack_timeout:
+            self._check_overdue()
+        if self._coalesce and pending and self._still_pending(sock):
+            if len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
+                self._buffer(sock, msgid, queue, headers, body, now)
+                return
+        self._flush_buffer()
+        f = _encode_request(msgid, queue, headers, body)  # frames come from protocol/
+        try:
+            # NOBLOCK: a socket the broker refused may have no connection left to
+            # queue on (libzmq does not connect again), and would block for ever
+            _send(sock, f[0], _MORE_NOBLOCK)
+        except zmq.Again:
+            self._send_blocked(sock, f)
+        else:  # the first frame went: the rest of the message goes with it
+            _send(sock, f[1], _SNDMORE)
+            _send(sock, f[2], _SNDMORE)
+            _send(sock, f[3], _SNDMORE)
+            _send(sock, f[4], _SNDMORE)
+            _send(sock, f[5], _SNDMORE)
+            _send(sock, f[6], 0)
+        pending[msgid] = now
+        if len(pending) >= self._drain_at:
+            self._drain_window(sock)
 
     def _drain_window(self, sock: zmq.Socket[Any]) -> None:
         """Read the ACKs waiting; wait for room when the window is full."""

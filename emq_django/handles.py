@@ -210,6 +210,34 @@ class Result:
         self._done = True
 
 
+class _IdOfMsgid:
+    """``SentResult.id``: the msgid's text, decoded when first read (most handles of
+    pipelined jobs are never read). Not a data descriptor: the instance keeps it."""
+
+    def __get__(self, handle: SentResult | None, owner: type | None = None) -> Any:
+        if handle is None:
+            return self
+        job_id = handle.__dict__["id"] = handle._msgid.decode()
+        return job_id
+
+
+class SentResult(Result):
+    """The handle ``Task.delay()`` returns, made at the least cost per job: each
+    task has its own subclass (``for_task``), whose class attributes are the task's
+    name and ``reply``, and ``delay()`` sets ``_msgid`` on a bare instance of it
+    (no ``__init__`` call). ``get()`` waits on this process's client."""
+
+    id = _IdOfMsgid()  # type: ignore[assignment]
+    _msgid: bytes
+
+    def __init__(self, msgid: bytes) -> None:  # delay() does this without the call
+        self._msgid = msgid
+
+    @classmethod
+    def for_task(cls, task_name: str, reply: bool) -> type[SentResult]:
+        return type("Result", (cls,), {"task_name": task_name, "reply": reply, "_client": None})
+
+
 class StoredResult(Result):
     """``emq.result(id)``: a job's result read from the history, from any process.
 
