@@ -358,6 +358,15 @@ class Client:
         COALESCE_WAIT (a caller may send it sooner). Returns once no buffer is
         left, marked ``idle`` under the lock: the next buffer wakes it."""
         while True:
+            # A look without the lock first: while callers send, the buffer is
+            # younger than COALESCE_WAIT (they send it at COALESCE_JOBS), and taking
+            # the lock to see so made a convoy with them (each of their releases a
+            # wake-up of this thread). Only a buffer that may be due takes the lock.
+            if self._buf:
+                wait = self._buf_since + COALESCE_WAIT - _monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                    continue
             with self._lock:
                 if not self._buf or self._sock is None:
                     flusher.idle = True
