@@ -194,7 +194,7 @@ def main() -> None:
                 _print_profile(opts.profile)
             if opts.py_spy:
                 spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-                prefix = (spy, "record", "--native", "-r", "500", "-f", "raw", "-o", opts.py_spy, "--")
+                prefix = (spy, "record", *os.environ.get("PY_SPY_ARGS", "--native").split(), "-r", "500", "-f", "raw", "-o", opts.py_spy, "--")
                 run_child(trees[-1], env, opts.jobs, opts.warmup, prefix=prefix)
                 print(f"py-spy: raw stacks in {opts.py_spy}")
         finally:
