@@ -5,7 +5,8 @@
 
 A real broker (``manage.py emq_broker`` of the first tree, on private loopback
 ports, its journal in a temporary directory, no job manager: nothing runs the
-jobs) takes ``--jobs`` ``noop.delay()`` calls from one producer process per
+jobs; with ``--workers``, one job manager with 2 worker processes runs them, as
+in bench/run.py, and the no-op's completion signals go to a sink here) takes ``--jobs`` ``noop.delay()`` calls from one producer process per
 round and tree, the trees alternating (``A B A B ...``) so that a machine whose
 speed drifts affects each alike. Each tree's producer runs its own code (its
 tree first on ``PYTHONPATH``). Per round and tree it prints µs per job of:
@@ -145,6 +146,7 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="cProfile stats file (one more run)")
     ap.add_argument("--py-spy", default="", help="py-spy raw output file (one more run)")
     ap.add_argument("--json", default="", help="write the figures here")
+    ap.add_argument("--workers", action="store_true", help="a job manager runs the jobs")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.child:
@@ -170,14 +172,34 @@ def main() -> None:
         )
         env.pop("EMQ_TRACE_DIR", None)
         log = open(os.path.join(tmp, "broker.log"), "wb")
-        broker = subprocess.Popen(
-            [sys.executable, os.path.join(trees[0], "manage.py"), "emq_broker"],
-            env=env,
-            cwd=trees[0],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        sink = _Sink() if opts.workers else None
+        if sink is not None:
+            env["BENCH_DONE_URL"] = sink.url
+            env["EMQ_WORKER_URL"] = env["EMQ_BACKEND_BIND"]
+        manage = [sys.executable, os.path.join(trees[0], "manage.py")]
+        servers = [
+            subprocess.Popen(
+                manage + ["emq_broker"],
+                env=env,
+                cwd=trees[0],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        ]
+        broker = servers[0]
+        if opts.workers:
+            jobmanager = ["emq_jobmanager", "--queues", "bench:10", "--concurrency", "2"]
+            servers.append(
+                subprocess.Popen(
+                    manage + jobmanager,
+                    env=env,
+                    cwd=trees[0],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -194,17 +216,20 @@ def main() -> None:
                 _print_profile(opts.profile)
             if opts.py_spy:
                 spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-                prefix = (spy, "record", *os.environ.get("PY_SPY_ARGS", "--native").split(), "-r", "500", "-f", "raw", "-o", opts.py_spy, "--")
+                prefix = (spy, "record", *os.environ.get("PY_SPY_ARGS", "--native").split(), "-r", os.environ.get("PY_SPY_RATE", "500"), "-f", "raw", "-o", opts.py_spy, "--")
                 run_child(trees[-1], env, opts.jobs, opts.warmup, prefix=prefix)
                 print(f"py-spy: raw stacks in {opts.py_spy}")
         finally:
-            broker.terminate()
-            try:
-                broker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                broker.kill()
-                broker.wait()
+            for server in reversed(servers):  # each by its own pid
+                server.terminate()
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
             log.close()
+            if sink is not None:
+                sink.close()
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(figures, f, indent=2)
@@ -247,6 +272,40 @@ def _rounds(
         "medians": medians,
         "loadavg": os.getloadavg(),
     }
+
+
+class _Sink:
+    """Where the no-op jobs' completion signals go (bench/donesignal.py): read and
+    dropped by a thread, so that the workers never wait on them."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import zmq
+
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.url = f"tcp://127.0.0.1:{port}"
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if self._sock.poll(200):
+                while True:
+                    try:
+                        self._sock.recv(1)  # zmq.NOBLOCK
+                    except Exception:
+                        break
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self._sock.close()
+        self._ctx.term()
 
 
 def _print_profile(path: str) -> None:
