@@ -6,10 +6,11 @@
 A real broker (``manage.py emq_broker`` of the first tree, on private loopback
 ports, its journal in a temporary directory, no job manager: nothing runs the
 jobs; with ``--workers``, one job manager with 2 worker processes runs them, as
-in bench/run.py, and the no-op's completion signals go to a sink here) takes ``--jobs`` ``noop.delay()`` calls from one producer process per
-round and tree, the trees alternating (``A B A B ...``) so that a machine whose
-speed drifts affects each alike. Each tree's producer runs its own code (its
-tree first on ``PYTHONPATH``). Per round and tree it prints µs per job of:
+in bench/run.py, and the no-op's completion signals go to a sink here) takes
+``--jobs`` ``noop.delay()`` calls from one producer process per round and tree,
+the trees alternating (``A B A B ...``) so that a machine whose speed drifts
+affects each alike. Each tree's producer runs its own code (its tree first on
+``PYTHONPATH``). Per round and tree it prints µs per job of:
 
 - ``cpu``: ``time.process_time()`` of the producer process (every thread: the
   caller's, the client's flusher, libzmq's I/O thread), over the ``delay()``
@@ -23,7 +24,8 @@ Then the medians per tree and, with two trees, their ratio (B / A).
 ``--profile FILE``: one more producer of the last tree under cProfile (its
 ``delay()`` calls only), the top functions by own time printed and the stats
 written to FILE. ``--py-spy FILE``: one more under ``py-spy record --native``
-(raw folded stacks in FILE, for a flame graph or ``sort | uniq``).
+(raw folded stacks in FILE, for a flame graph or ``sort | uniq``; PY_SPY_ARGS
+replaces ``--native``, e.g. by ``--nonblocking``; PY_SPY_RATE: samples a second).
 """
 
 from __future__ import annotations
@@ -113,7 +115,12 @@ def child(jobs: int, warmup: int, profile: str) -> None:
 
 
 def run_child(
-    tree: str, env: dict[str, str], jobs: int, warmup: int, *extra: str, prefix: tuple[str, ...] = ()
+    tree: str,
+    env: dict[str, str],
+    jobs: int,
+    warmup: int,
+    *extra: str,
+    prefix: tuple[str, ...] = (),
 ) -> dict[str, float]:
     env = dict(env, PYTHONPATH=tree, DJANGO_SETTINGS_MODULE="project.settings")
     cmd = [
@@ -158,7 +165,9 @@ def main() -> None:
     total = (opts.rounds * len(trees) + 2) * (opts.jobs + opts.warmup) + 10
     with tempfile.TemporaryDirectory(prefix="emq-producer-cost-") as tmp:
         env = dict(os.environ)
-        env.update({f"EMQ_{n}_BIND": f"tcp://127.0.0.1:{p}" for n, p in zip(NAMES, ports, strict=True)})
+        env.update(
+            {f"EMQ_{n}_BIND": f"tcp://127.0.0.1:{p}" for n, p in zip(NAMES, ports, strict=True)}
+        )
         env.update(
             EMQ_BROKER_URL=f"tcp://127.0.0.1:{ports[0]}",
             EMQ_MONITOR_URL=f"tcp://127.0.0.1:{ports[2]}",
@@ -215,8 +224,12 @@ def main() -> None:
                 run_child(trees[-1], env, opts.jobs, opts.warmup, "--profile", opts.profile)
                 _print_profile(opts.profile)
             if opts.py_spy:
-                spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-                prefix = (spy, "record", *os.environ.get("PY_SPY_ARGS", "--native").split(), "-r", os.environ.get("PY_SPY_RATE", "500"), "-f", "raw", "-o", opts.py_spy, "--")
+                spy = shutil.which("py-spy") or os.path.join(
+                    os.path.dirname(sys.executable), "py-spy"
+                )
+                args = os.environ.get("PY_SPY_ARGS", "--native").split()
+                rate = os.environ.get("PY_SPY_RATE", "500")
+                prefix = (spy, "record", *args, "-r", rate, "-f", "raw", "-o", opts.py_spy, "--")
                 run_child(trees[-1], env, opts.jobs, opts.warmup, prefix=prefix)
                 print(f"py-spy: raw stacks in {opts.py_spy}")
         finally:
