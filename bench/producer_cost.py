@@ -19,6 +19,9 @@ affects each alike. Each tree's producer runs its own code (its tree first on
 - ``main``: ``time.thread_time()`` of the calling thread alone;
 - ``wall``: elapsed time over the same span.
 
+``--results`` (with a job manager): ``echo.delay(i)`` calls, then each result's
+``get()``, as bench/run.py's results phase; ``main_delay`` is then the sends'.
+
 Then the medians per tree and, with two trees, their ratio (B / A).
 
 ``--profile FILE``: one more producer of the last tree under cProfile (its
@@ -89,17 +92,34 @@ def child(jobs: int, warmup: int, profile: str) -> None:
 
         prof = cProfile.Profile()
         prof.enable()
-        for _ in range(jobs):
-            delay()
+        if os.environ.get("PRODUCER_COST_RESULTS") == "1":
+            from bench.emq_bench_tasks import echo
+
+            [h.get(timeout=30) for h in [echo.delay(i) for i in range(jobs)]]
+        else:
+            for _ in range(jobs):
+                delay()
         prof.disable()
         client.flush(timeout=120)
         prof.dump_stats(profile)
         print(json.dumps({"profiled": jobs}))
         return
+    results = os.environ.get("PRODUCER_COST_RESULTS") == "1"
+    if results:  # --results: echo(i) jobs, then every result's get()
+        from bench.emq_bench_tasks import echo
+
+        for i in range(20):
+            assert echo.delay(i).get(timeout=30) == i
     cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
-    for _ in range(jobs):
-        delay()
-    sent_main = time.thread_time()
+    if results:
+        handles = [echo.delay(i) for i in range(jobs)]
+        sent_main = time.thread_time()
+        if [h.get(timeout=30) for h in handles] != list(range(jobs)):
+            raise SystemExit("the results are not the values sent")
+    else:
+        for _ in range(jobs):
+            delay()
+        sent_main = time.thread_time()
     client.flush(timeout=120)
     cpu1, main1, wall1 = time.process_time(), time.thread_time(), time.perf_counter()
     print(
@@ -154,6 +174,11 @@ def main() -> None:
     ap.add_argument("--py-spy", default="", help="py-spy raw output file (one more run)")
     ap.add_argument("--json", default="", help="write the figures here")
     ap.add_argument("--workers", action="store_true", help="a job manager runs the jobs")
+    ap.add_argument(
+        "--results",
+        action="store_true",
+        help="echo(i) jobs and every result's get() (as run.py's results phase; --workers)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.child:
@@ -181,6 +206,9 @@ def main() -> None:
         )
         env.pop("EMQ_TRACE_DIR", None)
         log = open(os.path.join(tmp, "broker.log"), "wb")
+        if opts.results:
+            env["PRODUCER_COST_RESULTS"] = "1"
+            opts.workers = True
         sink = _Sink() if opts.workers else None
         if sink is not None:
             env["BENCH_DONE_URL"] = sink.url
