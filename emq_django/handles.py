@@ -44,7 +44,7 @@ def _process_client() -> Client:
         from emq_django import client as module
 
         _client_module = module
-    return module.get_client()  # type: ignore[no-any-return]
+    return module.get_client()
 
 
 _installed: tuple[object, bool] = (None, False)  # (apps.app_configs, the answer)
@@ -236,7 +236,7 @@ class SentResult(Result):
     name and ``reply``, and ``delay()`` sets ``_msgid`` on a bare instance of it
     (no ``__init__`` call). ``get()`` waits on this process's client."""
 
-    id = _IdOfMsgid()  # type: ignore[assignment]
+    id = _IdOfMsgid()
     _msgid: bytes
 
     def __init__(self, msgid: bytes) -> None:  # delay() does this without the call
