@@ -33,6 +33,20 @@ HISTORY_FIRST_LOOK = 1.0
 HISTORY_POLL = 0.25
 
 
+_client_module: Any = None  # emq_django.client, once loaded (lazily: it opens sockets)
+
+
+def _process_client() -> Client:
+    """This process's client (``client.get_client()``, without an import per call)."""
+    global _client_module
+    module = _client_module
+    if module is None:
+        from emq_django import client as module
+
+        _client_module = module
+    return module.get_client()
+
+
 _installed: tuple[object, bool] = (None, False)  # (apps.app_configs, the answer)
 _apps: Any = None  # django.apps.apps, once imported
 
@@ -107,10 +121,8 @@ class Result:
         yield self.get()
 
     def _stream_partials(self, timeout: float | None) -> Iterator[Any]:
-        from emq_django.client import get_client
-
-        client = self._client or get_client()
-        msgid = self.id.encode()
+        client = self._client or _process_client()
+        msgid = self._msgid_bytes()
         while True:
             item = client.next_streamed(msgid, timeout)
             if not isinstance(item, tuple):  # the REPLY: the outcome
@@ -161,12 +173,8 @@ class Result:
         return self._value
 
     def _wait(self, timeout: float | None) -> None:
-        client = self._client
-        if client is None:
-            from emq_django.client import get_client
-
-            client = get_client()
-        msgid = self.id.encode()
+        client = self._client or _process_client()
+        msgid = self._msgid_bytes()
         # wait_reply takes a REPLY that came already without a poll (the drain that
         # read it, for whichever handle, kept it)
         if not history_installed():
@@ -197,10 +205,8 @@ class Result:
     def ready(self) -> bool:
         """True once the result has arrived (never blocks)."""
         if not self._done and self.reply:
-            from emq_django.client import get_client
-
-            client = self._client or get_client()
-            reply = client.poll_reply(self.id.encode())
+            client = self._client or _process_client()
+            reply = client.poll_reply(self._msgid_bytes())
             if reply is not None:
                 self._settle(reply.body)
         return self._done
@@ -208,6 +214,40 @@ class Result:
     def _settle(self, body: bytes) -> None:
         self._value, self._error = decode_reply_body(body)
         self._done = True
+
+    def _msgid_bytes(self) -> bytes:
+        return self.id.encode()
+
+
+class _IdOfMsgid:
+    """``SentResult.id``: the msgid's text, decoded when first read (most handles of
+    pipelined jobs are never read). Not a data descriptor: the instance keeps it."""
+
+    def __get__(self, handle: SentResult | None, owner: type | None = None) -> Any:
+        if handle is None:
+            return self
+        job_id = handle.__dict__["id"] = handle._msgid.decode()
+        return job_id
+
+
+class SentResult(Result):
+    """The handle ``Task.delay()`` returns, made at the least cost per job: each
+    task has its own subclass (``for_task``), whose class attributes are the task's
+    name and ``reply``, and ``delay()`` sets ``_msgid`` on a bare instance of it
+    (no ``__init__`` call). ``get()`` waits on this process's client."""
+
+    id = _IdOfMsgid()
+    _msgid: bytes
+
+    def __init__(self, msgid: bytes) -> None:  # delay() does this without the call
+        self._msgid = msgid
+
+    def _msgid_bytes(self) -> bytes:
+        return self._msgid
+
+    @classmethod
+    def for_task(cls, task_name: str, reply: bool) -> type[SentResult]:
+        return type("Result", (cls,), {"task_name": task_name, "reply": reply, "_client": None})
 
 
 class StoredResult(Result):

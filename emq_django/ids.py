@@ -59,9 +59,9 @@ class IdGenerator:
         if self._prefix is not None:
             self._n += 1
             return b"%s%08x" % (self._prefix, self._n)
-        block = os.urandom(ID_BYTES * BLOCK_IDS).hex().encode()
-        # sliced once per block: handing one out is then a list pop
-        ready = [block[i : i + ID_CHARS] for i in range(0, len(block), ID_CHARS)]
+        # cut into ids by bytes.hex's separator and split, in C (a slice each in
+        # Python cost 0.2 us an id): handing one out is then a list pop
+        ready = os.urandom(ID_BYTES * BLOCK_IDS).hex(" ", -ID_BYTES).encode().split()
         self._ready = ready
         return ready.pop()
 

@@ -47,6 +47,11 @@ def job_record(msgid: bytes, queue: bytes, headers: bytes, body: bytes) -> list[
     return [head, msgid, queue, headers, body]
 
 
+def record_head(msgid_length: int, queue: bytes, headers: bytes, body: bytes) -> bytes:
+    """A job record's head (the four lengths), for a msgid of ``msgid_length`` bytes."""
+    return _pack_head(msgid_length, len(queue), len(headers), len(body))
+
+
 def encode_requests(msgid: bytes, jobs: Sequence[Job]) -> list[bytes]:
     parts: list[bytes] = []
     for job in jobs:

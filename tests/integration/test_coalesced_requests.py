@@ -280,6 +280,74 @@ def test_order_is_kept_between_buffered_jobs_and_other_sends(
         client.close()
 
 
+def _ack(fake: FakeBroker, n: int, *msgids: bytes) -> None:
+    packed = B.PACK_SEPARATOR.join(msgids)
+    fake.router.send_multipart([fake.identity, *F.encode_ack(B.MARK + b"p-%d" % n, packed)])
+
+
+def test_acks_naming_parts_of_coalesced_messages_acknowledge_each_job(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client keeps a coalesced message's jobs as one entry while ACKs name whole
+    # messages; an ACK of a part, of one job or of an unknown id must still count.
+    monkeypatch.setattr(client_module, "COALESCE_WAIT", 60.0)
+    client = fake.client()
+    try:
+        first = client.send_request(b"default", b"", BODY)
+        assert fake.next()[3] == first
+        jobs = [client.send_request(b"default", b"", BODY) for _ in range(6)]
+        more: list[bytes] = []
+
+        def broker_side() -> None:
+            frames = fake.next()  # flush() sends the buffer
+            assert [job[0] for job in B.decode_jobs(frames)] == jobs
+            _ack(fake, 1, first, jobs[0], jobs[1])  # a REQUEST and part of a REQUESTS
+            _ack(fake, 2, jobs[2])  # one job of it, in a frame of its own
+            _ack(fake, 3, jobs[3], jobs[4], jobs[5], b"unknown")
+
+        answer = threading.Thread(target=broker_side)
+        answer.start()
+        client.flush(timeout=WAIT)
+        answer.join()
+        assert client._unacked() == 0 and not client._pending
+        # and the next messages are acknowledged whole again
+        more = [client.send_request(b"default", b"", BODY) for _ in range(2)]
+        assert fake.next()[3] == more[0]  # nothing in flight: a REQUEST
+        later = [client.send_request(b"default", b"", BODY) for _ in range(3)]
+        answer = threading.Thread(
+            target=lambda: (fake.next(), _ack(fake, 4, *more), _ack(fake, 5, *later))
+        )
+        answer.start()
+        client.flush(timeout=WAIT)
+        answer.join()
+        assert client._unacked() == 0
+    finally:
+        client.close()
+
+
+def test_a_coalesced_job_never_acknowledged_is_reported(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from emq_django.exceptions import BrokerUnavailable
+
+    monkeypatch.setattr(client_module, "COALESCE_WAIT", 60.0)
+    client = fake.client()
+    client.ack_timeout = 0.5
+    try:
+        first = client.send_request(b"default", b"", BODY)
+        assert fake.next()[3] == first
+        jobs = [client.send_request(b"default", b"", BODY) for _ in range(4)]
+        answer = threading.Thread(
+            target=lambda: (fake.next(), _ack(fake, 1, first, *jobs[:3]))  # not jobs[3]
+        )
+        answer.start()
+        with pytest.raises(BrokerUnavailable, match="1 message"):
+            client.flush(timeout=1.0)
+        answer.join()
+    finally:
+        client.close()
+
+
 # ---- the client, against the real broker ---------------------------------------------
 
 
@@ -318,7 +386,7 @@ def test_threads_sharing_the_client_get_every_job_to_the_broker_once(broker: Bro
             th.join()
         assert not errors
         client.flush(timeout=WAIT)  # every job ACKed
-        assert client._coalesce and not client._pending and len(set(sent)) == 8000
+        assert client._coalesce and not client._unacked() and len(set(sent)) == 8000
         status = broker.status()
         assert status["counters"]["received"] == 8000
         (queue,) = [q for q in status["queues"] if q["name"] == "threads"]
