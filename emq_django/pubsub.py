@@ -605,7 +605,7 @@ class Subscription:
         self._heard = time.monotonic()
         # the first snapshot request leaves now: with since=None, "live" means the
         # events the broker numbers after it answers this request
-        self.snapshot.send_multipart(self.state.syncstart(self._heard))
+        _ask_snapshot(self.snapshot, self.state.syncstart(self._heard))
 
     @property
     def last(self) -> int:
@@ -643,7 +643,7 @@ class Subscription:
                     # CPU); read them rather than ask the snapshot
                     self._heard = now
                 else:
-                    self.snapshot.send_multipart(state.syncstart(now))
+                    _ask_snapshot(self.snapshot, state.syncstart(now))
                     self._heard = now
             if deadline is not None and now >= deadline:
                 return None
@@ -711,6 +711,19 @@ class Subscription:
 
     def _on_broadcast(self, frames: Sequence[bytes]) -> list[Received]:
         return [received(e) for e in self.state.on_live(frames)]
+
+
+def _ask_snapshot(snapshot: zmq.Socket[Any], frames: list[bytes]) -> None:
+    """Send a snapshot request without ever blocking. A DEALER whose handshake the
+    broker refused has no pipe left (libzmq does not connect again), and a blocking
+    send on it waited for ever: under load the refusal came before the first
+    request, and ``subscribe()`` hung instead of raising. A request that cannot
+    leave now is asked again after ``SYNC_TIMEOUT``; a refusal is raised by the
+    socket's watch, which the reader polls (``HandshakeRefused``)."""
+    try:
+        wire.send(snapshot, frames)
+    except zmq.Again:
+        pass
 
 
 def _open_sub(
@@ -788,7 +801,7 @@ async def asubscribe(
         while True:
             now = time.monotonic()
             if state.needs_sync(now, now - heard, idle_check) or state.wants_fill:
-                await snapshot.send_multipart(state.syncstart(now))
+                _ask_snapshot(snapshot, state.syncstart(now))
                 heard = now
             for sock, _ in await poller.poll(idle_check * 1000):
                 watch = watches.get(sock)

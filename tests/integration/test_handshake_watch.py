@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import zmq
 
-from emq_django import transport
+from emq_django import pubsub, transport
 from emq_django.exceptions import HandshakeRefused
 from tests.conftest import free_tcp_port
 
@@ -119,3 +119,32 @@ def test_handshakes_failing_in_a_loop_left_unread() -> None:
     finally:
         client_ctx.destroy(linger=0)
         server_ctx.destroy(linger=0)
+
+
+def test_a_snapshot_request_on_a_refused_socket_never_blocks(context: zmq.Context[Any]) -> None:
+    """A DEALER whose handshake was refused, and which has no pipe to send into: a
+    blocking send waits for ever. ``subscribe()`` hung so in test_curve under load
+    (a plain-text client, CURVE ports), in the blocking send of its first snapshot
+    request. ``immediate`` gives a socket with no pipe deterministically here (none
+    before a handshake succeeds). The request is dropped instead; the watch says why."""
+    router = context.socket(zmq.ROUTER)
+    router.linger = 0
+    router.curve_server = True
+    router.curve_secretkey = zmq.curve_keypair()[1]
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.immediate = True
+    url = f"tcp://127.0.0.1:{port}"
+    watch = transport.HandshakeWatch(sock, url, None)
+    sock.connect(url)
+    with pytest.raises(HandshakeRefused) as refused:
+        for _ in range(100):
+            if watch.pair.poll(100):
+                watch.check()
+    assert refused.value.kind == "protocol", refused.value
+    assert not sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT  # a blocking send would wait for ever
+    pubsub._ask_snapshot(sock, [b"", b"request"])  # returns
+    sock.close(linger=0)
+    watch.close()
+    router.close(linger=0)
