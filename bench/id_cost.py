@@ -29,11 +29,14 @@ ROOT = os.path.dirname(HERE)
 class OldIdGenerator:
     """The generator emq_django.ids had before: 12 random hex digits, then a counter."""
 
-    __slots__ = ("_prefix", "_n")
+    __slots__ = ("_prefix", "_n", "_ready")
 
     def __init__(self) -> None:
         self._prefix = os.urandom(6).hex().encode()
         self._n = 0
+        # the client takes an id from here when there is one (ids.IdGenerator's
+        # block); always empty, so that it calls the generator
+        self._ready: list[bytes] = []
 
     def __call__(self) -> bytes:
         self._n += 1
@@ -41,16 +44,6 @@ class OldIdGenerator:
 
     def text(self) -> str:
         return self().decode()
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def per_id(rounds: int) -> None:
@@ -99,6 +92,8 @@ def main() -> None:
     sys.path.insert(0, ROOT)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     per_id(args.rounds)
+    from bench.procs import free_ports
+
     ports = free_ports(7)
     names = ("FRONTEND", "BACKEND", "MONITOR", "MDP", "PZQ_RECEIVE", "PZQ_SEND", "PZQ_MONITOR")
     with tempfile.TemporaryDirectory() as tmp:

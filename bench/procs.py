@@ -18,9 +18,20 @@ VENV_BIN = os.path.join(REPO, ".venv", "bin")
 
 def free_port() -> int:
     """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback TCP ports that were free a moment ago (bound
+    together, so that the system cannot hand out one of them twice)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 # The broker's other protocols' ports (on by default, on their standard ports): a

@@ -61,16 +61,6 @@ NAMES = (
 )
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 # ---------------------------------------------------------------- the producer
 
 
@@ -186,6 +176,10 @@ def main() -> None:
         return
     trees = [os.path.abspath(t) for t in opts.trees] or [ROOT]
     labels = "ABCDEFGH"
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench.procs import free_ports
+
     ports = free_ports(len(NAMES))
     total = (opts.rounds * len(trees) + 2) * (opts.jobs + opts.warmup) + 10
     with tempfile.TemporaryDirectory(prefix="emq-producer-cost-") as tmp:
