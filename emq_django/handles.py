@@ -36,15 +36,20 @@ HISTORY_POLL = 0.25
 _client_module: Any = None  # emq_django.client, once loaded (lazily: it opens sockets)
 
 
-def _process_client() -> Client:
-    """This process's client (``client.get_client()``, without an import per call)."""
+def client_module() -> Any:
+    """``emq_django.client``, imported on first use (it opens sockets), then kept."""
     global _client_module
     module = _client_module
     if module is None:
         from emq_django import client as module
 
         _client_module = module
-    return module.get_client()
+    return module
+
+
+def _process_client() -> Client:
+    """This process's client (``client.get_client()``, without an import per call)."""
+    return (_client_module or client_module()).get_client()
 
 
 _installed: tuple[object, bool] = (None, False)  # (apps.app_configs, the answer)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from emq_django import conf as _conf
 from emq_django import registry
-from emq_django.handles import EagerResult, Result, SentResult
+from emq_django.handles import EagerResult, Result, SentResult, client_module
 from emq_django.ids import ID_CHARS
 from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
 from emq_django.protocol.body import RunBodyEncoder, encode_run_body
@@ -270,12 +270,9 @@ _new_handle = object.__new__
 
 
 def _get_client() -> Client:
+    """This process's client; keeps the module for ``delay()``'s fast path."""
     global _client_module
-    module = _client_module
-    if module is None:
-        from emq_django import client as module
-
-        _client_module = module
+    module = _client_module = _client_module or client_module()
     return module.get_client()
 
 
