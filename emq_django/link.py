@@ -138,7 +138,7 @@ class BrokerLink:
         now = time.monotonic()
         if now - self.last_recv > self.interval:
             self.check_handshake()  # silent: did it refuse us? (it says nothing then)
-        if now - self.last_recv > self.silence_limit:
+        if now - self.last_recv > self.silence_limit and not self._waiting():
             log.info(
                 "broker at %s silent for %.1f s; connecting again", self.url, now - self.last_recv
             )
@@ -147,6 +147,15 @@ class BrokerLink:
         if now - self.last_send >= self.interval:
             self.send(F.encode_heartbeat(self.new_id(), time.time()))
         return False
+
+    def _waiting(self) -> bool:
+        """Messages wait in the socket: the broker spoke while we were busy (a long
+        job) and is not silent; connecting again would drop them (jobs sent ahead to
+        a worker process among them). Counts as hearing from it."""
+        if self.sock is None or not wire.readable(self.sock):
+            return False
+        self.last_recv = time.monotonic()
+        return True
 
     def goodbye(self, wait: float) -> Iterator[F.Command]:
         """DISCONNECT, then the commands that arrive until the broker's KBYE (or

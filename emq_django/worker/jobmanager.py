@@ -251,7 +251,11 @@ class JobManager:
 
     def _kill_attempt(self, attempt_id: bytes, reason: str) -> None:
         """The broker's KILL (a job cancelled while it runs): stop the process that
-        runs ``attempt_id`` as for a time limit, SIGTERM then SIGKILL after the grace."""
+        runs ``attempt_id`` as for a time limit, SIGTERM then SIGKILL after the grace.
+        The broker may have sent the job ahead to a process busy with another: it is
+        noted in the slot table first, and that process gives it back unstarted
+        (the broker then ends it cancelled)."""
+        self.table.cancel_unstarted(attempt_id)
         for pid, slot in self.children.items():
             if self.table.read(slot)[0] != attempt_id:
                 continue
@@ -267,7 +271,10 @@ class JobManager:
                 _kill(pid, signal.SIGTERM)
                 self.kill_deadlines[pid] = time.monotonic() + self.config.kill_grace
             return
-        log.info("asked to stop job %s, which no worker process runs", attempt_id)
+        log.info(
+            "asked to stop job %s, which no worker process runs: it will not start",
+            attempt_id.decode(errors="replace"),
+        )
 
     def _goodbye(self) -> None:
         assert self.link is not None

@@ -47,6 +47,7 @@ READY_BATCH_DIVISOR = 8
 BATCH = 32
 HOLD_LIMIT = 0.002
 LAST_RUN_TASKS = 1024
+MAX_CANCELLED_KEPT = 4096  # cancelled attempt ids a process remembers (then forgets all)
 _NEVER_RAN = float("inf")  # tasks whose last run time is kept (then forgotten, all at once)
 
 
@@ -117,6 +118,10 @@ class SlotWorker:
         self._held_since = 0.0  # monotonic: when the oldest of them was finished
         self._last_run: dict[str | None, float] = {}  # task -> its last run, seconds
         self._queued = 0  # jobs of the REQUEST being run that have not started yet
+        # attempts its job manager said were cancelled (slots.cancel_unstarted), as
+        # far as this process has read them: it gives such a job back unstarted
+        self._cancels_seen = 0
+        self._cancelled: set[bytes] = set()
         # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
         # answers and READYs of several credits; until then, the document's only
         self.batching = False
@@ -253,6 +258,11 @@ class SlotWorker:
         self.table.start(
             slot, msgid, started, h.timeout, queue, h.task, h.retry_count, h.guarantee, body
         )
+        # (after start: see SlotTable.cancel_unstarted)
+        if self.table.cancel_count() != self._cancels_seen and self._was_cancelled(msgid):
+            self.table.clear(slot)
+            self._skip_cancelled(msgid)
+            return
         outcome = execute_counting(body, msgid, _PartialSender(self, msgid))
         self.jobs_done += 1
         elapsed = _monotonic() - started
@@ -371,6 +381,23 @@ class SlotWorker:
                 encode_failure("TimeoutError", message, ""), True, "TimeoutError", outcome.spec
             )
         return outcome
+
+    def _was_cancelled(self, msgid: bytes) -> bool:
+        self._cancels_seen, ids = self.table.cancels_since(self._cancels_seen)
+        if len(self._cancelled) > MAX_CANCELLED_KEPT:
+            self._cancelled.clear()  # (their jobs were given back long ago)
+        self._cancelled.update(ids)
+        return msgid in self._cancelled
+
+    def _skip_cancelled(self, msgid: bytes) -> None:
+        """A job cancelled before it started: given back unstarted with its credit
+        (the broker ends it as cancelled: it never ran)."""
+        log.info("job %s was cancelled before it started", msgid.decode(errors="replace"))
+        self._cancelled.discard(msgid)
+        self._send_held()
+        status = F.REQUEUE_STATUS + b"," + F.FLAG_READY
+        self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, status))
+        self.credit += 1
 
     def _give_back(self, msgid: bytes) -> None:
         """A job this process will not start: back to the broker, uncounted."""

@@ -43,6 +43,11 @@ RECENT_RECORD = 1024
 _COUNT = struct.Struct("=Q")
 _RECENT = struct.Struct("=dBBH")
 NOT_KEPT = 0xFFFF
+# attempts cancelled that no process was running (jobs sent ahead to a busy
+# process): (entries written so far) then a ring of (length, attempt id) records,
+# written by the job manager, read by every process before it starts a job
+CANCELS = 64
+_CANCEL_RECORD = 1 + MAX_ATTEMPT_ID
 
 
 class Running(NamedTuple):
@@ -67,6 +72,7 @@ class SlotTable:
         self.recent_count = max(recent, 2)
         self._recent_stride = _COUNT.size + self.recent_count * RECENT_RECORD
         self._recent = mmap.mmap(-1, self._recent_stride * max(count, 1))
+        self._cancels = mmap.mmap(-1, _COUNT.size + CANCELS * _CANCEL_RECORD)
         self._names: dict[tuple[str, str], tuple[bytes, int, int]] = {}
 
     def start(
@@ -194,6 +200,33 @@ class SlotTable:
     def forget_recent(self, slot: int) -> None:
         """The answers kept were sent again (or a fresh process takes the slot)."""
         _COUNT.pack_into(self._recent, slot * self._recent_stride, 0)
+
+    def cancel_unstarted(self, attempt_id: bytes) -> None:
+        """The job manager: ``attempt_id`` is cancelled; a process that holds it
+        unstarted (sent ahead while it ran another job) must not start it. Written
+        before the job manager looks for a process running it: a process writes
+        its slot (``start``) before it looks here, so one of the two sees the other."""
+        n = _COUNT.unpack_from(self._cancels, 0)[0]
+        aid = attempt_id[:MAX_ATTEMPT_ID]
+        at = _COUNT.size + (n % CANCELS) * _CANCEL_RECORD
+        self._cancels[at : at + 1 + len(aid)] = bytes((len(aid),)) + aid
+        _COUNT.pack_into(self._cancels, 0, n + 1)
+
+    def cancel_count(self) -> int:
+        """How many ``cancel_unstarted`` so far (a process compares it with the count
+        it has read, one look per job)."""
+        return int(_COUNT.unpack_from(self._cancels, 0)[0])
+
+    def cancels_since(self, seen: int) -> tuple[int, list[bytes]]:
+        """(the count now, the attempt ids cancelled since ``seen``; at most the ring's
+        last ``CANCELS``: a process further behind than that misses the oldest)."""
+        n = self.cancel_count()
+        out = []
+        for i in range(max(seen, n - CANCELS), n):
+            at = _COUNT.size + (i % CANCELS) * _CANCEL_RECORD
+            length = self._cancels[at]
+            out.append(bytes(self._cancels[at + 1 : at + 1 + length]))
+        return n, out
 
     def mark_cancelled(self, slot: int) -> None:
         base = slot * SLOT_SIZE

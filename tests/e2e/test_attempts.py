@@ -280,6 +280,65 @@ def test_cancel_of_a_running_job_kills_it_and_get_raises_cancelled(
     assert len(runs(env, "cancel-me")) == 1  # not retried
 
 
+def test_jobs_sent_ahead_to_a_process_busy_past_the_heartbeat_limit_still_run(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    """A process that runs one job for longer than the heartbeat limit reads no
+    heartbeats meanwhile; the jobs the broker sent ahead to it wait in its socket.
+    Finding them there after the job, it must not take the broker for gone and
+    connect again (which dropped them: held, then failed as WorkerLost)."""
+    migrate(env)
+    start(emq_processes, env, concurrency=1)
+    assert [tasks.add.delay(n, 1).get(timeout=30) for n in range(30)] == [n + 1 for n in range(30)]
+    from emq_django.conf import cached_settings
+
+    settings = cached_settings()
+    limit = settings.HEARTBEAT_INTERVAL * settings.HEARTBEAT_LIVENESS
+    busy = tasks.sleeper.apply_async(("long", limit + 1.5), job_id="long")
+    wait_until(lambda: runs(env, "long"), "the long job to start", 30)
+    behind = [tasks.add.delay(n, 100) for n in range(5)]
+    assert busy.get(timeout=30) == 1
+    assert [h.get(timeout=30) for h in behind] == [n + 100 for n in range(5)]
+    counters = monitor(env)["counters"]
+    assert counters.get("worker_lost", 0) == 0 and counters["succeeded"] >= 36, counters
+
+
+def test_cancel_of_a_prefetched_job_that_has_not_started_means_it_never_runs(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    """A job the broker has handed to a worker process that is busy with another
+    (it waits in that process's prefetch) is "stopping" when cancelled: it must
+    never start, its get() raises Cancelled, and the job that runs is not killed."""
+    migrate(env)
+    start(emq_processes, env, concurrency=1)
+    # short jobs first: the process's credit grows past 1 (worker/credit.py)
+    assert [tasks.add.delay(n, 1).get(timeout=30) for n in range(30)] == [n + 1 for n in range(30)]
+    busy = tasks.sleeper.apply_async(("busy", 3.0), job_id="busy")
+    wait_until(lambda: runs(env, "busy"), "the busy job to start", 30)
+    behind = tasks.sleeper.apply_async(("behind", 0.1), job_id="behind")
+    # in flight at the broker (dispatched to the busy process), so "stopping"
+    states = wait_until(
+        lambda: (
+            (doc := json.loads(query(env["EMQ_MONITOR_URL"], b"CANCEL behind")))
+            and (doc["stopping"] or doc["cancelled"])
+            and doc
+        ),
+        "the broker to know the job",
+        15,
+    )
+    assert states["stopping"] == ["behind"], states  # it waited in the process's prefetch
+    with pytest.raises(Cancelled):
+        behind.get(timeout=30)
+    assert busy.get(timeout=30) == 1  # the running job was not killed for it
+    (run,) = runs(env, "busy")
+    assert tasks.add.delay(2, 2).get(timeout=30) == 4
+    time.sleep(1.0)
+    assert runs(env, "behind") == []  # it never started
+    assert trace_events(env, "behind")[-1] == "cancelled"
+    assert len(runs(env, "busy")) == 1
+    assert Path(f"/proc/{run['pid']}").exists()  # the same process goes on
+
+
 def _zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
