@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 
 from emq_django.analytics.transforms import EVENT_SCHEMA, clean_events
@@ -142,22 +142,45 @@ def read_dates(
     return df
 
 
+# Parquet writer options of the fact tables (``jobs/``, ``attempts/``), the
+# largest writes of a batch (3.26M job rows at 10M events). Page checksums and
+# the size statistics (parquet 1.15+: histograms per page for query planners)
+# are written by default and read by nobody here; the time columns (µs, nearly
+# every value distinct) get no dictionary, which parquet-mr would fill up to its
+# page size for every column chunk and then drop. Readers see the same columns
+# and types; files written before still read the same.
+FACT_WRITER_OPTIONS = {
+    "parquet.page.write-checksum.enabled": "false",
+    "parquet.size.statistics.enabled": "false",
+}
+
+
+def _no_dictionary(column: str) -> bool:
+    """A fact column whose values (nearly) never repeat: a time in µs."""
+    return column in ("ts", "job") or column.endswith(("_us", "_ts"))
+
+
+def fact_writer(df: DataFrame, mode: str, unique: str | None = None) -> DataFrameWriter:
+    """A writer of ``df`` as a fact table partitioned by ``date`` (see
+    ``FACT_WRITER_OPTIONS``). ``unique``: one more column whose values (nearly)
+    never repeat, such as job ids, written without a Parquet dictionary."""
+    writer = df.write.mode(mode).partitionBy("date").options(**FACT_WRITER_OPTIONS)
+    for column in df.columns:
+        if column == unique or _no_dictionary(column):
+            writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    return writer
+
+
 def append(df: DataFrame, path: Path, unique: str | None = None) -> None:
-    """Append ``df`` to the date-partitioned table at ``path``. ``unique``: a column
-    whose values (nearly) never repeat, such as job ids, written without a Parquet
-    dictionary (it would be built for every page and then dropped)."""
-    writer = df.write.mode("append").partitionBy("date")
-    if unique is not None:
-        writer = writer.option(f"parquet.enable.dictionary#{unique}", "false")
-    writer.parquet(str(path))
+    """Append ``df`` to the date-partitioned fact table at ``path`` (``unique`` as in
+    ``fact_writer``)."""
+    fact_writer(df, "append", unique).parquet(str(path))
 
 
 def write_dates(df: DataFrame, path: Path, unique: str | None = None) -> None:
-    """``df`` as a new date-partitioned table at ``path`` (``unique`` as in ``append``)."""
-    writer = df.write.mode("overwrite").partitionBy("date")
-    if unique is not None:
-        writer = writer.option(f"parquet.enable.dictionary#{unique}", "false")
-    writer.parquet(str(path))
+    """``df`` as a new date-partitioned fact table at ``path`` (``unique`` as in
+    ``fact_writer``)."""
+    fact_writer(df, "overwrite", unique).parquet(str(path))
 
 
 def partition_dates(path: Path) -> list[dt.date]:
