@@ -188,6 +188,13 @@ def main() -> int:
     parser.add_argument(
         "--java-options", default="", help="more options for the driver JVM (experiments)"
     )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session (experiments; may be given again)",
+    )
     args = parser.parse_args()
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="emq-analytics-bench-"))
@@ -217,6 +224,11 @@ def main() -> int:
         from emq_django.analytics.io import java_options
 
         conf["spark.driver.extraJavaOptions"] = f"{java_options(args.master)} {args.java_options}"
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--conf takes KEY=VALUE, not {item!r}")
+        conf[key] = value
     if args.event_log:
         Path(args.event_log).mkdir(parents=True, exist_ok=True)
         conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log}
@@ -273,6 +285,7 @@ def main() -> int:
         "legacy_trace": args.legacy,
         "driver_memory": args.driver_memory,
         "java_options": args.java_options,
+        "conf": args.conf,
         "spark_startup_s": round(startup_s, 1),
         "bare_read_count_s": [round(bare_before, 1), round(bare_after, 1)],
         "run_s": round(run_s, 1),
