@@ -29,9 +29,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.ui.showConsoleProgress": "false",
-    # percentile_approx runs in an object hash aggregate, which Spark turns into a
+    # the percentile sketches run in an object hash aggregate, which Spark turns into a
     # sort of every row beyond 128 groups per task; a day has a few thousand
-    # queue x task x minute groups, and their digests together hold no more than
+    # queue x task x minute groups, and their sketches together hold no more than
     # the task's own values.
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536",
     # Percentiles per minute are exact; one group never holds more than a

@@ -35,8 +35,8 @@ from emq_django.analytics.schema import (
     FINAL_EVENTS,
     FINISH_EVENTS,
     LATENCIES,
-    PERCENTILE_ACCURACY,
     PERCENTILE_NAMES,
+    PERCENTILE_SKETCH_K,
     PERCENTILES,
     REQUEUED,
     RETRIED,
@@ -515,19 +515,28 @@ def dedupe_jobs(jobs: DataFrame) -> DataFrame:
     return jobs.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")
 
 
+def _sketch(column: str) -> Column:
+    """A KLL sketch of ``column``'s values in the group (nulls left out)."""
+    return F.kll_sketch_agg_bigint(F.col(column), PERCENTILE_SKETCH_K)
+
+
+def _quantiles(sketch: Column) -> Column:
+    """``PERCENTILES`` of a sketch, as an array (null for a sketch of no values, as
+    percentile_approx gives for a group of nulls)."""
+    values = [F.kll_sketch_get_quantile_bigint(sketch, F.lit(p)) for p in PERCENTILES]
+    return F.when(F.kll_sketch_get_n_bigint(sketch) > 0, F.array(*values))
+
+
 def _latency_percentiles() -> list[Column]:
-    cols = []
-    for name in LATENCIES:
-        pcts = F.percentile_approx(F.col(f"{name}_us"), list(PERCENTILES), PERCENTILE_ACCURACY)
-        cols.append(pcts.alias(f"_{name}"))
-    return cols
+    return [_sketch(f"{name}_us").alias(f"_{name}") for name in LATENCIES]
 
 
 def _explode_percentiles(df: DataFrame, keys: list[str]) -> DataFrame:
     out = [F.col(c) for c in df.columns if not c.startswith("_")]
+    quantiles = {name: _quantiles(F.col(f"_{name}")) for name in LATENCIES}
     for name in LATENCIES:
         for i, pname in enumerate(PERCENTILE_NAMES):
-            out.append(F.col(f"_{name}")[i].alias(f"{name}_{pname}_us"))
+            out.append(quantiles[name][i].alias(f"{name}_{pname}_us"))
     return df.select(*out)
 
 
@@ -550,7 +559,7 @@ def task_minute_metrics(jobs: DataFrame) -> DataFrame:
     """Per queue x task x minute: jobs, succeeded, failed (every outcome but
     succeeded), timed_out, retried (jobs with a retry), throughput (jobs / 60 s),
     run_total_us, and ``{wait,run,e2e}_{p50,p95,p99}_us`` (approximate: see
-    ``PERCENTILE_ACCURACY``)."""
+    ``schema.PERCENTILE_SKETCH_K``)."""
     return _minute_metrics(jobs, ["queue", "task"])
 
 
@@ -589,7 +598,7 @@ def slowest_tasks(jobs: DataFrame, limit: int = 20) -> DataFrame:
     per_task = done.groupBy("date", "queue", "task").agg(
         F.count(F.lit(1)).alias("jobs"),
         F.avg("run_us").alias("run_mean_us"),
-        F.percentile_approx(F.col("run_us"), list(PERCENTILES), PERCENTILE_ACCURACY).alias("_run"),
+        _sketch("run_us").alias("_sketch"),
         F.max("run_us").alias("run_max_us"),
     )
     ranked = per_task.select(
@@ -598,7 +607,10 @@ def slowest_tasks(jobs: DataFrame, limit: int = 20) -> DataFrame:
         "task",
         "jobs",
         "run_mean_us",
-        *[F.col("_run")[i].alias(f"run_{p}_us") for i, p in enumerate(PERCENTILE_NAMES)],
+        *[
+            _quantiles(F.col("_sketch"))[i].alias(f"run_{p}_us")
+            for i, p in enumerate(PERCENTILE_NAMES)
+        ],
         "run_max_us",
     )
     order = Window.partitionBy("date").orderBy(

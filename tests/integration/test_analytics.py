@@ -36,7 +36,7 @@ from emq_django.analytics.pipeline import (  # noqa: E402
     Analyzer,
     legacy_lines,
 )
-from emq_django.analytics.schema import PERCENTILE_ACCURACY  # noqa: E402
+from emq_django.analytics.schema import PERCENTILE_ACCURACY, PERCENTILE_SKETCH_K  # noqa: E402
 from emq_django.analytics.synth import (  # noqa: E402
     SynthConfig,
     TaskProfile,
@@ -95,12 +95,17 @@ def percentile(values: list[float], p: float) -> float | None:
 
 
 def percentile_range(values: list[float], p: float) -> tuple[float, float] | None:
-    """What the pipeline's approximate percentile may return (schema.PERCENTILE_ACCURACY):
-    a value of the group whose rank is within 1 + n / accuracy of p * n."""
+    """What the pipeline's percentile may return (schema.PERCENTILE_SKETCH_K and
+    PERCENTILE_ACCURACY): for a group of at most K values, the value of rank
+    ceil(p * n) itself; beyond, a value of the group whose rank is within
+    1 + n / accuracy of p * n."""
     xs = sorted(values)
     if not xs:
         return None
     n = len(xs)
+    if n <= PERCENTILE_SKETCH_K:
+        exact = xs[max(math.ceil(p * n), 1) - 1]
+        return exact, exact
     slack = 1 + math.ceil(n / PERCENTILE_ACCURACY)
     lo = max(0, math.floor(p * n) - slack)
     hi = min(n - 1, math.ceil(p * n) + slack - 1)
