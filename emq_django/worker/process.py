@@ -259,7 +259,7 @@ class SlotWorker:
             slot, msgid, started, h.timeout, queue, h.task, h.retry_count, h.guarantee, body
         )
         # (after start: see SlotTable.cancel_unstarted)
-        if self.table.cancel_count() != self._cancels_seen and self._was_cancelled(msgid):
+        if self._was_cancelled(msgid):
             self.table.clear(slot)
             self._skip_cancelled(msgid)
             return
@@ -383,10 +383,13 @@ class SlotWorker:
         return outcome
 
     def _was_cancelled(self, msgid: bytes) -> bool:
-        self._cancels_seen, ids = self.table.cancels_since(self._cancels_seen)
-        if len(self._cancelled) > MAX_CANCELLED_KEPT:
-            self._cancelled.clear()  # (their jobs were given back long ago)
-        self._cancelled.update(ids)
+        """Whether its job manager has noted ``msgid`` as cancelled (read now, or at
+        an earlier job's start: the job may have waited in the socket since)."""
+        if self.table.cancel_count() != self._cancels_seen:
+            self._cancels_seen, ids = self.table.cancels_since(self._cancels_seen)
+            if len(self._cancelled) > MAX_CANCELLED_KEPT:
+                self._cancelled.clear()  # (their jobs were given back long ago)
+            self._cancelled.update(ids)
         return msgid in self._cancelled
 
     def _skip_cancelled(self, msgid: bytes) -> None:

@@ -50,3 +50,29 @@ def test_a_forked_process_sees_what_the_parent_writes_after_the_fork() -> None:
     got = os.read(read, 1024)
     os.waitpid(pid, 0)
     assert got == b"after-fork#3"
+
+
+def test_a_process_remembers_a_cancel_it_read_before_the_job_reached_it() -> None:
+    """The ring is read at a job's start; a cancelled job still waiting in the socket
+    starts later, when the count has not moved since: it must still be known."""
+    from emq_django.worker.process import SlotConfig, SlotWorker
+
+    config = SlotConfig(
+        broker_url="tcp://127.0.0.1:1",  # never connected here
+        queues=((10, "default"),),
+        manager="m",
+        slot=0,
+        heartbeat_interval=1.0,
+        heartbeat_liveness=3,
+    )
+    table = SlotTable(1)
+    worker = SlotWorker(config, table)
+    try:
+        assert worker._was_cancelled(b"a#1") is False
+        table.cancel_unstarted(b"later#1")
+        assert worker._was_cancelled(b"b#1") is False  # reads the ring: "later" noted
+        assert table.cancel_count() == worker._cancels_seen  # nothing new since
+        assert worker._was_cancelled(b"later#1") is True
+        assert worker._was_cancelled(b"c#1") is False
+    finally:
+        worker.context.term()
