@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from emq_django.worker.credit import CreditPolicy
@@ -46,6 +48,25 @@ def test_maximum_below_one_is_refused() -> None:
         CreditPolicy(0)
 
 
+def unconnected_worker(table: Any, prefetch: int = 1, max_jobs: int = 0) -> Any:
+    """A worker process's object, as its job manager's fork makes it, never
+    connected (its link's broker address is a closed port): for its own logic.
+    The caller terms its ``context``."""
+    from emq_django.worker.process import SlotConfig, SlotWorker
+
+    config = SlotConfig(
+        broker_url="tcp://127.0.0.1:1",  # never connected here
+        queues=((10, "default"),),
+        manager="m",
+        slot=0,
+        heartbeat_interval=1.0,
+        heartbeat_liveness=3,
+        prefetch=prefetch,
+        max_jobs=max_jobs,
+    )
+    return SlotWorker(config, table)
+
+
 @pytest.mark.parametrize(
     ("wanted", "maximum", "max_jobs", "done", "ceiling"),
     [
@@ -60,20 +81,9 @@ def test_maximum_below_one_is_refused() -> None:
 def test_a_worker_keeps_a_little_more_credit_than_it_wants(
     wanted: int, maximum: int, max_jobs: int, done: int, ceiling: int
 ) -> None:
-    from emq_django.worker.process import SlotConfig, SlotWorker
     from emq_django.worker.slots import SlotTable
 
-    config = SlotConfig(
-        broker_url="tcp://127.0.0.1:1",  # never connected here
-        queues=((10, "default"),),
-        manager="m",
-        slot=0,
-        heartbeat_interval=1.0,
-        heartbeat_liveness=3,
-        prefetch=maximum,
-        max_jobs=max_jobs,
-    )
-    worker = SlotWorker(config, SlotTable(1))
+    worker = unconnected_worker(SlotTable(1), prefetch=maximum, max_jobs=max_jobs)
     try:
         worker.jobs_done = done
         assert worker._ceiling(wanted) == ceiling

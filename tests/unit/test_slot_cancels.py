@@ -55,18 +55,10 @@ def test_a_forked_process_sees_what_the_parent_writes_after_the_fork() -> None:
 def test_a_process_remembers_a_cancel_it_read_before_the_job_reached_it() -> None:
     """The ring is read at a job's start; a cancelled job still waiting in the socket
     starts later, when the count has not moved since: it must still be known."""
-    from emq_django.worker.process import SlotConfig, SlotWorker
+    from tests.unit.test_credit import unconnected_worker
 
-    config = SlotConfig(
-        broker_url="tcp://127.0.0.1:1",  # never connected here
-        queues=((10, "default"),),
-        manager="m",
-        slot=0,
-        heartbeat_interval=1.0,
-        heartbeat_liveness=3,
-    )
     table = SlotTable(1)
-    worker = SlotWorker(config, table)
+    worker = unconnected_worker(table)
     try:
         assert worker._was_cancelled(b"a#1") is False
         table.cancel_unstarted(b"later#1")
