@@ -47,6 +47,7 @@ READY_BATCH_DIVISOR = 8
 BATCH = 32
 HOLD_LIMIT = 0.002
 LAST_RUN_TASKS = 1024
+_REQUEUE_READY = F.REQUEUE_STATUS + b"," + F.FLAG_READY
 MAX_CANCELLED_KEPT = 4096  # cancelled attempt ids a process remembers (then forgets all)
 _NEVER_RAN = float("inf")  # tasks whose last run time is kept (then forgotten, all at once)
 
@@ -397,16 +398,17 @@ class SlotWorker:
         (the broker ends it as cancelled: it never ran)."""
         log.info("job %s was cancelled before it started", msgid.decode(errors="replace"))
         self._cancelled.discard(msgid)
-        self._send_held()
-        status = F.REQUEUE_STATUS + b"," + F.FLAG_READY
-        self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, status))
-        self.credit += 1
+        self.credit += 1  # back: _run counted the job against it
+        self._give_back(msgid, ready=True)
 
-    def _give_back(self, msgid: bytes) -> None:
-        """A job this process will not start: back to the broker, uncounted."""
+    def _give_back(self, msgid: bytes, ready: bool = False) -> None:
+        """A job this process will not start: back to the broker, uncounted;
+        ``ready``: with its credit (this process goes on)."""
         self._send_held()
-        self.credit -= 1
-        self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, F.REQUEUE_STATUS))
+        if not ready:
+            self.credit -= 1  # the job took a credit; with ready, its REPLY returns it
+        status = _REQUEUE_READY if ready else F.REQUEUE_STATUS
+        self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, status))
 
     def _record(
         self, msgid: bytes, queue: str, h: Headers, body: bytes, outcome: Outcome, elapsed: float
