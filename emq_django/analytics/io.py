@@ -34,8 +34,7 @@ DEFAULT_CONF: dict[str, str] = {
     # queue x task x minute groups, and their sketches together hold no more than
     # the task's own values.
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536",
-    # Percentiles per minute are exact; one group never holds more than a
-    # minute of one task's jobs.
+    # adaptive execution: shuffle partitions coalesced to what the data needs
     "spark.sql.adaptive.enabled": "true",
     # The tables are partitioned by date and a batch holds a few dates: a writer
     # per date, rather than a sort of every row by date before writing (which

@@ -601,16 +601,14 @@ def slowest_tasks(jobs: DataFrame, limit: int = 20) -> DataFrame:
         _sketch("run_us").alias("_sketch"),
         F.max("run_us").alias("run_max_us"),
     )
+    run = _quantiles(F.col("_sketch"))
     ranked = per_task.select(
         "date",
         "queue",
         "task",
         "jobs",
         "run_mean_us",
-        *[
-            _quantiles(F.col("_sketch"))[i].alias(f"run_{p}_us")
-            for i, p in enumerate(PERCENTILE_NAMES)
-        ],
+        *[run[i].alias(f"run_{p}_us") for i, p in enumerate(PERCENTILE_NAMES)],
         "run_max_us",
     )
     order = Window.partitionBy("date").orderBy(
