@@ -17,6 +17,8 @@ Output layout (every table partitioned by ``date``, the UTC date of its minute):
 from __future__ import annotations
 
 import datetime as dt
+import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -75,6 +77,10 @@ def build_session(
         **DEFAULT_CONF,
         **(conf or {}),
     }
+    if master.startswith("local"):
+        # The final path's pass runs in Python workers (endpass): this interpreter,
+        # which has pyarrow, rather than whatever "python3" is first on the PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -45,7 +45,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from emq_django.analytics import io, transforms
+from emq_django.analytics import endpass, io, transforms
 from emq_django.analytics.checkpoint import Checkpoint, stage, stage_all
 from emq_django.analytics.schema import FINAL_EVENTS
 
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 CACHE_LEVEL = StorageLevel.DISK_ONLY
 
 METRIC_TABLES = ("task_minute", "queue_minute", "jm_minute", "failures", "slowest_tasks")
+# The metric tables that have a Django model (the admin's Metrics page).
+_DB_TABLES = ("queue_minute", "task_minute", "jm_minute", "failures")
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,10 @@ class Analyzer:
             paths = stage(sources, staging)
             io.tune_partitions(self.spark, sum(s.end - s.start for s in sources))
             final_path = cfg.final_path and not any(legacy_lines(p) for p in paths)
-            result = self.process(io.read_events(self.spark, paths), final_path)
+            result = self._process_files(paths) if final_path else None
+            if result is None:
+                # an older broker's lines, or no attempt end: the full path
+                result = self.process(io.read_events(self.spark, paths), final_path=False)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         with self._lock:
@@ -150,6 +155,65 @@ class Analyzer:
         result.sources = len(sources)
         result.bytes = sum(s.end - s.start for s in sources)
         result.seconds = time.monotonic() - started
+        return result
+
+    def _process_files(self, paths: list[Path]) -> BatchResult | None:
+        """The final path over trace files, in one pass (``endpass``): the job facts
+        are written and the metrics merged from partials computed beside them, with
+        nothing read back; None (having written nothing) when a line that ends an
+        attempt lacks ``final``, or there is none. When ``jobs/`` or ``attempts/``
+        already hold rows of a date this batch touches, those dates' metrics are
+        recomputed from the stored rows (``_write_metrics``, which keeps a job's
+        latest row) instead."""
+        cfg = self.config
+        with self._lock:
+            batch = self.checkpoint.batch + 1
+            old_open = self.checkpoint.open_dir
+        work = self.out / "_staging" / f"pass-{batch}-{uuid.uuid4().hex}"
+        try:
+            done = endpass.run(
+                self.spark,
+                paths,
+                work,
+                since_us=None if cfg.since is None else int(cfg.since.timestamp() * 1_000_000),
+                until_us=None if cfg.until is None else int(cfg.until.timestamp() * 1_000_000),
+            )
+            if done.counts.legacy or not done.counts.ends:
+                return None
+            dates = done.dates
+            result = BatchResult(
+                events=done.counts.ends,
+                finished_jobs=done.counts.final,
+                open_jobs=None,
+                dates=dates,
+            )
+            stored = bool(
+                io.existing_dates(self.out / "jobs", dates)
+                or io.existing_dates(self.out / "attempts", dates)
+            )
+            if (work / "jobs").is_dir():
+                (self.out / "jobs").mkdir(parents=True, exist_ok=True)
+                io.move_partitions(work / "jobs", self.out / "jobs")
+            if dates and stored:
+                self._write_metrics(dates, dedupe=True)
+                if cfg.update_db:
+                    result.db_rows = self._update_db(dates)
+            elif dates:
+                tables = endpass.merge(work, cfg.slowest_limit)
+                for name in METRIC_TABLES:
+                    endpass.write_metric_table(
+                        tables[name], endpass.METRIC_SCHEMAS[name], self.out / name, dates
+                    )
+                if cfg.update_db:
+                    result.db_rows = self._store_rows(dates, tables)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        with self._lock:
+            self.checkpoint.batch = batch
+            self.checkpoint.open_dir = ""
+            self.checkpoint.save()
+        if old_open:
+            shutil.rmtree(self.out / old_open, ignore_errors=True)
         return result
 
     def process(self, events: DataFrame, final_path: bool = True) -> BatchResult:
@@ -337,6 +401,18 @@ class Analyzer:
                 reused.unpersist()
 
     def _update_db(self, dates: list[dt.date]) -> dict[str, int]:
+        """The models' rows of ``dates``, read from the metric tables."""
+        rows: dict[str, Any] = {}
+        for table in _DB_TABLES:
+            df = io.read_dates(self.spark, self.out / table, dates)
+            if df is not None:
+                df = df.withColumn("minute", F.unix_micros("minute")).drop("date")
+                rows[table] = (r.asDict() for r in df.toLocalIterator())
+        return self._store_rows(dates, rows)
+
+    def _store_rows(self, dates: list[dt.date], tables: dict[str, Any]) -> dict[str, int]:
+        """Replace the models' rows of ``dates`` with ``tables``' rows (dicts, minute
+        in µs), table by table; a table not in ``tables`` is left alone."""
         from emq_django.analytics import store
         from emq_django.analytics.models import (
             FailureMetric,
@@ -353,11 +429,9 @@ class Analyzer:
         ]
         written = {}
         for table, model, build in targets:
-            df = io.read_dates(self.spark, self.out / table, dates)
-            if df is None:
+            if table not in tables:
                 continue
-            rows = df.withColumn("minute", F.unix_micros("minute")).drop("date")
-            objects = (build(r.asDict()) for r in rows.toLocalIterator())
+            objects = (build(r) for r in tables[table])
             written[table] = store.replace_dates(model, dates, objects)
         return written
 
