@@ -514,7 +514,8 @@ def scan_split(
     if not counts.legacy and counts.final:
         facts, days = job_facts(ends)
         jobs = facts.num_rows
-        name = f"part-{index:05d}"
+        # unique to this pass (its directory's name), the same if the task runs again
+        name = f"part-{index:05d}-{directory.name}"
         dates = write_jobs(facts, days, directory / "jobs", name)
         out = directory / "partials"
         out.mkdir(parents=True, exist_ok=True)
