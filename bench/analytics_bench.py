@@ -107,17 +107,38 @@ def synth_trace(
 
 
 def process_cpu() -> float:
-    """CPU seconds (user + system) of this process and its children (the Spark
-    JVM) so far: on a loaded machine, steadier than the wall clock."""
+    """CPU seconds (user + system) of this process and its descendants (the Spark
+    JVM, and its Python workers) so far, and of the descendants that ended (each
+    parent's reaped children): on a loaded machine, steadier than the wall clock."""
     total = 0.0
     me = psutil.Process()
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            total += t.user + t.system + t.children_user + t.children_system
         except psutil.Error:
             pass
     return total
+
+
+def python_workers() -> dict[int, float]:
+    """CPU seconds so far of each process under the Spark JVM that is not a JVM:
+    PySpark's daemon and its Python workers (the final path's pass runs there),
+    with their reaped children."""
+    out: dict[int, float] = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "java" in p.name():
+                continue
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return out
+
+
+def workers_since(before: dict[int, float]) -> float:
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in python_workers().items())
 
 
 def jvm_threads() -> dict[tuple[int, str], float]:
@@ -249,14 +270,16 @@ def main() -> int:
             f"bare read and count: {bare_n} lines in {bare_before:.1f} s ({cpu_before:.1f} CPU s)"
         )
         config = AnalyzeConfig(trace_dir=trace, output=out)
-        t0, c0, th0 = time.monotonic(), process_cpu(), jvm_threads()
+        t0, c0, th0, pw0 = time.monotonic(), process_cpu(), jvm_threads(), python_workers()
         py0 = psutil.Process().cpu_times()
         result = Analyzer(spark, config).run_once()
         run_s, run_cpu = time.monotonic() - t0, process_cpu() - c0
         py1 = psutil.Process().cpu_times()
         python_cpu = py1.user + py1.system - py0.user - py0.system
-        run_threads = threads_since(th0, run_cpu - python_cpu)
+        workers_cpu = workers_since(pw0)
+        run_threads = threads_since(th0, run_cpu - python_cpu - workers_cpu)
         run_threads["(python driver)"] = round(python_cpu, 1)
+        run_threads["(python workers)"] = round(workers_cpu, 1)
         print(f"pipeline: {result.describe()} ({run_cpu:.1f} CPU s)")
         print(f"pipeline CPU by thread: {run_threads}")
         c0, th0 = process_cpu(), jvm_threads()

@@ -248,11 +248,14 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
 def _parse_lines(lines: list[bytes], schema: pa.Schema) -> pa.Table:
     """Lines one at a time (the slow way, for blocks with a bad line)."""
     columns: dict[str, list[Any]] = {f.name: [] for f in schema}
+    decode = json.JSONDecoder().raw_decode
     for line in lines:
         try:
-            doc = json.loads(line)
-        except ValueError:
-            continue  # not JSON: no event
+            # the first JSON value of the line; what follows it is ignored, as
+            # Spark's reader ignores it
+            doc, _ = decode(line.decode().strip())
+        except ValueError:  # not JSON (or not UTF-8): no event
+            continue
         if not isinstance(doc, dict):
             continue
         for f in schema:
@@ -555,12 +558,13 @@ def run(
     directory: Path,
     since_us: int | None = None,
     until_us: int | None = None,
-    split_bytes: int = SPLIT_BYTES,
+    split_bytes: int | None = None,
 ) -> PassResult:
-    """The pass over ``paths``, one Spark task per range; its files in ``directory``."""
+    """The pass over ``paths``, one Spark task per range of about ``split_bytes``
+    (default ``SPLIT_BYTES``); its files in ``directory``."""
     import functools
 
-    splits = plan_splits(paths, split_bytes)
+    splits = plan_splits(paths, split_bytes or SPLIT_BYTES)
     result = PassResult()
     if not splits:
         return result

@@ -70,3 +70,16 @@ def test_emq_analyze_without_pyspark_says_how_to_install(monkeypatch, tmp_path: 
     )
     with pytest.raises(CommandError, match=r"pip install 'emq-django\[analytics\]'"):
         call_command("emq_analyze", "--trace-dir", str(tmp_path))
+
+
+def test_emq_analyze_without_pyarrow_names_what_is_missing(monkeypatch, tmp_path: Path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("pyarrow", "datasketches") else real(name, *a),
+    )
+    with pytest.raises(CommandError, match=r"needs pyarrow, datasketches, .*\[analytics\]"):
+        call_command("emq_analyze", "--trace-dir", str(tmp_path))

@@ -15,6 +15,10 @@ from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError
 
 from emq_django.analytics import INSTALL_HINT
+
+# What the analytics extra installs and the pipeline imports (pyarrow, numpy and
+# datasketches: the final path's pass, emq_django/analytics/endpass.py).
+ANALYTICS_MODULES = ("pyspark", "pyarrow", "numpy", "datasketches")
 from emq_django.conf import get_settings
 
 log = logging.getLogger(__name__)
@@ -68,8 +72,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        if importlib.util.find_spec("pyspark") is None:
+        missing = [m for m in ANALYTICS_MODULES if importlib.util.find_spec(m) is None]
+        if "pyspark" in missing:
             raise CommandError(f"emq_analyze needs PySpark, which is not installed: {INSTALL_HINT}")
+        if missing:
+            raise CommandError(
+                f"emq_analyze needs {', '.join(missing)}, which is not installed: {INSTALL_HINT}"
+            )
         trace_dir = opts["trace_dir"] or get_settings().TRACE_DIR or DEMO_TRACE_DIR
         if not Path(trace_dir).is_dir():
             raise CommandError(
