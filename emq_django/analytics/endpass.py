@@ -737,10 +737,10 @@ def merge(directory: Path, slowest_limit: int = 20) -> dict[str, list[dict[str, 
             if (q, m) not in by_queue:
                 by_queue[(q, m)] = _Merged()
             by_queue[(q, m)].add(row, values)
-            day = (_day(m), q, t)
-            if day not in by_day:
-                by_day[day] = _Merged(("run",))
-            by_day[day].add(row, values)
+            task_day = (_day(m), q, t)
+            if task_day not in by_day:
+                by_day[task_day] = _Merged(("run",))
+            by_day[task_day].add(row, values)
     for (q, t, m), g in by_task.items():
         keys = {"queue": q, "task": t, "minute": m}
         tables["task_minute"].append({**g.minute_row(keys), "date": _day(m)})
@@ -794,11 +794,11 @@ def merge(directory: Path, slowest_limit: int = 20) -> dict[str, list[dict[str, 
     failure_files = files("failures")
     if failure_files:
         failures = pa.concat_tables([read_ipc(f) for f in failure_files])
-        keys = ["queue", "task", "error", "minute"]
+        failure_keys = ["queue", "task", "error", "minute"]
         merged = (
-            failures.group_by(keys, use_threads=False)
+            failures.group_by(failure_keys, use_threads=False)
             .aggregate([("failures", "sum")])
-            .rename_columns([*keys, "failures"])
+            .rename_columns([*failure_keys, "failures"])
         )
         for r in merged.to_pylist():
             tables["failures"].append({**r, "date": _day(r["minute"])})

@@ -15,11 +15,11 @@ from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError
 
 from emq_django.analytics import INSTALL_HINT
+from emq_django.conf import get_settings
 
 # What the analytics extra installs and the pipeline imports (pyarrow, numpy and
 # datasketches: the final path's pass, emq_django/analytics/endpass.py).
 ANALYTICS_MODULES = ("pyspark", "pyarrow", "numpy", "datasketches")
-from emq_django.conf import get_settings
 
 log = logging.getLogger(__name__)
 
