@@ -13,14 +13,19 @@ One batch:
    replace the Django models' rows;
 5. the checkpoint records the new offsets.
 
-Two paths for step 2-3 (``Analyzer.process``):
+Two paths for step 2-3:
 
 - the *final path*, when every line of the batch that ends an attempt carries
-  ``final`` (brokers since it was added, docs/trace-format.md): only those lines
-  are parsed in full (the reader skips the rest of any other line once its
-  ``event`` is read), each job's final line is its job fact, written as it is
-  read, and its attempt fact is read back from those rows; no shuffle, no open
-  jobs to carry;
+  ``final`` (brokers since it was added, docs/trace-format.md): each job's final
+  line is its job fact, and its attempt fact is derived from that row; no
+  shuffle, no open jobs to carry. ``run_once`` takes it over the trace files in
+  one pass in Spark's Python workers (``endpass``): the job facts are written and
+  the metrics merged from partials computed beside them, with nothing read back
+  (unless the batch's dates already have stored rows: then they are recomputed
+  from ``jobs/``). ``process`` (a DataFrame of events, as ``follow``'s
+  micro-batches) takes it with the Spark transforms: only those lines are parsed
+  in full (the reader skips the rest of any other line once its ``event`` is
+  read) and written as they are read, and the metrics are computed from ``jobs/``;
 - the *full path*, for older traces (and for a batch with no attempt end): the
   trace is parsed into partials merged per job x attempt (one shuffle, by job;
   cached on disk); the jobs, the attempts and the open jobs come from that cache.
