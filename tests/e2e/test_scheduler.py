@@ -145,7 +145,12 @@ def test_one_catch_up_run_after_ten_seconds_down(
         f"{[round(t - restarted, 2) for t in runs]} s; gaps {gaps(runs)}"
     )
     assert len(history(marker, "c")) >= before
-    catch_up = [t for t in runs if t < runs[0] + 0.5]
+    # A run per missed tick would land within milliseconds of the first. The next
+    # tick is at least half an interval after the catch-up is sent (a nearer one is
+    # absorbed), but these are the times the task ran, and a loaded machine (CI
+    # beside `make demo`) can start the catch-up's job late: session 25 saw two
+    # runs within 0.5 s. So the window is a quarter of the interval.
+    catch_up = [t for t in runs if t < runs[0] + 0.25]
     assert len(catch_up) == 1, "exactly one catch-up run, not one per missed tick"
     assert 3 <= len(runs) <= 5, "then about one run a second"
     log = emq_processes.processes[-1].stderr()
