@@ -51,6 +51,7 @@ from emq_django.analytics.schema import (
     DEAD_LETTERED,
     FINAL_EVENTS,
     LATENCIES,
+    MAX_US,
     PERCENTILE_NAMES,
     PERCENTILE_SKETCH_K,
     PERCENTILES,
@@ -234,9 +235,12 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
     if value is None:
         return None
     if pa.types.is_string(kind):
-        if isinstance(value, str):
-            return value
-        return json.dumps(value, separators=(",", ":"))
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # a lone surrogate (\ud800): "?", as the JVM writes it
+            text = text.encode("utf-8", "replace").decode()
+        return text
     if pa.types.is_boolean(kind):
         return value if isinstance(value, bool) else None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -273,7 +277,7 @@ def parse(lines: list[bytes], schema: pa.Schema) -> pa.Table:
         return schema.empty_table()
     try:
         return _read_json(b"\n".join(lines), schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except pa.ArrowException:
         if len(lines) <= 32:
             return _parse_lines(lines, schema)
     half = len(lines) // 2
@@ -296,10 +300,16 @@ def end_lines(data: bytes, since_us: int | None, until_us: int | None) -> tuple[
     """The lines of ``data`` that end an attempt or a job, cleaned as
     ``transforms.clean_events`` and ``io.window_events`` clean them, and their counts."""
     table = parse(candidate_lines(data), END_SCHEMA)
+    ts = table["ts"]
     keep = pc.and_(
-        pc.and_(pc.is_valid(table["ts"]), pc.is_valid(table["job"])),
+        pc.and_(pc.is_valid(ts), pc.is_valid(table["job"])),
         pc.is_in(table["event"], pa.array(list(FINAL_EVENTS))),
     )
+    keep = pc.and_(keep, pc.and_(pc.greater_equal(ts, 0), pc.less(ts, MAX_US)))
+    for d in ("run_us", "total_us"):
+        fits = pc.and_(pc.greater(table[d], -MAX_US), pc.less(table[d], MAX_US))
+        column = pc.if_else(pc.fill_null(fits, False), table[d], pa.nulls(len(table), pa.int64()))
+        table = table.set_column(table.schema.get_field_index(d), d, column)
     if since_us is not None:
         keep = pc.and_(keep, pc.greater_equal(table["ts"], since_us))
     if until_us is not None:

@@ -33,6 +33,14 @@ EVENT_RANK = {
     DEAD_LETTERED: 5,
 }
 
+# A line's time must be in [0, MAX_US) µs since the epoch (1970 to 2112-09-17: the
+# full path packs it into 52 bits) and a duration (run_us, total_us, wait_us,
+# delay_us) within (-MAX_US, MAX_US), so that no sum or difference of them
+# overflows a long: a line with another time is dropped as malformed, another
+# duration is null.
+MAX_US = 1 << 52
+DURATIONS = ("wait_us", "run_us", "total_us", "delay_us")
+
 PERCENTILES = (0.5, 0.95, 0.99)
 # Percentiles come from KLL sketches (Apache DataSketches, Spark's
 # kll_sketch_agg_bigint) of PERCENTILE_SKETCH_K items: the value returned for

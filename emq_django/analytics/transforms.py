@@ -30,11 +30,13 @@ from pyspark.sql.types import (
 
 from emq_django.analytics.schema import (
     DEAD_LETTERED,
+    DURATIONS,
     ENQUEUED,
     EVENT_RANK,
     FINAL_EVENTS,
     FINISH_EVENTS,
     LATENCIES,
+    MAX_US,
     PERCENTILE_NAMES,
     PERCENTILE_SKETCH_K,
     PERCENTILES,
@@ -75,9 +77,20 @@ END_COLUMNS = [*FACT_COLUMNS, "final", "retries", "requeues"]
 
 
 def clean_events(raw: DataFrame) -> DataFrame:
-    """Drop lines that are not events (malformed JSON, no job, no time, unknown kind)."""
-    return raw.select(*EVENT_COLUMNS).where(
-        F.col("ts").isNotNull() & F.col("job").isNotNull() & F.col("event").isin(list(EVENT_RANK))
+    """Drop lines that are not events (malformed JSON, no job, no time or one out of
+    range, unknown kind); a duration out of range is null (``schema.MAX_US``)."""
+    ts = F.col("ts")
+    durations = {d: F.when((F.col(d) > -MAX_US) & (F.col(d) < MAX_US), F.col(d)) for d in DURATIONS}
+    return (
+        raw.select(*EVENT_COLUMNS)
+        .where(
+            ts.isNotNull()
+            & (ts >= 0)
+            & (ts < MAX_US)
+            & F.col("job").isNotNull()
+            & F.col("event").isin(list(EVENT_RANK))
+        )
+        .withColumns(durations)
     )
 
 

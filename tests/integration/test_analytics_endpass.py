@@ -5,8 +5,6 @@ and the batch's tables equal those of the Spark transforms."""
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,28 +66,20 @@ ODD_LINES = [
     b'"total_us":1e3}',
     b'  {"ts":1772359200020534,"event":"succeeded","job":"j16","final":true}  ',
     b'{"ts":1772359200020535,"event":"enqueued","job":"j17","final":true}',
+    # lone surrogates (the JVM writes "?"), and a pair
+    b'{"ts":1772359200020540,"event":"succeeded","job":"j20\\ud800x","task":"a\\udc00",'
+    b'"final":true}',
+    b'{"ts":1772359200020541,"event":"succeeded","job":"j21","task":"\\ud83d\\ude00","final":true}',
+    # times out of range (dropped) and a duration out of range (null): no overflow
+    b'{"ts":9223372036854775807,"event":"succeeded","job":"big","attempt":1,"run_us":1,'
+    b'"total_us":2,"final":true}',
+    b'{"ts":-5000000000000000,"event":"succeeded","job":"neg","run_us":1,"final":true}',
+    b'{"ts":1772359200020542,"event":"failed","job":"j22","attempt":1,"run_us":1,'
+    b'"total_us":-9223372036854775808,"error":"E","final":true}',
     # an end without "final" (an older broker's), and "final": null
     b'{"ts":1772359200020536,"event":"failed","job":"j18","attempt":1,"error":"E"}',
     b'{"ts":1772359200020537,"event":"succeeded","job":"j19","final":null}',
 ]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    active = SparkSession.getActiveSession()
-    session = active or io.build_session(
-        "local[2]",
-        {
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.host": "127.0.0.1",
-        },
-        app_name="emq-tests-endpass",
-    )
-    yield session
-    if active is None:
-        session.stop()
 
 
 PROFILES = (
@@ -136,9 +126,35 @@ def test_the_pass_reads_odd_lines_as_sparks_reader_does(spark: SparkSession, tmp
     assert got == want
     jobs = {row[2] for row in got}
     # what each kind of line came to (the comparison above is the real check)
-    assert {"j1", "j2", "j3", "j5", "j7", "j10", "j11", "j13", "j16", "j18", "j19"} <= jobs
+    assert {"j1", "j2", "j3", "j5", "j7", "j10", "j11", "j13", "j16", "j18", "j19", "j21"} <= jobs
+    assert "j20?x" in jobs and "j22" in jobs and not jobs & {"big", "neg"}
     assert not jobs & {"j4", "j9", "j12", "j17"}
     assert (counts.ends, counts.legacy) == (len(got), 3)  # j8, j18, j19: no true or false
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_batch_of_odd_lines_runs_to_its_end_on_either_path(
+    spark: SparkSession, tmp_path: Path, legacy: bool
+):
+    """Nothing in ODD_LINES stops a batch (an overflow, a date out of range, a line
+    that cannot be typed): with the lines that lack ``final`` it takes the full
+    path, without them the pass; the jobs are those the Spark reader finds."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    lines = [line for line in ODD_LINES if legacy or b'"job":"j18"' not in line]
+    lines = [line for line in lines if legacy or not (b'"j8"' in line or b'"j19"' in line)]
+    path = trace / "trace-20260301-10.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ends = io.read_events(spark, [str(path)]).select(*transforms.END_COLUMNS)
+    want = sorted(r["job"] for r in transforms.final_job_facts(ends).collect())
+    out = tmp_path / "out"
+    result = Analyzer(spark, AnalyzeConfig(trace_dir=trace, output=out, update_db=False)).run_once()
+    assert (result.open_jobs is not None) == legacy
+    got = sorted(r["job"] for r in spark.read.parquet(str(out / "jobs")).collect())
+    if legacy:  # the full path: the jobs with a final outcome, as it merges them
+        assert set(got) <= {row[2] for row in pass_ends(path.read_bytes())[0]} and got
+    else:
+        assert got == want and len(got) > 10
 
 
 def test_candidate_lines_drop_only_the_brokers_lines_that_cannot_end_a_job(trace: Path):

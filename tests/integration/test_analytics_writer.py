@@ -3,8 +3,6 @@ same, next to files an earlier writer made, and its options reach the files."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,24 +22,6 @@ PROFILES = (
     TaskProfile("app.mail", "email", 3, 0.05, 0.8, 0.2, ("ConnectionError",), 2, 0.4, 0.5),
     TaskProfile(None, "legacy", 1, 0.02, 0.5, 0.1, ("Exception",)),
 )
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    active = SparkSession.getActiveSession()
-    session = active or io.build_session(
-        "local[2]",
-        {
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.host": "127.0.0.1",
-        },
-        app_name="emq-tests-writer",
-    )
-    yield session
-    if active is None:  # another module's session is left to it
-        session.stop()
 
 
 @pytest.fixture(scope="module")
