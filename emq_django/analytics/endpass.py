@@ -2,31 +2,32 @@
 
 A batch of trace files whose attempt ends all carry ``final`` (docs/trace-format.md)
 needs, of each job, only its ``"final":true`` line. This pass reads the files once,
-split into byte ranges (one Spark task each, ``spark.range(n).mapInArrow``), and in
-each range, in the worker's Python process:
+cut into byte ranges at line starts (``plan_splits``; one Spark task each, an RDD
+of the ranges' numbers), and in each range, in the worker's Python process:
 
-1. keeps the lines that carry ``"final":`` (a byte test, when the range is in the
-   broker's compact form: see ``_compact``) and parses them with pyarrow's JSON
-   reader (C++), or parses every line when the range is in any other form; a line
-   that is not JSON, or whose fields have the wrong types, is parsed alone and
-   loses what does not fit (Spark's PERMISSIVE mode: ``_coerce``);
-2. turns the final lines into job facts (``job_facts``: the columns and values of
-   ``transforms.final_job_facts``) and writes them as Parquet, per date, into the
-   pass's directory (``jobs/date=.../``), under names that are the same when a task
-   is run again;
+1. keeps the lines that can end a job (``candidate_lines``: the broker's lines are
+   told apart by their first 34 bytes, numpy over the whole range; a line in any
+   other form is kept too) and parses them with pyarrow's JSON reader (C++); a
+   block it refuses is halved until the bad lines are found, which are read one
+   at a time as Spark's PERMISSIVE reader reads them (``_coerce``: a field of the
+   wrong type is null, a line that is not JSON is dropped);
+2. turns the final lines into job facts (``job_facts``: the columns, types and
+   values of ``transforms.final_job_facts``) and writes them as Parquet, per date,
+   into the pass's directory (``jobs/date=.../``), under names that are the same
+   when a task is run again;
 3. computes, from the same rows, the partial metrics of its range (``partials``):
-   per queue x task x minute the counts, sums and KLL sketches of the three
-   latencies, per job manager x minute and per queue x task x error x minute the
-   counts, written beside them (Arrow IPC).
+   per queue x task x minute the counts, sums and the three latencies' values, per
+   job manager x minute and per queue x task x error x minute the counts, written
+   beside them (Arrow IPC).
 
-The driver then merges the partials (``merge``): the sketches of one queue x task
-x minute from several ranges merge into one, a queue's minute is the merge of its
-tasks' sketches, a task's day of its minutes' run sketches. So the trace is read
-once, the job facts are written once and never read back in the batch, and no JVM
-code is generated for any of it. Percentiles use the same KLL sketches as
-``transforms`` (k = ``schema.PERCENTILE_SKETCH_K``, Apache DataSketches), here its
-C++ library: exact (rank ceil(p n)) for a group of at most k values, within KLL's
-rank error beyond.
+The driver then merges the partials (``merge``): the groups of one queue x task x
+minute from several ranges, a queue's minute from its tasks, a task's day from its
+minutes. So the trace is read once, the job facts are written once and never read
+back in the batch, and no JVM code is generated for any of it. A group's
+percentile is the value of rank ceil(p n) while the group has at most
+``schema.PERCENTILE_SKETCH_K`` values (what a KLL sketch of that k, as
+``transforms`` uses, gives) and comes from such a sketch beyond (Apache
+DataSketches' C++ library; within KLL's rank error): ``_Values``.
 """
 
 from __future__ import annotations
@@ -385,8 +386,9 @@ def write_jobs(facts: pa.Table, days: np.ndarray, directory: Path, name: str) ->
     file per date; written under a temporary name, then renamed: a task run again
     replaces its file). The options of ``io.fact_writer``. Returns the dates."""
     dates = []
-    for day in np.unique(days):
-        rows = facts.filter(pa.array(days == day)) if len(np.unique(days)) > 1 else facts
+    distinct = np.unique(days)
+    for day in distinct:
+        rows = facts.filter(pa.array(days == day)) if len(distinct) > 1 else facts
         part = directory / f"date={date_name(day)}"
         part.mkdir(parents=True, exist_ok=True)
         tmp = part / f".{name}.{uuid.uuid4().hex}.tmp"

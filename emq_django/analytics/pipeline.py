@@ -213,13 +213,18 @@ class Analyzer:
                     result.db_rows = self._store_rows(dates, tables)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        self._end_final_batch(batch, old_open)
+        return result
+
+    def _end_final_batch(self, batch: int, old_open: str) -> None:
+        """A final-path batch is done: the checkpoint keeps no open jobs, and those a
+        full path left open end with final lines (nothing to add): dropped."""
         with self._lock:
             self.checkpoint.batch = batch
             self.checkpoint.open_dir = ""
             self.checkpoint.save()
         if old_open:
             shutil.rmtree(self.out / old_open, ignore_errors=True)
-        return result
 
     def process(self, events: DataFrame, final_path: bool = True) -> BatchResult:
         """Steps 2-4 for ``events`` (already cleaned): the final path if the batch
@@ -269,13 +274,7 @@ class Analyzer:
             self._write_metrics(dates, dedupe=stored_jobs)
         if dates and self.config.update_db:
             result.db_rows = self._update_db(dates)
-        with self._lock:
-            self.checkpoint.batch = batch
-            self.checkpoint.open_dir = ""
-            self.checkpoint.save()
-        if old_open:
-            # the jobs a full path left open end with final lines: nothing to add
-            shutil.rmtree(self.out / old_open, ignore_errors=True)
+        self._end_final_batch(batch, old_open)
         return result
 
     def _process_full(self, events: DataFrame, batch: int, old_open: str) -> BatchResult:
