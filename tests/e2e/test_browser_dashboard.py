@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -130,6 +131,15 @@ def login(driver: Any, base: str, next_url: str) -> None:
     driver.find_element(By.NAME, "username").send_keys("admin")
     driver.find_element(By.NAME, "password").send_keys("admin")
     driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # The click returns before the POST's redirect has loaded the next page on a
+    # loaded machine; a find_element then finds the old page's elements, or none
+    # (NoSuchElementException: session 26's make test). Wait for the page asked for.
+    wait_until(
+        lambda: urlsplit(driver.current_url).path == urlsplit(next_url).path
+        and driver.execute_script("return document.readyState") == "complete",
+        f"the page {next_url} after logging in (at {driver.current_url})",
+        30,
+    )
 
 
 def test_dashboard_live_in_browser(
