@@ -143,6 +143,7 @@ class Analyzer:
         sources = self.checkpoint.plan(cfg.trace_dir, cfg.since, cfg.until, now)
         if not sources:
             return BatchResult()
+        self._clear_staging()
         staging = self.out / "_staging" / f"batch-{self.checkpoint.batch + 1}"
         try:
             paths = stage(sources, staging)
@@ -161,6 +162,20 @@ class Analyzer:
         result.bytes = sum(s.end - s.start for s in sources)
         result.seconds = time.monotonic() - started
         return result
+
+    def _clear_staging(self) -> None:
+        """Remove what an earlier run left in ``_staging`` (a run killed in its batch:
+        copied trace ranges, a pass's files not yet moved into ``jobs/``). One
+        analyzer at a time writes an output directory (its checkpoint says so)."""
+        root = self.out / "_staging"
+        if not root.is_dir():
+            return
+        for left in root.iterdir():
+            log.info("removing %s, left by an earlier run that did not finish", left)
+            if left.is_dir():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                left.unlink(missing_ok=True)
 
     def _process_files(self, paths: list[Path]) -> BatchResult | None:
         """The final path over trace files, in one pass (``endpass``): the job facts
