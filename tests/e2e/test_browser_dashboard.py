@@ -135,8 +135,10 @@ def login(driver: Any, base: str, next_url: str) -> None:
     # loaded machine; a find_element then finds the old page's elements, or none
     # (NoSuchElementException: session 26's make test). Wait for the page asked for.
     wait_until(
-        lambda: urlsplit(driver.current_url).path == urlsplit(next_url).path
-        and driver.execute_script("return document.readyState") == "complete",
+        lambda: (
+            urlsplit(driver.current_url).path == urlsplit(next_url).path
+            and driver.execute_script("return document.readyState") == "complete"
+        ),
         f"the page {next_url} after logging in (at {driver.current_url})",
         30,
     )
