@@ -311,3 +311,31 @@ def test_the_job_rows_read_back_with_sparks_types_and_without_time_dictionaries(
             name = column.path_in_schema
             if name != "final_line":  # a boolean: no dictionary, in any writer
                 assert has_dictionary == (name in endpass.JOB_DICTIONARY_COLUMNS), name
+
+
+def test_since_and_until_cut_the_pass_as_they_cut_the_spark_path(
+    spark: SparkSession, trace: Path, tmp_path: Path
+):
+    """``--since``/``--until`` keep the end lines whose time is in [since, until), in
+    the pass as in ``io.window_events``."""
+    import datetime as dt
+
+    since = dt.datetime(2026, 3, 1, 23, 59, 30, tzinfo=dt.UTC)
+    until = dt.datetime(2026, 3, 2, 0, 1, tzinfo=dt.UTC)
+    paths = sorted(trace.glob("trace-*.jsonl"))
+    reference = tmp_path / "spark"
+    config = AnalyzeConfig(
+        trace_dir=trace, output=reference, update_db=False, since=since, until=until
+    )
+    Analyzer(spark, config).process(io.read_events(spark, [str(p) for p in paths]))
+    want = tables(reference, spark)
+    out = tmp_path / "pass"
+    config = AnalyzeConfig(trace_dir=trace, output=out, update_db=False, since=since, until=until)
+    result = Analyzer(spark, config).run_once()
+    assert result.finished_jobs == len(want["jobs"]) > 50
+    assert tables(out, spark) == want
+    bounds = spark.read.parquet(str(out / "jobs")).agg(
+        F.min("finished_ts").alias("lo"), F.max("finished_ts").alias("hi")
+    )
+    (row,) = bounds.collect()
+    assert since.timestamp() * 1e6 <= row["lo"] and row["hi"] < until.timestamp() * 1e6
