@@ -624,14 +624,14 @@ class BrokerServer:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     port.unroutable(ref.identity, self.clock())
-            if acks:
-                for ref, msgids in acks.items():
-                    self._send_acks(ref, msgids)
-                acks.clear()
             if deliveries:
                 for ref, held_jobs in deliveries.items():
                     self._send_deliveries(ref, held_jobs)
                 deliveries.clear()
+            if acks:
+                for ref, msgids in acks.items():
+                    self._send_acks(ref, msgids)
+                acks.clear()
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
 
