@@ -757,10 +757,10 @@ class Client:
         return self._sock
 
     def _reset(self) -> None:
+        self._close_watch()  # (first: HandshakeWatch.close)
         if self._sock is not None:
             self._sock.close(linger=0)  # drop what was queued: the caller was told it failed
         self._sock = None
-        self._close_watch()
         self._pending.clear()
         self._sent.clear()
         self._sent_jobs = 0
@@ -776,6 +776,7 @@ class Client:
                     self._flush_buffer()
                 except BrokerUnavailable:
                     log.warning("closed with jobs unsent: the broker took nothing")
+                self._close_watch()  # (first: HandshakeWatch.close)
                 self._sock.close()
             self._sock = None
             self._close_watch()

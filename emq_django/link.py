@@ -169,9 +169,9 @@ class BrokerLink:
                 yield cmd
 
     def close(self, linger: int = 0) -> None:
+        if self.watch is not None:  # first: HandshakeWatch.close
+            self.watch.close()
+        self.watch = None
         if self.sock is not None:
             self.sock.close(linger=linger)
         self.sock = None
-        if self.watch is not None:
-            self.watch.close()
-        self.watch = None

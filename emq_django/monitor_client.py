@@ -43,8 +43,8 @@ def query(
             f"broker unreachable at {url}: the monitor channel did not answer within {timeout:g} s"
         )
     finally:
+        watch.close()  # (first: HandshakeWatch.close)
         sock.close()
-        watch.close()
 
 
 def status(url: str, timeout: float = 2.0) -> dict[str, Any]:

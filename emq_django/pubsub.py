@@ -178,12 +178,12 @@ class _Publisher:
             watches, self.watches = self.watches, []
             context = self.context if self.context_pid == pid else None
             self.context, self.context_pid = None, 0
+        for watch_pid, watch in watches:  # first: HandshakeWatch.close
+            if watch_pid == pid:
+                watch.close()
         for sock_pid, sock in sockets:
             if sock_pid == pid and not sock.closed:  # never a parent's, after a fork
                 sock.close()
-        for watch_pid, watch in watches:
-            if watch_pid == pid:
-                watch.close()
         if context is not None and not context.closed:
             context.term()
 
@@ -194,8 +194,8 @@ class _Publisher:
         with self.lock:
             self.sockets = [(p, s) for p, s in self.sockets if s is not sock]
             self.watches = [(p, w) for p, w in self.watches if w is not watch]
+        watch.close()  # (first: HandshakeWatch.close)
         sock.close(linger=linger)
-        watch.close()
 
     def _context(self, pid: int) -> zmq.Context[Any]:
         with self.lock:
@@ -591,8 +591,8 @@ class Subscription:
                 SocketOptions(curve=keys),
             )
         except BaseException:
+            sub_watch.close()  # (first: HandshakeWatch.close)
             self.sub.close()
-            sub_watch.close()
             raise
         self.watches = {sub_watch.pair: sub_watch, snap_watch.pair: snap_watch}
         self.poller = zmq.Poller()
@@ -618,10 +618,10 @@ class Subscription:
         self.close()
 
     def close(self) -> None:
+        for watch in self.watches.values():  # first: HandshakeWatch.close
+            watch.close()
         self.sub.close()
         self.snapshot.close()
-        for watch in self.watches.values():
-            watch.close()
 
     def __iter__(self) -> Iterator[Received]:
         while True:
@@ -782,8 +782,8 @@ async def asubscribe(
             ctx, zmq.DEALER, snapshot_url or _url(settings, "SNAPSHOT"), SocketOptions(curve=keys)
         )
     except BaseException:
+        sub_watch.close()  # (first: HandshakeWatch.close)
         sub.close()
-        sub_watch.close()
         raise
     watches = {sub_watch.pair: sub_watch, snap_watch.pair: snap_watch}
     try:
@@ -817,7 +817,7 @@ async def asubscribe(
                     for item in state.on_snapshot(frames):
                         yield received(item)
     finally:
+        for watch in watches.values():  # first: HandshakeWatch.close
+            watch.close()
         sub.close()
         snapshot.close()
-        for watch in watches.values():
-            watch.close()

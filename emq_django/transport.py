@@ -315,6 +315,19 @@ class HandshakeWatch:
         return HandshakeRefused(text, url, kind, code)
 
     def close(self) -> None:
+        """Stop the socket's monitor, then close the events' pipe; before the socket
+        is closed. In this order because libzmq sends monitor events blocking, from
+        its I/O thread, and keeps a closed socket's monitor until the socket is reaped
+        (later, asynchronously): a handshake event for a pipe whose reader is gone
+        stopped that thread, and every socket of the context with it, for good (a
+        refused publisher's socket, closed and then retried, did it to a test's
+        process: nothing of it connected anywhere again)."""
+        sock = self.sock
+        if not sock.closed:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
         self.pair.close(linger=0)
 
 
@@ -339,7 +352,7 @@ def connect_watched(
     try:
         sock.connect(url)
     except zmq.ZMQError:
+        watch.close()  # (first: HandshakeWatch.close)
         sock.close(linger=0)
-        watch.close()
         raise
     return sock, watch

@@ -854,6 +854,15 @@ class BrokerServer:
         self.turns.unwatch_gc()
         if self.reloader is not None:
             self.reloader.stop()
+        if self.handshakes is not None:
+            # the monitors first: the thread closes their pipes, and libzmq's I/O
+            # thread would block for good on an event for a pipe nobody reads
+            # (transport.HandshakeWatch.close)
+            for _, _, sock, _, _ in self.endpoints:
+                try:
+                    sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
         if self.zap is not None:
             self.zap.stop()
         if self.handshakes is not None:

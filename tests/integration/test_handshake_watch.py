@@ -121,6 +121,40 @@ def test_handshakes_failing_in_a_loop_left_unread() -> None:
         server_ctx.destroy(linger=0)
 
 
+def test_a_closed_watch_of_a_socket_still_failing_handshakes() -> None:
+    """``close()`` stops the socket's monitor before closing the pipe: libzmq keeps
+    a closed socket's monitor until it reaps the socket, and an event for a pipe
+    nobody reads any more stopped the context's I/O thread for good (a refused
+    publisher, closed and retried, left a test's process connecting nowhere). Here
+    the socket stays open after its watch is closed, failing a handshake every
+    1 ms: no event may go anywhere."""
+    server_ctx: zmq.Context[Any] = zmq.Context()
+    client_ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        _, server_secret = zmq.curve_keypair()
+        router = server_ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        router.curve_server = True
+        router.curve_secretkey = server_secret
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        sock = client_ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.reconnect_ivl = 1
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.curve_serverkey = zmq.curve_keypair()[0]  # not the server's
+        watch = transport.HandshakeWatch(sock, f"tcp://127.0.0.1:{port}", None)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.2)  # failing already
+        watch.close()
+        time.sleep(1.0)  # about a thousand more failed handshakes
+        assert io_thread_works(client_ctx), "the context's I/O thread stopped"
+        sock.close(linger=0)
+        router.close(linger=0)
+    finally:
+        client_ctx.destroy(linger=0)
+        server_ctx.destroy(linger=0)
+
+
 def test_a_snapshot_request_on_a_refused_socket_never_blocks(context: zmq.Context[Any]) -> None:
     """A DEALER whose handshake was refused, and which has no pipe to send into: a
     blocking send waits for ever. ``subscribe()`` hung so in test_curve under load
