@@ -38,7 +38,11 @@ class Command(BaseCommand):
         )
         add = sub.add_parser("add", help="register a public key made elsewhere")
         add.add_argument("name")
-        add.add_argument("public_key")
+        add.add_argument(
+            "public_key",
+            help="Z85, 40 characters; one starting with '-' goes last, after '--' "
+            "(add NAME --roles R -- KEY)",
+        )
         add.add_argument("--roles", required=True)
         sub.add_parser("list", help="every registered key")
         for action in ("revoke", "enable"):
