@@ -329,7 +329,8 @@ class BrokerCore:
                     queue.push(job)
             self.counters["acked"] += 1
             if client.port.acknowledges:
-                self.out.append(Acknowledge(client, msgid))
+                # (lazy: a sender of a job not marked guaranteed does not wait for it)
+                self.out.append(Acknowledge(client, msgid, not headers.guarantee))
             return
         ready_now = not headers.run_after or headers.run_after - self._wall_offset <= now
         spill = guaranteed and (over or queue.spilled > 0) and ready_now

@@ -82,6 +82,9 @@ class Answer:
 class Acknowledge:
     client: ClientRef
     msgid: bytes
+    # may wait a little (server.ACK_DELAY) to go with the job's reply: a job that is
+    # not guaranteed, whose sender does not wait for the ACK (eMQP's ``acks`` clients)
+    lazy: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -78,6 +78,11 @@ REFILL_BATCH = 2_000
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
+# How long a lazy ACK (``Acknowledge.lazy``) may wait for its job's reply, to go in
+# the same turn: a client waiting on a quick job then wakes once, not once for the
+# ACK and again for the REPLY (on 2 cores the ACK's wake-up competed with the worker
+# running the job). A job that takes longer is acknowledged after this, as before.
+ACK_DELAY = 0.002  # seconds
 _backend_recv = zmq.backend.Socket.recv
 
 
@@ -167,6 +172,10 @@ class BrokerServer:
                 port.status = self.status
         self.internal_errors = 0
         self.dropped_sends = 0
+        # lazy ACKs held across turns, per client, until a message to that client goes
+        # or ACK_DELAY after the first (``_flush``); when the first is due
+        self._late_acks: dict[Any, list[bytes]] = {}
+        self._late_due = float("inf")
         # ports holding events back to send together (``Port.flush_published``)
         self._batching = [
             p for p in self.ports if type(p).flush_published is not Port.flush_published
@@ -353,7 +362,7 @@ class BrokerServer:
             if ready:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
-                wake = min(core.next_deadline(), deadline, self._port_timers(now))
+                wake = min(core.next_deadline(), deadline, self._port_timers(now), self._late_due)
                 if core.life.spill_requests:
                     wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
@@ -564,8 +573,15 @@ class BrokerServer:
         send = _backend_send
         touched = self._touched
         # ACKs held back for clients that read several per ACK (ClientRef.acks): one
-        # message per client per batch, instead of one per job
-        acks: dict[Any, list[bytes]] = {}
+        # message per client per batch, instead of one per job. Lazy ones wait in
+        # _late_acks across turns until due: then they go with this turn's
+        late = self._late_acks
+        if late and (last or self.clock() >= self._late_due):
+            acks: dict[Any, list[bytes]] = late
+            late = self._late_acks = {}
+            self._late_due = float("inf")
+        else:
+            acks = {}
         # jobs for a worker that takes several per REQUEST (Peer.batch): one message
         # per worker per batch, instead of one per job
         deliveries: dict[Any, list[Any]] = {}
@@ -580,13 +596,29 @@ class BrokerServer:
                 ref: Any = effect.client if to_client else effect.peer  # type: ignore[union-attr]
                 if to_client:
                     if kind is Acknowledge and ref.acks:
+                        if effect.lazy and not last:  # type: ignore[union-attr]
+                            held = late.get(ref)
+                            if held is None:
+                                if not late:
+                                    self._late_due = self.clock() + ACK_DELAY
+                                late[ref] = [effect.msgid]  # type: ignore[union-attr]
+                            else:
+                                held.append(effect.msgid)  # type: ignore[union-attr]
+                            continue
                         held = acks.get(ref)
                         if held is None:
-                            acks[ref] = [effect.msgid]  # type: ignore[union-attr]
-                        else:
-                            held.append(effect.msgid)  # type: ignore[union-attr]
+                            held = acks[ref] = []
+                        if late and ref in late:  # they came first
+                            held += late.pop(ref)
+                        held.append(effect.msgid)  # type: ignore[union-attr]
                         continue
-                    if acks and ref in acks:  # what this client gets keeps its order
+                    if late and ref in late:  # what this client gets keeps its order
+                        held = acks.get(ref)
+                        if held is None:
+                            acks[ref] = late.pop(ref)
+                        else:
+                            held += late.pop(ref)
+                    if acks and ref in acks:
                         self._send_acks(ref, acks.pop(ref))
                 elif kind is Deliver and ref.batch > 1:
                     held_jobs = deliveries.get(ref)
@@ -632,6 +664,9 @@ class BrokerServer:
                 for ref, msgids in acks.items():
                     self._send_acks(ref, msgids)
                 acks.clear()
+        if acks:  # lazy ones due, in a turn with nothing else to send
+            for ref, msgids in acks.items():
+                self._send_acks(ref, msgids)
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
 

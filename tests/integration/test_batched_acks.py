@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from emq_django.broker.ports.emqp_clients import EmqpClientPort
-from emq_django.broker.server import BrokerServer
+from emq_django.broker.server import ACK_DELAY, BrokerServer
 from emq_django.client import Client
 from emq_django.protocol import PROTOCOL as P
 from emq_django.protocol import frames as F
@@ -71,11 +71,14 @@ def connected_dealer(srv: BrokerServer, identity: bytes) -> zmq.Socket[Any]:
 
 
 def one_turn(srv: BrokerServer, identity: bytes, requests: list[list[bytes]]) -> None:
-    """The broker reads ``requests`` from ``identity`` in one turn, then flushes."""
+    """The broker reads ``requests`` from ``identity`` in one turn, then flushes,
+    and flushes again once the lazy ACKs it held are due (``ACK_DELAY``)."""
     port = client_port(srv)
     now = time.monotonic()
     for frames in requests:
         port.handle(identity, frames, now)
+    srv._flush()
+    time.sleep(ACK_DELAY * 1.5)
     srv._flush()
 
 
@@ -95,6 +98,51 @@ def test_a_flagged_client_gets_one_ack_per_turn_naming_every_msgid(server: Broke
     (ack,) = messages(dealer)
     assert ack[:3] == [b"", P, F.ACK] and ack[3]
     assert ack[4:] == ids
+
+
+def test_a_lazy_ack_waits_for_the_next_message_to_its_client_or_its_delay(
+    server: BrokerServer,
+) -> None:
+    """A job not marked guaranteed, from a client with the flag: its ACK is held
+    (to go with the job's reply, one wake-up of the client), not sent at once; a
+    message to the same client takes it along, in order; else it goes when due."""
+    dealer = connected_dealer(server, b"client-l")
+    port = client_port(server)
+    port.handle(b"client-l", request(b"job-1", b"acks"), time.monotonic())
+    server._flush()
+    assert not dealer.poll(100), "the lazy ACK went at once"
+    # a refusal to the same client (as a REPLY would) takes the held ACK first
+    bad = F.encode_request(b"job-bad", b"", b"acks", BODY)
+    port.handle(b"client-l", bad, time.monotonic())
+    server._flush()
+    got = messages(dealer)
+    assert [m[2] for m in got] == [F.ACK, F.ERROR]
+    assert got[0][4:] == [b"job-1"]
+    # alone, it goes once due, from the loop's flush after ACK_DELAY
+    port.handle(b"client-l", request(b"job-2", b"acks"), time.monotonic())
+    server._flush()
+    assert not dealer.poll(0)
+    time.sleep(ACK_DELAY * 1.5)
+    server._flush()
+    (ack,) = messages(dealer)
+    assert ack[2] == F.ACK and ack[4:] == [b"job-2"]
+
+
+def test_a_guaranteed_job_and_the_last_flush_do_not_hold_acks(server: BrokerServer) -> None:
+    """A sender of a guaranteed job waits for its ACK: it goes in the same turn.
+    The broker's last flush (stopping) sends every held ACK."""
+    dealer = connected_dealer(server, b"client-g")
+    port = client_port(server)
+    port.handle(b"client-g", request(b"job-g", b"acks,guarantee"), time.monotonic())
+    server._flush()
+    (ack,) = messages(dealer)
+    assert ack[2] == F.ACK and ack[4:] == [b"job-g"]
+    port.handle(b"client-g", request(b"job-l", b"acks"), time.monotonic())
+    server._flush()
+    assert not dealer.poll(100)
+    server._flush(last=True)
+    (ack,) = messages(dealer)
+    assert ack[4:] == [b"job-l"]
 
 
 def test_a_client_without_the_flag_gets_the_documents_ack_per_job(server: BrokerServer) -> None:
