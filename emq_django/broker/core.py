@@ -329,8 +329,10 @@ class BrokerCore:
                     queue.push(job)
             self.counters["acked"] += 1
             if client.port.acknowledges:
-                # (lazy: a sender of a job not marked guaranteed does not wait for it)
-                self.out.append(Acknowledge(client, msgid, not headers.guarantee))
+                # lazy: a job whose sender does not wait for the ACK (not marked
+                # guaranteed) and may wait for its REPLY, which the ACK can go with
+                lazy = headers.reply_requested and not headers.guarantee
+                self.out.append(Acknowledge(client, msgid, lazy))
             return
         ready_now = not headers.run_after or headers.run_after - self._wall_offset <= now
         spill = guaranteed and (over or queue.spilled > 0) and ready_now

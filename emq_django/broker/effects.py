@@ -82,8 +82,9 @@ class Answer:
 class Acknowledge:
     client: ClientRef
     msgid: bytes
-    # may wait a little (server.ACK_DELAY) to go with the job's reply: a job that is
-    # not guaranteed, whose sender does not wait for the ACK (eMQP's ``acks`` clients)
+    # may wait a little (server.ACK_DELAY) to go with the job's reply, to a client
+    # that reads several per ACK (``acks``): a job that asked for a reply and is not
+    # guaranteed (its sender does not wait for the ACK)
     lazy: bool = False
 
 

@@ -103,12 +103,13 @@ def test_a_flagged_client_gets_one_ack_per_turn_naming_every_msgid(server: Broke
 def test_a_lazy_ack_waits_for_the_next_message_to_its_client_or_its_delay(
     server: BrokerServer,
 ) -> None:
-    """A job not marked guaranteed, from a client with the flag: its ACK is held
-    (to go with the job's reply, one wake-up of the client), not sent at once; a
-    message to the same client takes it along, in order; else it goes when due."""
+    """A job that asked for a reply and is not marked guaranteed, from a client with
+    the flag: its ACK is held (to go with the job's reply, one wake-up of the
+    client), not sent at once; a message to the same client takes it along, in
+    order; else it goes when due."""
     dealer = connected_dealer(server, b"client-l")
     port = client_port(server)
-    port.handle(b"client-l", request(b"job-1", b"acks"), time.monotonic())
+    port.handle(b"client-l", request(b"job-1", b"acks,reply-requested"), time.monotonic())
     server._flush()
     assert not dealer.poll(100), "the lazy ACK went at once"
     # a refusal to the same client (as a REPLY would) takes the held ACK first
@@ -119,7 +120,7 @@ def test_a_lazy_ack_waits_for_the_next_message_to_its_client_or_its_delay(
     assert [m[2] for m in got] == [F.ACK, F.ERROR]
     assert got[0][4:] == [b"job-1"]
     # alone, it goes once due, from the loop's flush after ACK_DELAY
-    port.handle(b"client-l", request(b"job-2", b"acks"), time.monotonic())
+    port.handle(b"client-l", request(b"job-2", b"acks,reply-requested"), time.monotonic())
     server._flush()
     assert not dealer.poll(0)
     time.sleep(ACK_DELAY * 1.5)
@@ -129,15 +130,20 @@ def test_a_lazy_ack_waits_for_the_next_message_to_its_client_or_its_delay(
 
 
 def test_a_guaranteed_job_and_the_last_flush_do_not_hold_acks(server: BrokerServer) -> None:
-    """A sender of a guaranteed job waits for its ACK: it goes in the same turn.
-    The broker's last flush (stopping) sends every held ACK."""
+    """A sender of a guaranteed job waits for its ACK: it goes in the same turn, as
+    does a job without a reply to go with. The broker's last flush (stopping) sends
+    every held ACK."""
     dealer = connected_dealer(server, b"client-g")
     port = client_port(server)
-    port.handle(b"client-g", request(b"job-g", b"acks,guarantee"), time.monotonic())
+    port.handle(b"client-g", request(b"job-g", b"acks,reply-requested,guarantee"), time.monotonic())
     server._flush()
     (ack,) = messages(dealer)
     assert ack[2] == F.ACK and ack[4:] == [b"job-g"]
-    port.handle(b"client-g", request(b"job-l", b"acks"), time.monotonic())
+    port.handle(b"client-g", request(b"job-n", b"acks"), time.monotonic())  # no reply
+    server._flush()
+    (ack,) = messages(dealer)
+    assert ack[2] == F.ACK and ack[4:] == [b"job-n"]
+    port.handle(b"client-g", request(b"job-l", b"acks,reply-requested"), time.monotonic())
     server._flush()
     assert not dealer.poll(100)
     server._flush(last=True)
