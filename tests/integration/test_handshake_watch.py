@@ -85,57 +85,18 @@ def test_broker_gone_after_a_handshake_then_left_unread(context: zmq.Context[Any
     watch.close()
 
 
-def test_handshakes_failing_in_a_loop_left_unread() -> None:
-    """A watch that asks for handshake events only, never read, while every
-    reconnect's handshake fails without a reason (a wrong server key: the broker
-    cannot read our HELLO and closes): one event per reconnect, with no end. The
-    watch's pipe has no high-water mark, so they queue instead of stopping the
-    I/O thread (the owner reads them on its next ``check()``)."""
+@pytest.fixture
+def failing() -> Iterator[tuple[zmq.Context[Any], zmq.Socket[Any], transport.HandshakeWatch]]:
+    """A watched CURVE DEALER (client context, its socket, its watch) whose every
+    reconnect's handshake fails without a reason, every 1 ms: a wrong server key,
+    so the server (another context) cannot read our HELLO and closes."""
     server_ctx: zmq.Context[Any] = zmq.Context()
     client_ctx: zmq.Context[Any] = zmq.Context()
     try:
-        server_public, server_secret = zmq.curve_keypair()
         router = server_ctx.socket(zmq.ROUTER)
         router.linger = 0
         router.curve_server = True
-        router.curve_secretkey = server_secret
-        port = router.bind_to_random_port("tcp://127.0.0.1")
-        public, secret = zmq.curve_keypair()
-        sock = client_ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.reconnect_ivl = 1
-        sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.curve_serverkey = zmq.curve_keypair()[0]  # not the server's
-        watch = transport.HandshakeWatch(sock, f"tcp://127.0.0.1:{port}", None)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        time.sleep(RETRIES_WINDOW)  # nobody reads the watch meanwhile
-        assert io_thread_works(client_ctx), "the context's I/O thread stopped"
-        with pytest.raises(HandshakeRefused) as refused:  # what waits is read, and says why
-            watch.check()
-        assert refused.value.kind == "no-detail", refused.value
-        sock.close(linger=0)
-        watch.close()
-        router.close(linger=0)
-    finally:
-        client_ctx.destroy(linger=0)
-        server_ctx.destroy(linger=0)
-
-
-def test_a_closed_watch_of_a_socket_still_failing_handshakes() -> None:
-    """``close()`` stops the socket's monitor before closing the pipe: libzmq keeps
-    a closed socket's monitor until it reaps the socket, and an event for a pipe
-    nobody reads any more stopped the context's I/O thread for good (a refused
-    publisher, closed and retried, left a test's process connecting nowhere). Here
-    the socket stays open after its watch is closed, failing a handshake every
-    1 ms: no event may go anywhere."""
-    server_ctx: zmq.Context[Any] = zmq.Context()
-    client_ctx: zmq.Context[Any] = zmq.Context()
-    try:
-        _, server_secret = zmq.curve_keypair()
-        router = server_ctx.socket(zmq.ROUTER)
-        router.linger = 0
-        router.curve_server = True
-        router.curve_secretkey = server_secret
+        router.curve_secretkey = zmq.curve_keypair()[1]
         port = router.bind_to_random_port("tcp://127.0.0.1")
         sock = client_ctx.socket(zmq.DEALER)
         sock.linger = 0
@@ -144,15 +105,44 @@ def test_a_closed_watch_of_a_socket_still_failing_handshakes() -> None:
         sock.curve_serverkey = zmq.curve_keypair()[0]  # not the server's
         watch = transport.HandshakeWatch(sock, f"tcp://127.0.0.1:{port}", None)
         sock.connect(f"tcp://127.0.0.1:{port}")
-        time.sleep(0.2)  # failing already
+        yield client_ctx, sock, watch
         watch.close()
-        time.sleep(1.0)  # about a thousand more failed handshakes
-        assert io_thread_works(client_ctx), "the context's I/O thread stopped"
         sock.close(linger=0)
         router.close(linger=0)
     finally:
         client_ctx.destroy(linger=0)
         server_ctx.destroy(linger=0)
+
+
+def test_handshakes_failing_in_a_loop_left_unread(
+    failing: tuple[zmq.Context[Any], zmq.Socket[Any], transport.HandshakeWatch],
+) -> None:
+    """A watch that asks for handshake events only, never read, while every
+    reconnect's handshake fails: one event per reconnect, with no end. The
+    watch's pipe has no high-water mark, so they queue instead of stopping the
+    I/O thread (the owner reads them on its next ``check()``)."""
+    client_ctx, _, watch = failing
+    time.sleep(RETRIES_WINDOW)  # nobody reads the watch meanwhile
+    assert io_thread_works(client_ctx), "the context's I/O thread stopped"
+    with pytest.raises(HandshakeRefused) as refused:  # what waits is read, and says why
+        watch.check()
+    assert refused.value.kind == "no-detail", refused.value
+
+
+def test_a_closed_watch_of_a_socket_still_failing_handshakes(
+    failing: tuple[zmq.Context[Any], zmq.Socket[Any], transport.HandshakeWatch],
+) -> None:
+    """``close()`` stops the socket's monitor before closing the pipe: libzmq keeps
+    a closed socket's monitor until it reaps the socket, and an event for a pipe
+    nobody reads any more stopped the context's I/O thread for good (a refused
+    publisher, closed and retried, left a test's process connecting nowhere). Here
+    the socket stays open after its watch is closed, failing a handshake every
+    1 ms: no event may go anywhere."""
+    client_ctx, _, watch = failing
+    time.sleep(0.2)  # failing already
+    watch.close()
+    time.sleep(1.0)  # about a thousand more failed handshakes
+    assert io_thread_works(client_ctx), "the context's I/O thread stopped"
 
 
 def test_a_snapshot_request_on_a_refused_socket_never_blocks(context: zmq.Context[Any]) -> None:
