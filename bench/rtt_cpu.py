@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 import types
 
@@ -23,8 +22,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.clients import ADAPTERS  # noqa: E402
-from bench.procs import ServerSet  # noqa: E402
-from bench.systems import STARTERS  # noqa: E402
+from bench.systems import STARTERS, running  # noqa: E402
 
 
 def tree_cpu(pids: list[int]) -> float:
@@ -46,14 +44,7 @@ def main() -> int:
     ap.add_argument("--round-trips", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    servers = ServerSet(tempfile.mkdtemp(prefix="emq-rtt-"))
-    opts = types.SimpleNamespace(
-        done_url="tcp://127.0.0.1:1", emq_trace=False, emq_curve=False, zmq_credit=100
-    )
-    started = STARTERS[args.system](servers, opts)
-    try:
-        os.environ.update(started.env)
-        time.sleep(3)
+    with running(args.system, "emq-rtt-") as (started, opts):
         client = ADAPTERS[args.system](
             types.SimpleNamespace(endpoint=started.endpoint, **vars(opts))
         )
@@ -81,8 +72,6 @@ def main() -> int:
                 flush=True,
             )
         client.close()
-    finally:
-        servers.stop_all()
     return 0
 
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.procs import ServerSet  # noqa: E402
-from bench.systems import STARTERS  # noqa: E402
+from bench.systems import running  # noqa: E402
 
 
 def main() -> int:
@@ -32,14 +29,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--slow-ms", type=float, default=5.0)
     args = ap.parse_args()
-    servers = ServerSet(tempfile.mkdtemp(prefix="emq-gap-"))
-    opts = types.SimpleNamespace(
-        done_url="tcp://127.0.0.1:1", emq_trace=False, emq_curve=False, zmq_credit=100
-    )
-    started = STARTERS["emq"](servers, opts)
-    try:
-        os.environ.update(started.env)
-        time.sleep(3)
+    with running("emq", "emq-gap-"):
         import django
 
         django.setup()
@@ -65,8 +55,6 @@ def main() -> int:
             f"max {waits[-1] * 1e6:.0f} µs",
             flush=True,
         )
-    finally:
-        servers.stop_all()
     return 0
 
 

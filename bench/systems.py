@@ -5,8 +5,12 @@ address (``BENCH_DONE_URL``) that the no-op task PUSHes to."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -300,3 +304,22 @@ STARTERS: dict[str, Callable[[ServerSet, object], Started]] = {
 }
 # The adapter in bench/clients.py that each row's producer uses.
 CLIENT = {name: name.split("-")[0] for name in STARTERS}
+
+
+@contextlib.contextmanager
+def running(system: str, prefix: str) -> Iterator[tuple[Started, types.SimpleNamespace]]:
+    """One system's servers, started as ``bench/run.py`` starts them, for a script
+    that drives them from its own process (``bench/rtt_cpu.py``,
+    ``bench/send_gap.py``): their environment applied here, 3 s to settle. Yields
+    what started and the options it was started with; stops them after."""
+    servers = ServerSet(tempfile.mkdtemp(prefix=prefix))
+    opts = types.SimpleNamespace(
+        done_url="tcp://127.0.0.1:1", emq_trace=False, emq_curve=False, zmq_credit=100
+    )
+    started = STARTERS[system](servers, opts)
+    try:
+        os.environ.update(started.env)
+        time.sleep(3)
+        yield started, opts
+    finally:
+        servers.stop_all()
