@@ -795,7 +795,6 @@ class Client:
                 self._close_watch()  # (first: HandshakeWatch.close)
                 self._sock.close()
             self._sock = None
-            self._close_watch()
             flusher, self._flusher = self._flusher, None
             if flusher is not None:
                 flusher.wake.set()  # it sees it is no longer this client's, and ends

@@ -598,29 +598,30 @@ class BrokerServer:
                 to_client = kind in _TO_CLIENT
                 ref: Any = effect.client if to_client else effect.peer  # type: ignore[union-attr]
                 if to_client:
-                    if kind is Acknowledge and ref.acks:
-                        if effect.lazy and not last:  # type: ignore[union-attr]
-                            held = late.get(ref)
-                            if held is None:
-                                if not late:
-                                    self._late_due = self.clock() + ACK_DELAY
-                                late[ref] = [effect.msgid]  # type: ignore[union-attr]
-                            else:
-                                held.append(effect.msgid)  # type: ignore[union-attr]
-                            continue
-                        held = acks.get(ref)
+                    several = kind is Acknowledge and ref.acks  # it goes in an ACK of several
+                    if several and effect.lazy and not last:  # type: ignore[union-attr]
+                        held = late.get(ref)
                         if held is None:
-                            held = acks[ref] = []
-                        if late and ref in late:  # they came first
-                            held += late.pop(ref)
-                        held.append(effect.msgid)  # type: ignore[union-attr]
+                            if not late:
+                                self._late_due = self.clock() + ACK_DELAY
+                            late[ref] = [effect.msgid]  # type: ignore[union-attr]
+                        else:
+                            held.append(effect.msgid)  # type: ignore[union-attr]
                         continue
                     if late and ref in late:  # what this client gets keeps its order
+                        earlier = late.pop(ref)
                         held = acks.get(ref)
                         if held is None:
-                            acks[ref] = late.pop(ref)
+                            acks[ref] = earlier
                         else:
-                            held += late.pop(ref)
+                            held += earlier
+                    if several:
+                        held = acks.get(ref)
+                        if held is None:
+                            acks[ref] = [effect.msgid]  # type: ignore[union-attr]
+                        else:
+                            held.append(effect.msgid)  # type: ignore[union-attr]
+                        continue
                     if acks and ref in acks:
                         self._send_acks(ref, acks.pop(ref))
                 elif kind is Deliver and ref.batch > 1:
