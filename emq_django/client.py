@@ -659,7 +659,9 @@ class Client:
             return reply
 
     def wait_reply(self, msgid: bytes, timeout: float | None) -> F.Reply:
-        """The REPLY to job ``msgid``; raises ``ResultTimeout`` or ``JobRefused``.
+        """The REPLY to job ``msgid``; raises ``ResultTimeout``, ``JobRefused``, or
+        ``BrokerUnavailable`` once a send has waited over ``ack_timeout`` for its ACK
+        (the broker is gone: the job may never have been taken).
 
         Every wait reads all the messages waiting, for every job: a REPLY that came
         meanwhile waits in ``_replies`` for its own ``get()``, which then costs no
@@ -688,8 +690,11 @@ class Client:
                 sock = self._socket()
                 if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
                     self._drain(sock, ready=True)
-                elif self._watch is not None:
-                    self._check_handshake()  # a quiet slice: was the broker refusing us?
+                else:  # a quiet slice: was the broker refusing us, or is it gone?
+                    if self._watch is not None:
+                        self._check_handshake()
+                    if self._pending or self._sent:
+                        self._check_overdue()
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)

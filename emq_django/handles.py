@@ -164,8 +164,9 @@ class Result:
     def get(self, timeout: float | None = 30.0) -> Any:
         """The task's return value. Raises ``TaskFailed`` if it raised,
         ``ResultTimeout`` if no result came within ``timeout`` seconds,
-        ``ResultUnavailable`` if it was sent without ``reply``, and
-        ``JobRefused`` if the broker refused it."""
+        ``ResultUnavailable`` if it was sent without ``reply``,
+        ``JobRefused`` if the broker refused it, and ``BrokerUnavailable`` if the
+        broker did not acknowledge a send within ``EMQ_ACK_TIMEOUT``."""
         if not self._done:
             if not self.reply:
                 raise ResultUnavailable(

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import zmq
 
 from emq_django import client as client_module
 from emq_django.client import Client
-from emq_django.exceptions import QueueFull
+from emq_django.exceptions import BrokerUnavailable, QueueFull
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL as P
@@ -254,6 +255,26 @@ def test_a_send_after_a_pause_goes_at_once_though_an_ack_is_out(
         assert client._buf  # buffered: the flusher sends it as REQUESTS
         frames = fake.next()
         assert frames[2] == B.REQUESTS and [j[0] for j in B.decode_jobs(frames)] == [third]
+    finally:
+        client.close()
+
+
+def test_a_get_whose_job_was_never_acknowledged_says_the_broker_is_gone(
+    fake: FakeBroker,
+) -> None:
+    """Our broker holds a reply job's ACK for 1-2 ms: a broker killed meanwhile
+    never sends it. The job's ``get()`` then raises ``BrokerUnavailable`` once the
+    ACK is ``ack_timeout`` late, with the reason, not ``ResultTimeout`` at the end
+    of its own (longer) time-out."""
+    client = fake.client()
+    client.ack_timeout = 0.5
+    try:
+        msgid = client.send_request(b"default", b"reply-requested", BODY)
+        assert fake.next()[3] == msgid  # taken, never acknowledged: the broker died
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match="did not acknowledge within 0.5 s"):
+            client.wait_reply(msgid, 30.0)
+        assert time.monotonic() - started < 10.0
     finally:
         client.close()
 
