@@ -24,6 +24,7 @@ from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
+from emq_django.worker.kept_records import KeptRecords
 from emq_django.worker.process import BATCH, SlotConfig, SlotWorker
 from emq_django.worker.recorder_process import (
     RecorderProcess,
@@ -103,6 +104,8 @@ class JobManager:
         self.recorder_pid = 0
         self._recorder_respawn_at = 0.0
         self.recorder: RecordForwarder | None = None  # lost jobs' records; made in run()
+        # the records each worker process has not handed over: they outlive it
+        self.kept = KeptRecords(config.concurrency) if config.recorder else None
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -307,7 +310,8 @@ class JobManager:
             code = 1
             try:
                 _die_with_parent()
-                code = SlotWorker(cfg, self.table).run()
+                kept = self.kept.writer(slot) if self.kept is not None else None
+                code = SlotWorker(cfg, self.table, kept).run()
             except BaseException:
                 log.exception("worker process for slot %d crashed", slot)
             finally:
@@ -387,6 +391,7 @@ class JobManager:
         how the process ended: ``lost:exit code 1``), then ENDED: its other jobs
         in flight never started."""
         how = _describe_status(status)
+        self._forward_kept_records(slot)
         answered = self._send_held(slot)
         self._answer_running(slot, pid, how, answered)
         assert self.link is not None
@@ -442,6 +447,23 @@ class JobManager:
                 self.recorder.flush()
             except Exception:
                 log.exception("the job recorder failed on lost job %r", attempt_id)
+
+    def _forward_kept_records(self, slot: int) -> None:
+        """The records of the jobs the ended process finished, which it may not have
+        handed over: to the recorder process (it drops those it has)."""
+        if self.kept is None or self.recorder is None:
+            return
+        rows = self.kept.take(slot)
+        if not rows:
+            return
+        try:
+            for row in rows:
+                self.recorder.add(*row)
+            self.recorder.flush()
+        except Exception:
+            log.exception("slot %d: could not forward the job records of its process", slot)
+            return
+        log.info("slot %d: forwarded the %d job records its process kept", slot, len(rows))
 
     def _send_held(self, slot: int) -> set[bytes]:
         """The REPLYs of the jobs a dead process finished: those it sent last (they

@@ -26,6 +26,7 @@ from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import Outcome, execute_counting, note_open_connections
+from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
 
@@ -73,7 +74,9 @@ class SlotConfig:
 
 
 class SlotWorker:
-    def __init__(self, config: SlotConfig, table: SlotTable) -> None:
+    def __init__(
+        self, config: SlotConfig, table: SlotTable, kept: SlotRecords | None = None
+    ) -> None:
         self.config = config
         self.table = table
         self.context: zmq.Context[Any] = zmq.Context()
@@ -106,7 +109,11 @@ class SlotWorker:
         self.recorder: RecordForwarder | None = None
         if config.recorder_endpoint:
             self.recorder = RecordForwarder(
-                self.context, config.recorder_endpoint, config.record_buffer, config.manager
+                self.context,
+                config.recorder_endpoint,
+                config.record_buffer,
+                config.manager,
+                kept,  # (its job manager hands them over if this process dies)
             )
         self.partials_dropped = 0  # PARTIALs the socket had no room for (see _send_partial)
         self._unflushed = 0  # records given to the recorder since its last flush

@@ -555,3 +555,51 @@ def test_k_broker_restarted_within_the_ack_timeout_during_a_guaranteed_map(
     report("k", verdict)
     assert verdict.accepted == JOBS
     assert_clean(verdict)
+
+
+# ---- l. a worker process killed for its time limit right after fast jobs --------------
+
+
+def test_l_worker_killed_for_its_time_limit_right_after_fast_jobs_keeps_their_history(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    client: dict[str, str],
+    history: History,
+) -> None:
+    """Issue 29 item 3: the records of jobs a worker process finished but had not
+    handed to the recorder process yet survive its death (here: killed for the time
+    limit of the next job; a long EMQ_RECORD_INTERVAL keeps them in the process)."""
+    from tests.e2e.test_recorder import history as job_rows
+    from tests.e2e.test_spine import run_manage
+    from tests.faults.fault_tasks import overrun
+
+    emq_env.update(
+        {
+            "EMQ_RECORDER": "emq_django.results.recorder.DatabaseRecorder",
+            "EMQ_RECORD_INTERVAL": "30",
+        }
+    )
+    migrated = run_manage(emq_env, "migrate", "--noinput")
+    assert migrated.returncode == 0, migrated.stderr
+    start_broker(emq_processes, client)
+    start_jm(emq_processes, "L", concurrency=1)
+    wait_slots(client, 1)
+    keys = [f"l-{n}" for n in range(20)]
+    send_all(history, keys, 0.0)
+    wait_for(lambda: history.accepted <= set(history.completions()), "the fast jobs", 30)
+    overrun.apply_async(("l-overrun", 30.0), job_id="l-overrun")  # timeout=2, retries=1
+    wait_for(
+        lambda: any(e["event"] == "dead_lettered" for e in trace_events(client, "l-overrun")),
+        "the overrunning job to time out twice",
+        timeout=30,
+    )
+
+    def recorded() -> bool:
+        fast = job_rows(emq_env, "tests.faults.fault_tasks.work")
+        slow = job_rows(emq_env, "tests.faults.fault_tasks.overrun")
+        return len(fast) == len(keys) and slow.get("l-overrun") == "timed_out"
+
+    wait_for(recorded, "every outcome in the history", timeout=20)
+    fast = job_rows(emq_env, "tests.faults.fault_tasks.work")
+    print(f"\n[l] history rows of the fast jobs: {len(fast)} of {len(keys)}")
+    assert fast == dict.fromkeys(keys, "succeeded")
