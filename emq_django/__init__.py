@@ -17,6 +17,7 @@ from emq_django.exceptions import (
     ResultTimeout,
     ResultUnavailable,
     Retry,
+    SoftTimeLimitExceeded,
     TaskFailed,
     TaskNotFound,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ResultTimeout",
     "ResultUnavailable",
     "Retry",
+    "SoftTimeLimitExceeded",
     "Task",
     "TaskFailed",
     "TaskNotFound",

@@ -144,3 +144,10 @@ class Retry(EmqError):  # noqa: N818 - the name users raise, as in Celery and Dr
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
         super().__init__(reason or f"retry requested (delay={delay})")
         self.delay = delay
+
+
+class SoftTimeLimitExceeded(EmqError):  # noqa: N818 - Celery's name, which users know
+    """Raised inside a task that runs past its ``soft_timeout``, so that it can clean
+    up (catch it, tidy, re-raise or return); its hard ``timeout`` still kills."""
+
+    TYPE = "emq_django.exceptions.SoftTimeLimitExceeded"

@@ -129,7 +129,7 @@ class EmqTaskBackend(BaseTaskBackend):
     # ---- emq --------------------------------------------------------------------
 
     def job_options(self, task: Task) -> JobOptions:
-        """The task's guarantee/retries/timeout/on_commit over the backend's OPTIONS."""
+        """The task's emq options (options.NAMES) over the backend's OPTIONS."""
         if not isinstance(task, EmqTask):
             return self.defaults
         return self.defaults.merged(**{name: getattr(task, name) for name in NAMES})
@@ -153,6 +153,7 @@ class EmqTaskBackend(BaseTaskBackend):
                 queue=task.queue_name,
                 retries=opts.retries,
                 timeout=opts.timeout,
+                soft_timeout=opts.soft_timeout,
                 guarantee=opts.guarantee,
                 reply=False,  # results are read from the history, not from a REPLY
                 eta=_aware(task.run_after),

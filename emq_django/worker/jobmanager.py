@@ -231,7 +231,9 @@ class JobManager:
 
     def _poll_timeout(self) -> float:
         timeout = self.config.heartbeat_interval
-        if self.signals or self.kill_deadlines:
+        if self.kill_deadlines:  # a process is being killed: reap it, answer for it
+            return min(timeout, 0.02)
+        if self.signals:
             return min(timeout, 0.1)
         now = time.monotonic()
         for slot in range(self.config.concurrency):
@@ -501,11 +503,12 @@ class JobManager:
             _, started, limit = self.table.read(slot)
             if limit and now - started >= limit:
                 log.warning(
-                    "slot %d: job over its %g s time limit; stopping process %d", slot, limit, pid
+                    "slot %d: job over its %g s time limit; killing process %d", slot, limit, pid
                 )
-                # SIGTERM first, for cleanup handlers; SIGKILL after the grace period
-                _kill(pid, signal.SIGTERM)
-                self.kill_deadlines[pid] = now + self.config.kill_grace
+                # at once: the limit is the limit (a task cleans up at its soft_timeout);
+                # the loop reaps it within a poll and answers TimeoutError
+                _kill(pid, signal.SIGKILL)
+                self.kill_deadlines[pid] = now
 
 
 def _kill(pid: int, sig: int) -> None:

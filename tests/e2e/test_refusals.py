@@ -69,6 +69,9 @@ BAD_OPTIONS = [
     pytest.param({"guarantee": "yes"}, TypeError, id="guarantee-str"),
     pytest.param({"job_id": ""}, ValueError, id="job-id-empty"),
     pytest.param({"job_id": "a#1"}, ValueError, id="job-id-hash"),
+    pytest.param({"soft_timeout": -1}, ValueError, id="soft-timeout-negative"),
+    pytest.param({"soft_timeout": "1"}, TypeError, id="soft-timeout-str"),
+    pytest.param({"soft_timeout": 5, "timeout": 5}, ValueError, id="soft-timeout-not-under-hard"),
 ]
 
 
@@ -103,7 +106,12 @@ def test_arguments_at_the_depth_limit_are_accepted(emq_client_env: dict[str, str
 def test_task_declared_with_bad_options_is_refused() -> None:
     import emq_django as emq
 
-    for options in ({"retries": -1}, {"timeout": math.inf}, {"queue": "x" * 300}):
+    for options in (
+        {"retries": -1},
+        {"timeout": math.inf},
+        {"queue": "x" * 300},
+        {"soft_timeout": 2, "timeout": 1},
+    ):
         with pytest.raises((ValueError, TypeError)):
             emq.task(**options)(tasks.add.fn)
 
