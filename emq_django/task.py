@@ -108,7 +108,9 @@ class Task(Generic[P, R]):
         if client is None or module._client_pid != module._pid:
             client = _get_client()
         if self._pipelined:
-            msgid = client.send_pipelined(self._queue_bytes, self._flagged, body, head, tail)
+            msgid = client.send_pipelined(
+                self._queue_bytes, self._flagged, body, head, tail, not self.reply
+            )
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
         handle = _new_handle(self._handle)  # SentResult without an __init__ call
@@ -154,7 +156,13 @@ class Task(Generic[P, R]):
         ids = [client.new_id() for _ in bodies]  # before sending: a resend reuses them
         results = [Result(i, self.name, reply=self.reply, client=client) for i in ids]
         client.send_batch(
-            self.queue, self._headers, bodies, ids, confirm=self.guarantee, results=results
+            self.queue,
+            self._headers,
+            bodies,
+            ids,
+            confirm=self.guarantee,
+            results=results,
+            noreply=not self.reply,
         )
         return results
 
@@ -223,7 +231,14 @@ class Task(Generic[P, R]):
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
-        job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
+        job_id = client.send(
+            queue or self.queue,
+            headers,
+            body,
+            confirm=confirm,
+            job_id=job_id,
+            noreply=not want_reply,
+        )
         return Result(job_id, self.name, reply=want_reply, client=client)
 
     def _send_on_commit(
