@@ -66,7 +66,7 @@ class KeptRecords:
 class SlotRecords:
     """One slot's areas, as its worker process writes them."""
 
-    __slots__ = ("_mem", "_base", "_size", "_area", "_used")
+    __slots__ = ("_mem", "_base", "_size", "_area", "_used", "_data", "_limit", "_names")
 
     def __init__(self, mem: mmap.mmap, base: int, size: int) -> None:
         self._mem = mem
@@ -74,6 +74,11 @@ class SlotRecords:
         self._size = size
         self._area = 0
         self._used = 0  # bytes used in the active area (this process is its only writer)
+        self._data = base + _ACTIVE.size + _USED.size  # where the active area's records start
+        self._limit = size - _USED.size  # bytes of records an area holds
+        # (task, queue, error type) -> the three encoded, with their lengths: the
+        # same few repeat on every job
+        self._names: dict[tuple[str, str, str], tuple[bytes, int, int, int]] = {}
 
     def add(
         self,
@@ -91,30 +96,44 @@ class SlotRecords:
         partials: int = 0,
     ) -> bool:
         """Keep one record; False (nothing kept) when the active area is full."""
-        t, q, e = task.encode(), queue.encode(), error_type.encode()
-        if max(len(attempt_id), len(t), len(q), len(e)) > _MAX_SHORT:
+        names = self._names.get((task, queue, error_type))
+        if names is None:
+            names = self._encode(task, queue, error_type)
+        text, n_task, n_queue, n_error = names
+        data = attempt_id + text + request + reply
+        used = self._used
+        if used + _ROW.size + len(data) > self._limit or len(attempt_id) > _MAX_SHORT:
             return False
-        row = _ROW.pack(
-            started_us, finished_us, retry_count, partials, failed, lost,
-            len(attempt_id), len(t), len(q), len(e), len(request), len(reply),
+        mem = self._mem
+        at = self._data + used
+        _ROW.pack_into(
+            mem, at, started_us, finished_us, retry_count, partials, failed, lost,
+            len(attempt_id), n_task, n_queue, n_error, len(request), len(reply),
         )  # fmt: skip
-        data = row + attempt_id + t + q + e + request + reply
-        area = self._base + _ACTIVE.size + self._area * self._size
-        if _USED.size + self._used + len(data) > self._size:
-            return False
-        start = area + _USED.size + self._used
-        self._mem[start : start + len(data)] = data
-        self._used += len(data)
-        _USED.pack_into(self._mem, area, self._used)  # last: a half-written record is not there
+        at += _ROW.size
+        mem[at : at + len(data)] = data
+        self._used = used = used + _ROW.size + len(data)
+        _USED.pack_into(
+            mem, self._data - _USED.size, used
+        )  # last: a half-written record is not there
         return True
+
+    def _encode(self, task: str, queue: str, error_type: str) -> tuple[bytes, int, int, int]:
+        t, q, e = task.encode()[:_MAX_SHORT], queue.encode()[:_MAX_SHORT], error_type.encode()
+        e = e[:_MAX_SHORT]
+        if len(self._names) >= 1024:
+            self._names.clear()
+        names = self._names[(task, queue, error_type)] = (t + q + e, len(t), len(q), len(e))
+        return names
 
     def handed_over(self) -> None:
         """The records of the active area were handed over: the other area (the
         batch before, surely gone by now) is emptied and takes the next ones."""
         other = 1 - self._area
-        _USED.pack_into(self._mem, self._base + _ACTIVE.size + other * self._size, 0)
+        area = self._base + _ACTIVE.size + other * self._size
+        _USED.pack_into(self._mem, area, 0)
         _ACTIVE.pack_into(self._mem, self._base, other)
-        self._area, self._used = other, 0
+        self._area, self._used, self._data = other, 0, area + _USED.size
 
 
 def _decode_area(mem: Any, at: int, size: int) -> list[Row]:

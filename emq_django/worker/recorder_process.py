@@ -257,13 +257,31 @@ class RecordForwarder:
         self.dropped = 0
         self.not_kept = 0  # records too large for the shared memory (lost if it dies)
 
-    def _add_kept(self, *row: Any, **named: Any) -> None:
-        assert self.kept is not None
-        self.batch.add(*row, **named)
-        if self.kept.add(*row, **named):
+    def _add_kept(
+        self,
+        attempt_id: bytes,
+        task: str,
+        queue: str,
+        started_us: int,
+        finished_us: int,
+        failed: bool,
+        error_type: str,
+        retry_count: int,
+        request: bytes,
+        reply: bytes,
+        lost: bool = False,
+        partials: int = 0,
+    ) -> None:
+        """``RecordBatch.add``, and the record kept in shared memory too."""
+        row = (attempt_id, task, queue, started_us, finished_us, failed, error_type,
+               retry_count, request, reply, lost, partials)  # fmt: skip
+        self.batch.add(*row)
+        kept = self.kept
+        assert kept is not None
+        if kept.add(*row):
             return
         self.flush()  # the area is full: hand the records over, then keep this one
-        if self.kept.add(*row, **named):
+        if kept.add(*row):
             return
         self.not_kept += 1
         if self.not_kept == 1 or self.not_kept % 1000 == 0:
