@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-NAMES = ("guarantee", "retries", "timeout", "soft_timeout", "on_commit")
+NAMES = ("guarantee", "retries", "timeout", "on_commit", "soft_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +21,8 @@ class JobOptions:
     guarantee: bool = False
     retries: int = 0
     timeout: float = 0.0
-    soft_timeout: float = 0.0
     on_commit: bool = False
+    soft_timeout: float = 0.0  # under timeout: SoftTimeLimitExceeded inside the task
 
     def merged(self, **overrides: Any) -> JobOptions:
         """These options with every override that is not None."""

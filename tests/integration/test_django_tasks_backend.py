@@ -67,6 +67,16 @@ def test_options_come_from_the_task_then_the_backend_then_emq() -> None:
     assert task_backends["default"].job_options(t.add) == JobOptions()
 
 
+def test_soft_timeout_is_an_option_like_the_others() -> None:
+    tasks = {"default": {**EMQ, "OPTIONS": {"timeout": 9, "soft_timeout": 8}}}
+    with override_settings(TASKS=tasks):
+        backend = task_backends["default"]
+        assert backend.job_options(t.add).soft_timeout == 8
+        assert backend.job_options(t.add.using(soft_timeout=2)).soft_timeout == 2
+    with pytest.raises(ValueError, match="soft_timeout must be a number >= 0"):
+        t.add.using(soft_timeout=-1)
+
+
 def test_bad_options_are_refused_with_their_name() -> None:
     with pytest.raises(ValueError, match="retries must be a number >= 0"):
         t.add.using(retries=-1)
