@@ -41,6 +41,7 @@ from emq_django.backends.compat import (
 )
 from emq_django.backends.options import NAMES, JobOptions, backend_defaults, check_values
 from emq_django.backends.tasks import EmqTask
+from emq_django.exceptions import JobsRefused
 from emq_django.transaction import on_commit
 
 EAGER_KEPT = 1000  # results of EMQ_EAGER runs kept for get_result(), per process
@@ -159,9 +160,13 @@ class EmqTaskBackend(BaseTaskBackend):
                 eta=_aware(task.run_after),
                 job_id=result.id,
             )
-        except BaseException:
+        except BaseException as exc:
             if tracked:
                 state.forget(result.id)
+                # earlier jobs the broker refused (sent without reply: JobsRefused)
+                # never run: no READY row for ever
+                if isinstance(exc, JobsRefused):
+                    state.forget(*exc.job_ids)
             raise
         task_enqueued.send(type(self), task_result=result)
 
