@@ -372,7 +372,7 @@ class SeenAttempts:
     sends the records of a worker process that ended, which may have reached
     this process already (kept_records.py)."""
 
-    def __init__(self, size: int = 100_000) -> None:
+    def __init__(self, size: int = 50_000) -> None:
         self.size = size
         self._new: set[tuple[str, int]] = set()
         self._old: set[tuple[str, int]] = set()
