@@ -38,6 +38,7 @@ from emq_django.exceptions import (
     BrokerUnavailable,
     HandshakeRefused,
     JobRefused,
+    JobsRefused,
     ProtocolError,
     QueueFull,
 )
@@ -169,6 +170,13 @@ class Client:
         self._sent: deque[tuple[bytes, int, float]] = deque()
         self._sent_jobs = 0
         self._flusher: _Flusher | None = None
+        # the last jobs sent without reply and without waiting for their ACK: a
+        # refused job is always among the last ``window`` sent (a refusal is looked
+        # up here, which costs a scan of it: refusals are rare; the send costs an
+        # append); their refusals, raised by the next call (JobsRefused)
+        self._noreply: deque[bytes] = deque(maxlen=2 * window + COALESCE_JOBS)
+        self._refused: list[tuple[str, str, str]] = []
+        self._refused_count = 0
         _clients.add(self)
 
     # ---- sending ------------------------------------------------------------
@@ -185,13 +193,17 @@ class Client:
         *,
         confirm: bool = False,
         job_id: str | None = None,
+        noreply: bool = False,
     ) -> str:
         """Send a REQUEST; returns its id. Waits for the ACK when ``confirm`` (and on
         the socket's first message); raises ``BrokerUnavailable``, ``QueueFull`` or
-        ``JobRefused``. Sending again with the same ``job_id`` never makes a second
-        job: the broker de-duplicates by id."""
+        ``JobRefused``, and ``JobsRefused`` for earlier ``noreply`` jobs the broker
+        refused (this one is then not sent). Sending again with the same ``job_id``
+        never makes a second job: the broker de-duplicates by id."""
         given = job_id.encode() if job_id else None
-        msgid = self.send_request(queue.encode(), headers, body, confirm=confirm, msgid=given)
+        msgid = self.send_request(
+            queue.encode(), headers, body, confirm=confirm, msgid=given, noreply=noreply
+        )
         return job_id or msgid.decode()
 
     def send_request(
@@ -202,15 +214,20 @@ class Client:
         *,
         confirm: bool = False,
         msgid: bytes | None = None,
+        noreply: bool = False,
     ) -> bytes:
         """``send()`` with the queue already encoded; returns the msgid (the job id
         as bytes), a new one unless ``msgid`` is given."""
         with self._lock:
+            if self._refused:
+                self._raise_refused(not_sent=True)
             if msgid is None:
                 ready = self._ids._ready  # the generator's next id, without a call
                 msgid = ready.pop() if ready else self._ids()
             flagged = self._flagged.get(headers)
             headers = flagged if flagged is not None else self._flag(headers)
+            if noreply and not confirm:
+                self._noreply.append(msgid)
             if self._buf and not confirm and len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
                 # the buffer's next job (its first checked what a send checks)
                 head = _pack_head(len(msgid), len(queue), len(headers), len(body))
@@ -221,19 +238,30 @@ class Client:
             return msgid
 
     def send_pipelined(
-        self, queue: bytes, headers: bytes, body: bytes, head: bytes | None, tail: bytes | None
+        self,
+        queue: bytes,
+        headers: bytes,
+        body: bytes,
+        head: bytes | None,
+        tail: bytes | None,
+        noreply: bool = False,
     ) -> bytes:
         """``send_request(queue, headers, body)`` for a job that does not wait for
         its ACK, on ``Task.delay()``'s path: the caller checked once that ``queue``
         (1 to 255 bytes) and ``headers`` (already with the ``acks`` flag, at most
         ``MAX_HEADERS_LENGTH``) may go in a REQUESTS record, and may give the
         record's parts around the msgid: ``head`` (for a msgid of ``ID_CHARS``
-        bytes) and ``tail`` (``queue + headers + body``). Returns the msgid."""
+        bytes) and ``tail`` (``queue + headers + body``). Returns the msgid; raises
+        ``JobsRefused`` (this job not sent) for earlier ``noreply`` jobs refused."""
         lock = self._lock
         lock.acquire()
         try:
+            if self._refused:
+                self._raise_refused(not_sent=True)
             ready = self._ids._ready  # the generator's next id, without a call
             msgid = ready.pop() if ready else self._ids()
+            if noreply:
+                self._noreply.append(msgid)
             if self._buf:
                 if head is None or len(msgid) != ID_CHARS:
                     head = _pack_head(len(msgid), len(queue), len(headers), len(body))
@@ -479,6 +507,7 @@ class Client:
         *,
         confirm: bool = False,
         results: Sequence[Any] = (),
+        noreply: bool = False,
     ) -> None:
         """Send one REQUEST per body, pipelined, under ``job_ids`` (one each, chosen
         before sending). With ``confirm``, return once the broker has ACKed them
@@ -495,6 +524,10 @@ class Client:
             raise ValueError("one job id per body")
         batch = _Batch(queue.encode(), F.with_acks_flag(headers), bodies, job_ids)
         with self._lock:
+            if self._refused:
+                self._raise_refused(not_sent=True)
+            if noreply and not confirm:
+                self._noreply.extend(batch.msgids)
             try:
                 self._send_batch(batch, confirm)
             except BrokerUnavailable as exc:
@@ -630,10 +663,18 @@ class Client:
         return job_id in states["cancelled"] or job_id in states.get("stopping", ())
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until the broker has acknowledged everything sent so far."""
+        """Wait until the broker has answered everything sent so far; raises
+        ``BrokerUnavailable``, and ``JobsRefused`` for ``noreply`` jobs it refused."""
         with self._lock:
             if self._sock is not None:
                 self._wait_below(1, timeout)
+            if self._refused:
+                self._raise_refused()
+
+    def _raise_refused(self, not_sent: bool = False) -> None:
+        refused, count = self._refused, self._refused_count
+        self._refused, self._refused_count = [], 0
+        raise JobsRefused(refused, count, not_sent)
 
     def _sent_before(self, msgid: bytes) -> None:
         """Make sure the broker has job ``msgid`` if this client sent it (a cancel
@@ -990,6 +1031,11 @@ class Client:
             self._errors[cmd.ref_msgid] = cmd
             if len(self._errors) > MAX_KEPT_REPLIES:
                 self._errors.popitem(last=False)
+            if cmd.ref_msgid in self._noreply:  # nobody will call its get()
+                self._refused_count += 1
+                if len(self._refused) < JobsRefused.MAX_NAMED:
+                    ref = cmd.ref_msgid.decode(errors="replace")
+                    self._refused.append((ref, cmd.code, cmd.reason))
             log.warning(
                 "the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"), cmd.reason
             )
@@ -1016,6 +1062,11 @@ class Client:
             if self._poll(sock, int(wait * 1000) + 1):
                 self._drain(sock, ready=True)
         if msgid in self._errors:
+            if self._refused:  # raised here: not again by the next call
+                ref = msgid.decode(errors="replace")
+                kept = [r for r in self._refused if r[0] != ref]
+                self._refused_count -= len(self._refused) - len(kept)
+                self._refused = kept
             raise _refusal(self._errors.pop(msgid))
 
     def _wait_below(self, limit: int, timeout: float | None = None) -> None:
@@ -1133,6 +1184,10 @@ def _send_at_exit() -> None:
         try:
             if client._sock is not None and client._unacked():
                 client._wait_below(1, EXIT_WAIT)
+            if client._refused:
+                client._raise_refused()
+        except JobsRefused as exc:  # the end of the process: say so, do not raise
+            log.error("at exit: %s", exc)
         except Exception as exc:  # the end of the process: say so, do not raise
             log.warning("at exit, jobs may not have reached the broker: %s", exc)
         finally:

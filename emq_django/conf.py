@@ -84,7 +84,7 @@ class EmqSettings:
     RETRY_CAP: float = 300.0
     DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
     MAX_DEAD_LETTERS: int = 100_000
-    KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a job over its timeout
+    KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a cancelled running job
     # CURVE (emq_django/security): this process's secret key (Z85 or a key file); '':
     # plain text. The broker's public key, for clients. The public key is derived.
     CURVE_SECRET_KEY: str = ""

@@ -97,6 +97,32 @@ class JobRefused(EmqError):
     """The broker refused a job, for the reason given."""
 
 
+class JobsRefused(JobRefused):
+    """The broker refused jobs sent without ``reply`` (nobody reads their ``get()``):
+    raised by the client's next ``delay()``, ``apply_async()``, ``map()`` or
+    ``flush()``, whose own job, if any, was not sent. ``job_ids`` names the jobs
+    refused (the first ``MAX_NAMED``; ``count`` is all of them), ``codes`` the
+    broker's ERROR codes (``queue-full``: the queue is at ``EMQ_MAX_PENDING``)."""
+
+    MAX_NAMED = 1000
+
+    def __init__(
+        self, refusals: list[tuple[str, str, str]], count: int, not_sent: bool = False
+    ) -> None:
+        self.refusals = refusals  # (job id, code, reason)
+        self.count = count
+        self.job_ids = [job_id for job_id, _, _ in refusals]
+        self.codes = {code for _, code, _ in refusals}
+        job_id, code, reason = refusals[0]
+        text = (
+            f"the broker refused {count} jobs sent without reply, first {job_id} ({code}: "
+            f"{reason}); send them again later (the ids are in .job_ids)"
+        )
+        if not_sent:
+            text += "; this call's job was not sent: call again"
+        super().__init__(text)
+
+
 class TaskNotFound(EmqError):
     """A message named a task that is not registered with ``@emq.task``."""
 
@@ -144,3 +170,10 @@ class Retry(EmqError):  # noqa: N818 - the name users raise, as in Celery and Dr
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
         super().__init__(reason or f"retry requested (delay={delay})")
         self.delay = delay
+
+
+class SoftTimeLimitExceeded(EmqError):  # noqa: N818 - Celery's name, which users know
+    """Raised inside a task that runs past its ``soft_timeout``, so that it can clean
+    up (catch it, tidy, re-raise or return); its hard ``timeout`` still kills."""
+
+    TYPE = "emq_django.exceptions.SoftTimeLimitExceeded"

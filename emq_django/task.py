@@ -19,6 +19,8 @@ from emq_django.protocol.frames import with_acks_flag
 from emq_django.protocol.headers import format_headers
 from emq_django.protocol.limits import MAX_DELAY, check_count, check_queue_name, check_seconds
 
+SOFT_TIMEOUT_HEADER = "soft-timeout"  # a headers extension: the soft time limit, seconds
+
 if TYPE_CHECKING:
     from emq_django.client import Client
     from emq_django.conf import EmqSettings
@@ -40,6 +42,7 @@ class Task(Generic[P, R]):
         guarantee: bool,
         reply: bool,
         on_commit: bool = False,
+        soft_timeout: float = 0,
     ) -> None:
         if fn.__module__ == "__main__":
             raise ValueError(
@@ -48,6 +51,7 @@ class Task(Generic[P, R]):
             )
         check_count("retries", retries)
         check_seconds("timeout", timeout)
+        check_soft_timeout(soft_timeout, timeout)
         check_queue_name(queue)
         self.fn = fn
         self.path = fn.__module__
@@ -56,10 +60,11 @@ class Task(Generic[P, R]):
         self.queue = queue
         self.retries = retries
         self.timeout = timeout
+        self.soft_timeout = soft_timeout
         self.guarantee = guarantee
         self.reply = reply
         self.on_commit = on_commit
-        self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0)
+        self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0, soft_timeout)
         self._queue_bytes = queue.encode()
         self._body = RunBodyEncoder(self.path, self.callable)
         # delay()'s path, made once: the headers as the client flags them, whether a
@@ -103,7 +108,9 @@ class Task(Generic[P, R]):
         if client is None or module._client_pid != module._pid:
             client = _get_client()
         if self._pipelined:
-            msgid = client.send_pipelined(self._queue_bytes, self._flagged, body, head, tail)
+            msgid = client.send_pipelined(
+                self._queue_bytes, self._flagged, body, head, tail, not self.reply
+            )
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
         handle = _new_handle(self._handle)  # SentResult without an __init__ call
@@ -149,7 +156,13 @@ class Task(Generic[P, R]):
         ids = [client.new_id() for _ in bodies]  # before sending: a resend reuses them
         results = [Result(i, self.name, reply=self.reply, client=client) for i in ids]
         client.send_batch(
-            self.queue, self._headers, bodies, ids, confirm=self.guarantee, results=results
+            self.queue,
+            self._headers,
+            bodies,
+            ids,
+            confirm=self.guarantee,
+            results=results,
+            noreply=not self.reply,
         )
         return results
 
@@ -167,16 +180,23 @@ class Task(Generic[P, R]):
         eta: dt.datetime | None = None,
         job_id: str | None = None,
         on_commit: bool | None = None,
+        soft_timeout: float | None = None,
     ) -> Result:
         """Send the task. Raises ``TypeError``/``ValueError`` for an option or
         arguments the broker would refuse (a negative or non-numeric ``timeout`` or
         ``retries``, a bad queue name, a non-finite or over-a-year ``countdown``/
-        ``eta``, arguments JSON cannot carry or nested over 100 deep),
+        ``eta``, a ``soft_timeout`` not under the ``timeout``, arguments JSON
+        cannot carry or nested over 100 deep),
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
         when it commits (emq_django/transaction.py) and the result says so."""
         _check_options(queue, retries, timeout, guarantee, reply, job_id)
+        if soft_timeout is not None or timeout is not None:
+            check_soft_timeout(
+                self.soft_timeout if soft_timeout is None else soft_timeout,
+                self.timeout if timeout is None else timeout,
+            )
         run_after = _run_after(countdown, eta)  # bad timing fails now, not at commit
         body = self._body.encode(args, kwargs)
         settings = _settings()
@@ -187,6 +207,7 @@ class Task(Generic[P, R]):
                 "queue": queue,
                 "retries": retries,
                 "timeout": timeout,
+                "soft_timeout": soft_timeout,
                 "guarantee": guarantee,
                 "reply": want_reply,
                 "countdown": countdown,
@@ -195,7 +216,9 @@ class Task(Generic[P, R]):
             return self._send_on_commit(args, kwargs, job_id, options)
         if settings.EAGER:
             return self._run_eagerly(body, want_reply)
-        if (retries, timeout, guarantee, reply, run_after) == (None, None, None, None, 0.0):
+        if (retries, timeout, guarantee, reply, run_after, soft_timeout) == (
+            None, None, None, None, 0.0, None,
+        ):  # fmt: skip
             headers = self._headers
         else:
             headers = self._build_headers(
@@ -204,10 +227,18 @@ class Task(Generic[P, R]):
                 self.retries if retries is None else retries,
                 self.timeout if timeout is None else timeout,
                 run_after,
+                self.soft_timeout if soft_timeout is None else soft_timeout,
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
-        job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
+        job_id = client.send(
+            queue or self.queue,
+            headers,
+            body,
+            confirm=confirm,
+            job_id=job_id,
+            noreply=not want_reply,
+        )
         return Result(job_id, self.name, reply=want_reply, client=client)
 
     def _send_on_commit(
@@ -232,7 +263,13 @@ class Task(Generic[P, R]):
         return deferred
 
     def _build_headers(
-        self, reply: bool, guarantee: bool, retries: int, timeout: float, run_after: float
+        self,
+        reply: bool,
+        guarantee: bool,
+        retries: int,
+        timeout: float,
+        run_after: float,
+        soft_timeout: float = 0,
     ) -> bytes:
         return format_headers(
             reply_requested=reply,
@@ -242,6 +279,8 @@ class Task(Generic[P, R]):
             run_after=run_after,
             task=self.name,
             stream=reply,  # its partial results come back too (Result.stream())
+            # read by the worker process alone (the broker forwards it unread)
+            extra=((SOFT_TIMEOUT_HEADER, f"{soft_timeout:g}"),) if soft_timeout else (),
         )
 
     def _run_eagerly(self, body: bytes, reply: bool) -> Result:
@@ -302,6 +341,17 @@ def _check_options(
             raise ValueError("job_id must be printable, without '#', 1 to 200 characters")
 
 
+def check_soft_timeout(soft_timeout: Any, timeout: Any) -> None:
+    """A soft limit is seconds >= 0 (0: none), under the hard one when there is one;
+    raises ``TypeError``/``ValueError``."""
+    check_seconds("soft_timeout", soft_timeout)
+    if soft_timeout and timeout and soft_timeout >= timeout:
+        raise ValueError(
+            f"soft_timeout ({soft_timeout:g} s) must be less than timeout ({timeout:g} s): "
+            "the hard limit would kill the task before the soft one could raise"
+        )
+
+
 def _check_size(body: bytes, limit: int, name: str) -> bytes:
     if len(body) > limit:
         raise ValueError(
@@ -345,6 +395,7 @@ def task(
     guarantee: bool = ...,
     reply: bool = ...,
     on_commit: bool = ...,
+    soft_timeout: float = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -358,9 +409,12 @@ def task(
     guarantee: bool = False,
     reply: bool = True,
     on_commit: bool = False,
+    soft_timeout: float = 0,
 ) -> Any:
     """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``.
-    ``on_commit=True``: inside a transaction, send only once it commits."""
+    ``on_commit=True``: inside a transaction, send only once it commits.
+    ``timeout``: the hard time limit (the worker process is killed);
+    ``soft_timeout``: ``SoftTimeLimitExceeded`` is raised inside the task."""
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         t = Task(
@@ -371,6 +425,7 @@ def task(
             guarantee=guarantee,
             reply=reply,
             on_commit=on_commit,
+            soft_timeout=soft_timeout,
         )
         registry.register(t)
         return t

@@ -41,6 +41,7 @@ from emq_django.backends.compat import (
 )
 from emq_django.backends.options import NAMES, JobOptions, backend_defaults, check_values
 from emq_django.backends.tasks import EmqTask
+from emq_django.exceptions import JobsRefused
 from emq_django.transaction import on_commit
 
 EAGER_KEPT = 1000  # results of EMQ_EAGER runs kept for get_result(), per process
@@ -129,7 +130,7 @@ class EmqTaskBackend(BaseTaskBackend):
     # ---- emq --------------------------------------------------------------------
 
     def job_options(self, task: Task) -> JobOptions:
-        """The task's guarantee/retries/timeout/on_commit over the backend's OPTIONS."""
+        """The task's emq options (options.NAMES) over the backend's OPTIONS."""
         if not isinstance(task, EmqTask):
             return self.defaults
         return self.defaults.merged(**{name: getattr(task, name) for name in NAMES})
@@ -153,14 +154,19 @@ class EmqTaskBackend(BaseTaskBackend):
                 queue=task.queue_name,
                 retries=opts.retries,
                 timeout=opts.timeout,
+                soft_timeout=opts.soft_timeout,
                 guarantee=opts.guarantee,
                 reply=False,  # results are read from the history, not from a REPLY
                 eta=_aware(task.run_after),
                 job_id=result.id,
             )
-        except BaseException:
+        except BaseException as exc:
             if tracked:
                 state.forget(result.id)
+                # earlier jobs the broker refused (sent without reply: JobsRefused)
+                # never run: no READY row for ever
+                if isinstance(exc, JobsRefused):
+                    state.forget(*exc.job_ids)
             raise
         task_enqueued.send(type(self), task_result=result)
 

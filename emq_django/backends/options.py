@@ -1,4 +1,5 @@
-"""emq's own options for Django Tasks API tasks: guarantee, retries, timeout, on_commit.
+"""emq's own options for Django Tasks API tasks: guarantee, retries, timeout,
+soft_timeout, on_commit.
 
 Each comes from the task (``EmqTask`` fields, set with ``task.using(retries=3)`` or
 ``@emq_options(retries=3)``; on Django 5.2 also ``@task(retries=3)``), else from the
@@ -12,7 +13,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-NAMES = ("guarantee", "retries", "timeout", "on_commit")
+NAMES = ("guarantee", "retries", "timeout", "on_commit", "soft_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,7 @@ class JobOptions:
     retries: int = 0
     timeout: float = 0.0
     on_commit: bool = False
+    soft_timeout: float = 0.0  # under timeout: SoftTimeLimitExceeded inside the task
 
     def merged(self, **overrides: Any) -> JobOptions:
         """These options with every override that is not None."""
@@ -34,7 +36,7 @@ def check_values(where: str, values: dict[str, Any]) -> None:
     unknown = sorted(set(values) - set(NAMES))
     if unknown:
         raise ValueError(f"{where}: unknown emq option(s) {unknown}; known: {list(NAMES)}")
-    for name in ("retries", "timeout"):
+    for name in ("retries", "timeout", "soft_timeout"):
         value = values.get(name)
         if value is not None and (isinstance(value, bool) or not value >= 0):
             raise ValueError(f"{where}: {name} must be a number >= 0, got {value!r}")

@@ -85,10 +85,10 @@ def save_ready(result: TaskResult, queue: str, retries: int, run_after: datetime
     _prune_now_and_then()
 
 
-def forget(job_id: str) -> None:
+def forget(*job_ids: str) -> None:
     from emq_django.backends.models import TaskState
 
-    TaskState.objects.filter(pk=job_id).delete()
+    TaskState.objects.filter(pk__in=job_ids).delete()
 
 
 def mark_running(job_id: str, attempt: int, worker: str, started: datetime) -> datetime | None:

@@ -22,6 +22,7 @@ class EmqTask(Task):
     guarantee: bool | None = None
     retries: int | None = None
     timeout: float | None = None
+    soft_timeout: float | None = None
     on_commit: bool | None = None
 
     def using(
@@ -33,8 +34,9 @@ class EmqTask(Task):
         backend: str | None = None,
         **emq_options: Any,
     ) -> EmqTask:
-        """``Task.using()``, which also takes ``guarantee``, ``retries``, ``timeout``
-        and ``on_commit``. Raises ``ValueError`` for an unknown option or bad value."""
+        """``Task.using()``, which also takes ``guarantee``, ``retries``, ``timeout``,
+        ``soft_timeout`` and ``on_commit``. Raises ``ValueError`` for an unknown
+        option or bad value."""
         # explicit base: zero-argument super() fails in a slots dataclass
         task: Any = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend

@@ -24,6 +24,7 @@ from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
+from emq_django.worker.kept_records import KeptRecords
 from emq_django.worker.process import BATCH, SlotConfig, SlotWorker
 from emq_django.worker.recorder_process import (
     RecorderProcess,
@@ -103,6 +104,8 @@ class JobManager:
         self.recorder_pid = 0
         self._recorder_respawn_at = 0.0
         self.recorder: RecordForwarder | None = None  # lost jobs' records; made in run()
+        # the records each worker process has not handed over: they outlive it
+        self.kept = KeptRecords(config.concurrency) if config.recorder else None
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -228,7 +231,9 @@ class JobManager:
 
     def _poll_timeout(self) -> float:
         timeout = self.config.heartbeat_interval
-        if self.signals or self.kill_deadlines:
+        if self.kill_deadlines:  # a process is being killed: reap it, answer for it
+            return min(timeout, 0.02)
+        if self.signals:
             return min(timeout, 0.1)
         now = time.monotonic()
         for slot in range(self.config.concurrency):
@@ -307,7 +312,8 @@ class JobManager:
             code = 1
             try:
                 _die_with_parent()
-                code = SlotWorker(cfg, self.table).run()
+                kept = self.kept.writer(slot) if self.kept is not None else None
+                code = SlotWorker(cfg, self.table, kept).run()
             except BaseException:
                 log.exception("worker process for slot %d crashed", slot)
             finally:
@@ -387,6 +393,7 @@ class JobManager:
         how the process ended: ``lost:exit code 1``), then ENDED: its other jobs
         in flight never started."""
         how = _describe_status(status)
+        self._forward_kept_records(slot)
         answered = self._send_held(slot)
         self._answer_running(slot, pid, how, answered)
         assert self.link is not None
@@ -443,6 +450,23 @@ class JobManager:
             except Exception:
                 log.exception("the job recorder failed on lost job %r", attempt_id)
 
+    def _forward_kept_records(self, slot: int) -> None:
+        """The records of the jobs the ended process finished, which it may not have
+        handed over: to the recorder process (it drops those it has)."""
+        if self.kept is None or self.recorder is None:
+            return
+        rows = self.kept.take(slot)
+        if not rows:
+            return
+        try:
+            for row in rows:
+                self.recorder.add(*row)
+            self.recorder.flush()
+        except Exception:
+            log.exception("slot %d: could not forward the job records of its process", slot)
+            return
+        log.info("slot %d: forwarded the %d job records its process kept", slot, len(rows))
+
     def _send_held(self, slot: int) -> set[bytes]:
         """The REPLYs of the jobs a dead process finished: those it sent last (they
         may have died in its socket's queue) and those it had not sent (it held
@@ -479,11 +503,12 @@ class JobManager:
             _, started, limit = self.table.read(slot)
             if limit and now - started >= limit:
                 log.warning(
-                    "slot %d: job over its %g s time limit; stopping process %d", slot, limit, pid
+                    "slot %d: job over its %g s time limit; killing process %d", slot, limit, pid
                 )
-                # SIGTERM first, for cleanup handlers; SIGKILL after the grace period
-                _kill(pid, signal.SIGTERM)
-                self.kill_deadlines[pid] = now + self.config.kill_grace
+                # at once: the limit is the limit (a task cleans up at its soft_timeout);
+                # the loop reaps it within a poll and answers TimeoutError
+                _kill(pid, signal.SIGKILL)
+                self.kill_deadlines[pid] = now
 
 
 def _kill(pid: int, sig: int) -> None:

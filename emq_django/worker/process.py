@@ -19,13 +19,27 @@ from typing import Any
 import zmq
 
 from emq_django import wire
-from emq_django.exceptions import Cancelled, HandshakeRefused, ProtocolError
+from emq_django.exceptions import (
+    Cancelled,
+    HandshakeRefused,
+    ProtocolError,
+    SoftTimeLimitExceeded,
+)
 from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
+from emq_django.protocol.limits import check_seconds
+from emq_django.task import SOFT_TIMEOUT_HEADER
 from emq_django.worker.credit import CreditPolicy
-from emq_django.worker.execution import Outcome, execute_counting, note_open_connections
+from emq_django.worker.execution import (
+    Outcome,
+    current_job,
+    execute_counting,
+    failure,
+    note_open_connections,
+)
+from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.recorder_process import RecordForwarder
 from emq_django.worker.slots import SlotTable
 
@@ -73,7 +87,9 @@ class SlotConfig:
 
 
 class SlotWorker:
-    def __init__(self, config: SlotConfig, table: SlotTable) -> None:
+    def __init__(
+        self, config: SlotConfig, table: SlotTable, kept: SlotRecords | None = None
+    ) -> None:
         self.config = config
         self.table = table
         self.context: zmq.Context[Any] = zmq.Context()
@@ -106,7 +122,11 @@ class SlotWorker:
         self.recorder: RecordForwarder | None = None
         if config.recorder_endpoint:
             self.recorder = RecordForwarder(
-                self.context, config.recorder_endpoint, config.record_buffer, config.manager
+                self.context,
+                config.recorder_endpoint,
+                config.record_buffer,
+                config.manager,
+                kept,  # (its job manager hands them over if this process dies)
             )
         self.partials_dropped = 0  # PARTIALs the socket had no room for (see _send_partial)
         self._unflushed = 0  # records given to the recorder since its last flush
@@ -126,12 +146,23 @@ class SlotWorker:
         # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
         # answers and READYs of several credits; until then, the document's only
         self.batching = False
+        self._soft: tuple[float, bytes] = (0.0, b"")  # the soft limit armed, for which job
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
+    def _on_soft_limit(self, signum: int, frame: Any) -> None:
+        """SIGALRM, armed by ``_execute_soft``: raised inside the task, unless it has
+        returned already (then its outcome stands)."""
+        soft, msgid = self._soft
+        if soft and current_job.get() == msgid:
+            raise SoftTimeLimitExceeded(
+                f"job {msgid.decode(errors='replace')} ran past its soft time limit of {soft:g} s"
+            )
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGALRM, self._on_soft_limit)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
         note_open_connections()
         try:
@@ -264,7 +295,10 @@ class SlotWorker:
             self.table.clear(slot)
             self._skip_cancelled(msgid)
             return
-        outcome = execute_counting(body, msgid, _PartialSender(self, msgid))
+        if h.extra and h.get(SOFT_TIMEOUT_HEADER):
+            outcome = self._execute_soft(body, msgid, h)
+        else:
+            outcome = execute_counting(body, msgid, _PartialSender(self, msgid))
         self.jobs_done += 1
         elapsed = _monotonic() - started
         if h.timeout or self.table.cancelled(slot):
@@ -366,6 +400,24 @@ class SlotWorker:
             PARTIAL_SEND_WAIT,
             self.partials_dropped,
         )
+
+    def _execute_soft(self, body: bytes, msgid: bytes, h: Headers) -> Outcome:
+        """The job, with its soft time limit armed (``SIGALRM``, ``_on_soft_limit``)."""
+        try:
+            soft = check_seconds("soft-timeout", float(h.get(SOFT_TIMEOUT_HEADER) or 0))
+        except (TypeError, ValueError) as exc:
+            log.warning("job %s: bad soft-timeout header: %s", msgid.decode(errors="replace"), exc)
+            soft = 0.0  # the hard limit still holds
+        self._soft = (soft, msgid)
+        if soft:
+            signal.setitimer(signal.ITIMER_REAL, soft)
+        try:
+            return execute_counting(body, msgid, _PartialSender(self, msgid))
+        except SoftTimeLimitExceeded as exc:  # raised after the task, in our own code
+            return failure(exc)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._soft = (0.0, b"")
 
     def _overruled(self, outcome: Outcome, elapsed: float, timeout: float) -> Outcome:
         """A job cancelled while it ran, or that ran past its time limit, failed,

@@ -43,6 +43,7 @@ import zmq
 
 from emq_django import transport
 from emq_django.transport import SocketOptions
+from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.recording import (
     JobRecord,
     JobRecorder,
@@ -236,17 +237,60 @@ class RecordForwarder:
     never blocks: what cannot be sent is kept for the next one."""
 
     def __init__(
-        self, context: zmq.Context[Any], endpoint: str, max_buffer: int, manager: str
+        self,
+        context: zmq.Context[Any],
+        endpoint: str,
+        max_buffer: int,
+        manager: str,
+        kept: SlotRecords | None = None,
     ) -> None:
         self.sock = transport.connect(
             context, zmq.PUSH, endpoint, SocketOptions(linger=-1, sndhwm=SEND_HWM)
         )
         self.max_buffer = max_buffer
         self.batch = RecordBatch(manager)
-        self.add = self.batch.add  # the hot path: no extra call
+        # a worker process's records are kept in shared memory too (kept_records.py)
+        self.kept = kept
+        self.add = self.batch.add if kept is None else self._add_kept  # no extra call
         self._next_error_log = 0.0
         self.sent = 0
         self.dropped = 0
+        self.not_kept = 0  # records too large for the shared memory (lost if it dies)
+
+    def _add_kept(
+        self,
+        attempt_id: bytes,
+        task: str,
+        queue: str,
+        started_us: int,
+        finished_us: int,
+        failed: bool,
+        error_type: str,
+        retry_count: int,
+        request: bytes,
+        reply: bytes,
+        lost: bool = False,
+        partials: int = 0,
+    ) -> None:
+        """``RecordBatch.add``, and the record kept in shared memory too."""
+        row = (attempt_id, task, queue, started_us, finished_us, failed, error_type,
+               retry_count, request, reply, lost, partials)  # fmt: skip
+        self.batch.add(*row)
+        kept = self.kept
+        assert kept is not None
+        if kept.add(*row):
+            return
+        self.flush()  # the area is full: hand the records over, then keep this one
+        if kept.add(*row):
+            return
+        self.not_kept += 1
+        if self.not_kept == 1 or self.not_kept % 1000 == 0:
+            log.warning(
+                "%d job records could not be kept in shared memory (too large, or the "
+                "recorder process is not taking records): they are lost if this worker "
+                "process dies before it hands them over",
+                self.not_kept,
+            )
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -261,6 +305,8 @@ class RecordForwarder:
             return
         self.sent += len(self.batch)
         self.batch.clear()
+        if self.kept is not None:
+            self.kept.handed_over()
 
     def _keep(self) -> None:
         excess = len(self.batch) - self.max_buffer
@@ -321,6 +367,26 @@ class MachineBusy:
         return self._fraction
 
 
+class SeenAttempts:
+    """The attempts recorded lately (at least the last ``size``): a job manager
+    sends the records of a worker process that ended, which may have reached
+    this process already (kept_records.py)."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self.size = size
+        self._new: set[tuple[str, int]] = set()
+        self._old: set[tuple[str, int]] = set()
+
+    def check(self, key: tuple[str, int]) -> bool:
+        """Whether ``key`` was seen; it is remembered either way."""
+        if key in self._new or key in self._old:
+            return True
+        if len(self._new) >= self.size:
+            self._old, self._new = self._new, set()
+        self._new.add(key)
+        return False
+
+
 class RecorderProcess:
     """The loop of the recorder process (``run`` in the forked child).
 
@@ -349,6 +415,8 @@ class RecorderProcess:
         self.deferred = 0  # times writing waited for a busy machine
         self._waiting: list[list[bytes]] = []
         self._oldest = 0.0  # monotonic: when the oldest waiting message came
+        self.seen = SeenAttempts()
+        self.duplicates = 0  # records sent twice (kept_records.py), written once
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -386,9 +454,10 @@ class RecorderProcess:
             context.term()
             _unlink_ipc(self.endpoint)
         log.info(
-            "recorder process: %d job records received, %d bad messages dropped, "
-            "writing waited %d times for a busy machine",
+            "recorder process: %d job records received (%d of them twice), %d bad messages "
+            "dropped, writing waited %d times for a busy machine",
             self.received,
+            self.duplicates,
             self.bad_messages,
             self.deferred,
         )
@@ -420,7 +489,11 @@ class RecorderProcess:
         self.received += len(records)
         if recorder is None:
             return
+        seen = self.seen
         for record in records:
+            if seen.check((record.job_id, record.attempt)):
+                self.duplicates += 1
+                continue
             try:
                 recorder.record(record)
             except Exception:

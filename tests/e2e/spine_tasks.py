@@ -41,3 +41,8 @@ def nap(seconds: float, tag: str = "", done_file: str = "") -> dict[str, Any]:
     if done_file:
         Path(done_file).write_text(f"{tag} {os.getpid()}\n")
     return {"tag": tag, "started": started, "finished": time.time(), **_where()}
+
+
+@emq.task(queue="spine-unserved", reply=False)
+def forget(n: int) -> None:
+    """Sent without reply, to a queue no job manager serves (test_refusals.py)."""

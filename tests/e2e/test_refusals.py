@@ -69,6 +69,9 @@ BAD_OPTIONS = [
     pytest.param({"guarantee": "yes"}, TypeError, id="guarantee-str"),
     pytest.param({"job_id": ""}, ValueError, id="job-id-empty"),
     pytest.param({"job_id": "a#1"}, ValueError, id="job-id-hash"),
+    pytest.param({"soft_timeout": -1}, ValueError, id="soft-timeout-negative"),
+    pytest.param({"soft_timeout": "1"}, TypeError, id="soft-timeout-str"),
+    pytest.param({"soft_timeout": 5, "timeout": 5}, ValueError, id="soft-timeout-not-under-hard"),
 ]
 
 
@@ -103,7 +106,12 @@ def test_arguments_at_the_depth_limit_are_accepted(emq_client_env: dict[str, str
 def test_task_declared_with_bad_options_is_refused() -> None:
     import emq_django as emq
 
-    for options in ({"retries": -1}, {"timeout": math.inf}, {"queue": "x" * 300}):
+    for options in (
+        {"retries": -1},
+        {"timeout": math.inf},
+        {"queue": "x" * 300},
+        {"soft_timeout": 2, "timeout": 1},
+    ):
         with pytest.raises((ValueError, TypeError)):
             emq.task(**options)(tasks.add.fn)
 
@@ -311,3 +319,31 @@ def test_map_without_a_broker_names_every_job_it_could_not_send(
     with pytest.raises(BatchUnacknowledged) as again:
         error.resend()
     assert again.value.job_ids == error.job_ids  # the same ids, not new ones
+
+
+# ---- refusals of jobs sent without reply reach the application -----------------------
+
+
+def test_refusals_of_jobs_sent_without_reply_are_raised_by_the_next_call(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], emq_client_env: dict[str, str]
+) -> None:
+    """Issue 29 item 11: nobody calls get() on a reply=False job, so its refusal
+    (here QueueFull: the queue holds 10 and nobody serves it) is raised by the
+    client's next call, naming the jobs refused."""
+    from emq_django.client import get_client
+    from emq_django.exceptions import JobsRefused
+
+    start_broker(emq_processes, emq_env, extra_env={"EMQ_MAX_PENDING": "10"})
+    sent = [tasks.forget.delay(n).id for n in range(40)]
+    with pytest.raises(JobsRefused) as refused:
+        get_client().flush(timeout=10)  # waits for every answer: 10 ACKs, 30 refusals
+    assert refused.value.job_ids == sent[10:]
+    assert refused.value.codes == {"queue-full"}
+    assert "30 jobs sent without reply" in str(refused.value)
+    # a sender that never flushes learns it from a later delay(), whose job is not sent
+    later = []
+    with pytest.raises(JobsRefused) as refused:
+        for n in range(5000):  # the client reads its answers at least every 1000 jobs
+            later.append(tasks.forget.delay(n).id)
+    assert refused.value.job_ids == later[: len(refused.value.job_ids)]
+    assert "this call's job was not sent" in str(refused.value)

@@ -59,3 +59,23 @@ def late(key: str, seconds: float = 1.5) -> int:
     time.sleep(seconds)
     record("done", key)
     return 7
+
+
+@emq.task(queue="faults", timeout=1, retries=0)
+def runs_on(key: str, seconds: float = 3.0) -> None:
+    """Sleeps past its time limit; would record "done" if it ran on (it must not)."""
+    record("run", key)
+    time.sleep(seconds)
+    record("done", key)
+
+
+@emq.task(queue="faults", soft_timeout=0.5, timeout=30, retries=0)
+def cleans_up(key: str, seconds: float = 20.0) -> None:
+    """Catches its soft time limit to clean up, then lets it end the attempt."""
+    record("run", key)
+    try:
+        time.sleep(seconds)
+    except emq.SoftTimeLimitExceeded:
+        record("cleanup", key)
+        raise
+    record("done", key)

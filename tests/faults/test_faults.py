@@ -70,7 +70,9 @@ def start_broker(procs: EmqProcesses, env: dict[str, str], name: str = "broker")
     return broker
 
 
-def start_jm(procs: EmqProcesses, name: str, concurrency: int = 2) -> ManagedProcess:
+def start_jm(
+    procs: EmqProcesses, name: str, concurrency: int = 2, env: dict[str, str] | None = None
+) -> ManagedProcess:
     return procs.start(
         "emq_jobmanager",
         "--queues",
@@ -79,6 +81,7 @@ def start_jm(procs: EmqProcesses, name: str, concurrency: int = 2) -> ManagedPro
         str(concurrency),
         "--name",
         name,
+        env=env,
         name=f"{name}-{time.monotonic_ns()}",
     )
 
@@ -555,3 +558,97 @@ def test_k_broker_restarted_within_the_ack_timeout_during_a_guaranteed_map(
     report("k", verdict)
     assert verdict.accepted == JOBS
     assert_clean(verdict)
+
+
+# ---- l. a worker process killed for its time limit right after fast jobs --------------
+
+
+def test_l_worker_killed_for_its_time_limit_right_after_fast_jobs_keeps_their_history(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    client: dict[str, str],
+    history: History,
+) -> None:
+    """Issue 29 item 3: the records of jobs a worker process finished but had not
+    handed to the recorder process yet survive its death (here: killed for the time
+    limit of the next job; a long EMQ_RECORD_INTERVAL keeps them in the process)."""
+    from tests.e2e.test_recorder import history as job_rows
+    from tests.e2e.test_spine import run_manage
+    from tests.faults.fault_tasks import overrun
+
+    recording = {
+        "EMQ_RECORDER": "emq_django.results.recorder.DatabaseRecorder",
+        "EMQ_RECORD_INTERVAL": "30",
+    }
+    migrated = run_manage(emq_env, "migrate", "--noinput")
+    assert migrated.returncode == 0, migrated.stderr
+    start_broker(emq_processes, client)
+    start_jm(emq_processes, "L", concurrency=1, env=recording)
+    wait_slots(client, 1)
+    keys = [f"l-{n}" for n in range(20)]
+    send_all(history, keys, 0.0)
+    wait_for(lambda: history.accepted <= set(history.completions()), "the fast jobs", 30)
+    overrun.apply_async(("l-overrun", 30.0), job_id="l-overrun")  # timeout=2, retries=1
+    wait_for(
+        lambda: any(e["event"] == "dead_lettered" for e in trace_events(client, "l-overrun")),
+        "the overrunning job to time out twice",
+        timeout=30,
+    )
+
+    def recorded() -> bool:
+        fast = job_rows(emq_env, "tests.faults.fault_tasks.work")
+        slow = job_rows(emq_env, "tests.faults.fault_tasks.overrun")
+        return len(fast) == len(keys) and slow.get("l-overrun") == "timed_out"
+
+    wait_for(recorded, "every outcome in the history", timeout=20)
+    fast = job_rows(emq_env, "tests.faults.fault_tasks.work")
+    print(f"\n[l] history rows of the fast jobs: {len(fast)} of {len(keys)}")
+    assert fast == dict.fromkeys(keys, "succeeded")
+
+
+# ---- m. time limits: the hard one kills at the limit, the soft one raises -------------
+
+
+def test_m_hard_time_limit_kills_at_once_and_reports_at_the_limit(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """Issue 29 item 9: not ``timeout + EMQ_KILL_GRACE`` of running on (the grace is
+    made far longer than the wait for the answer here)."""
+    from emq_django.exceptions import TaskFailed
+    from tests.faults.fault_tasks import runs_on
+
+    start_broker(emq_processes, client)
+    start_jm(emq_processes, "M", concurrency=1, env={"EMQ_KILL_GRACE": "60"})
+    wait_slots(client, 1)
+    handle = runs_on.apply_async(("m-hard", 3.0), job_id="m-hard")  # timeout=1
+    with pytest.raises(TaskFailed) as failed:
+        handle.get(timeout=20)
+    assert failed.value.type == "TimeoutError"
+    (run,) = history.records("run")
+    with pytest.raises(ProcessLookupError):  # gone when its failure was reported
+        os.kill(run["pid"], 0)
+    assert history.records("done") == []  # so it never ran on to its end
+
+
+def test_m_soft_time_limit_raises_inside_the_task(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    from emq_django.exceptions import TaskFailed
+    from tests.faults.fault_tasks import cleans_up
+
+    start_broker(emq_processes, client)
+    start_jm(emq_processes, "S", concurrency=1)
+    wait_slots(client, 1)
+    handle = cleans_up.apply_async(("m-soft",), job_id="m-soft")  # soft 0.5 s, hard 30 s
+    with pytest.raises(TaskFailed) as failed:
+        handle.get(timeout=20)
+    assert failed.value.type == "emq_django.exceptions.SoftTimeLimitExceeded"
+    assert "soft time limit of 0.5 s" in str(failed.value)
+    assert [r["key"] for r in history.records("cleanup")] == ["m-soft"]
+    assert history.records("done") == []
+    # the process lives on: the next job runs on it
+    (run,) = history.records("run")
+    cleans_up.apply_async(("m-next", 0.0), job_id="m-next")
+    wait_for(lambda: "m-next" in history.completions(), "a job after the soft limit", 15)
+    (after,) = [r for r in history.records("run") if r["key"] == "m-next"]
+    assert after["pid"] == run["pid"]

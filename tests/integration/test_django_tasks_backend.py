@@ -29,10 +29,12 @@ from emq_django.backends.options import JobOptions
 from emq_django.backends.tasks import EmqTask, emq_options
 from emq_django.conf import reset_cached_settings
 from tests.e2e import djangotasks_tasks as t
+from tests.integration import test_broker_server as base
 
 pytestmark = pytest.mark.djangotasks
 
 EMQ = {"BACKEND": "emq_django.backends.EmqTaskBackend", "QUEUES": []}
+start_broker = base.start_broker  # the fixture: a BrokerServer in a thread
 
 
 @pytest.fixture
@@ -65,6 +67,16 @@ def test_options_come_from_the_task_then_the_backend_then_emq() -> None:
         assert backend.job_options(t.add) == JobOptions(True, 5, 9, False)
         assert backend.job_options(t.flaky.using(guarantee=False)) == JobOptions(False, 2, 9)
     assert task_backends["default"].job_options(t.add) == JobOptions()
+
+
+def test_soft_timeout_is_an_option_like_the_others() -> None:
+    tasks = {"default": {**EMQ, "OPTIONS": {"timeout": 9, "soft_timeout": 8}}}
+    with override_settings(TASKS=tasks):
+        backend = task_backends["default"]
+        assert backend.job_options(t.add).soft_timeout == 8
+        assert backend.job_options(t.add.using(soft_timeout=2)).soft_timeout == 2
+    with pytest.raises(ValueError, match="soft_timeout must be a number >= 0"):
+        t.add.using(soft_timeout=-1)
 
 
 def test_bad_options_are_refused_with_their_name() -> None:
@@ -177,3 +189,31 @@ def test_discovery_looks_in_every_apps_tasks_module_and_emq_imports() -> None:
         ["tests.e2e.djangotasks_tasks"]
     )
     assert registry.find("tests.e2e.djangotasks_tasks.add") is not None
+
+
+@pytest.mark.django_db
+def test_jobs_the_broker_refused_leave_no_ready_state(
+    start_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs go without reply; the broker (its queue holds 3, nobody serves it)
+    refuses the rest: the enqueue() that hears of it raises JobsRefused, and the
+    refused jobs are not left READY for ever."""
+    from emq_django.backends.models import TaskState
+    from emq_django.client import reset_client
+    from emq_django.exceptions import JobsRefused
+
+    broker = start_broker(MAX_PENDING=3)
+    monkeypatch.setenv("EMQ_BROKER_URL", broker.frontend)
+    reset_cached_settings()
+    reset_client()
+    try:
+        sent = []
+        with pytest.raises(JobsRefused) as refused:
+            for n in range(5000):  # the client reads its answers at least every 1000 jobs
+                sent.append(t.add.enqueue(n, n).id)
+        assert refused.value.job_ids == sent[3 : 3 + len(refused.value.job_ids)]
+        states = set(TaskState.objects.values_list("pk", flat=True))
+        assert states == set(sent[:3]) | set(sent[3 + refused.value.count :])
+    finally:
+        reset_client()
+        reset_cached_settings()
