@@ -17,7 +17,13 @@ from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
 from emq_django.protocol.body import RunBodyEncoder, encode_run_body
 from emq_django.protocol.frames import with_acks_flag
 from emq_django.protocol.headers import format_headers
-from emq_django.protocol.limits import MAX_DELAY, check_count, check_queue_name, check_seconds
+from emq_django.protocol.limits import (
+    MAX_DELAY,
+    MAX_TIMEOUT,
+    check_count,
+    check_queue_name,
+    check_seconds,
+)
 
 if TYPE_CHECKING:
     from emq_django.client import Client
@@ -47,7 +53,7 @@ class Task(Generic[P, R]):
                 "importable module so that job managers can find them"
             )
         check_count("retries", retries)
-        check_seconds("timeout", timeout)
+        check_seconds("timeout", timeout, MAX_TIMEOUT)
         check_queue_name(queue)
         self.fn = fn
         self.path = fn.__module__
@@ -291,7 +297,7 @@ def _check_options(
     if retries is not None:
         check_count("retries", retries)
     if timeout is not None:
-        check_seconds("timeout", timeout)
+        check_seconds("timeout", timeout, MAX_TIMEOUT)
     for name, flag in (("guarantee", guarantee), ("reply", reply)):
         if flag is not None and not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")

@@ -20,6 +20,11 @@ MAX_DEPTH = 100
 BODY_DEPTH = MAX_DEPTH + 3
 # run-after / countdown / eta: at most this far in the future (a year and a day).
 MAX_DELAY = 366 * 24 * 3600.0
+# retries / retry-count: what every layer holds (the worker's slot table and the
+# scheduler's PositiveIntegerField hold a signed 32-bit int)
+MAX_RETRIES = 2**31 - 1
+# timeout: a time limit of at most a year and a day, as for run-after
+MAX_TIMEOUT = MAX_DELAY
 
 # ERROR codes (the frame after the refused msgid), one counter each
 REFUSED_MALFORMED = "malformed"  # wrong frame count, bad msgid, ...
@@ -82,12 +87,15 @@ def check_queue_name(name: Any) -> str:
     return name
 
 
-def check_count(what: str, value: Any) -> int:
-    """A non-negative integer option (``retries``); raises ``TypeError``/``ValueError``."""
+def check_count(what: str, value: Any, limit: int = MAX_RETRIES) -> int:
+    """A non-negative integer option (``retries``) up to ``limit``; raises
+    ``TypeError``/``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int >= 0, got {value!r}")
     if value < 0:
         raise ValueError(f"{what} must be >= 0, got {value!r}")
+    if value > limit:
+        raise ValueError(f"{what} is {value}; the most is {limit}")
     return value
 
 

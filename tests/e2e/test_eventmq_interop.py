@@ -316,6 +316,28 @@ def test_eventmq_client_cannot_run_unregistered_callables(
     assert log.count("refused job") >= 3
 
 
+def test_eventmq_client_retry_count_out_of_range_is_refused_with_the_reason(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], eventmq_client: EventMQClient
+) -> None:
+    """A retry-count the worker's slot table cannot hold (2^31) used to crash-loop
+    the worker processes, uncounted, for ever (issue 29, item 1): the broker
+    answers it with an ERROR and the reason instead."""
+    start_broker(emq_processes, emq_env)
+    msgid = eventmq_client.defer_job(
+        f"{TASKS_MODULE}.record", args=["poison"], retry_count=2**31, guarantee=True
+    )
+    frames = eventmq_client.wait_for(
+        f"ERROR for {msgid}",
+        lambda f: len(f) >= 7 and f[2] == b"ERROR" and f[4] == msgid.encode(),
+    )
+    assert frames[5] == b"bad-header", frames
+    assert b"retry-count" in frames[6] and b"2147483647" in frames[6], frames
+    c = counters(emq_env)
+    assert c["refused_bad_header"] == 1
+    ok = eventmq_client.defer_job(f"{TASKS_MODULE}.record", args=["fine"], retry_count=2**31 - 1)
+    eventmq_client.wait_ack(ok)
+
+
 # ---- 3. our client -> our broker -> EventMQ's job manager ----------------------------
 
 

@@ -51,6 +51,8 @@ BAD_OPTIONS = [
     pytest.param({"retries": -1}, ValueError, id="retries-negative"),
     pytest.param({"retries": 1.5}, TypeError, id="retries-float"),
     pytest.param({"retries": "abc"}, TypeError, id="retries-str"),
+    pytest.param({"retries": 2**31}, ValueError, id="retries-2-to-the-31"),
+    pytest.param({"timeout": 1e308}, ValueError, id="timeout-1e308"),
     pytest.param({"queue": ""}, ValueError, id="queue-empty"),
     pytest.param({"queue": "q" * 256}, ValueError, id="queue-256-bytes"),
     pytest.param({"queue": "é" * 128}, ValueError, id="queue-256-utf8-bytes"),
@@ -103,7 +105,13 @@ def test_arguments_at_the_depth_limit_are_accepted(emq_client_env: dict[str, str
 def test_task_declared_with_bad_options_is_refused() -> None:
     import emq_django as emq
 
-    for options in ({"retries": -1}, {"timeout": math.inf}, {"queue": "x" * 300}):
+    for options in (
+        {"retries": -1},
+        {"retries": 2**31},
+        {"timeout": math.inf},
+        {"timeout": 1e308},
+        {"queue": "x" * 300},
+    ):
         with pytest.raises((ValueError, TypeError)):
             emq.task(**options)(tasks.add.fn)
 
@@ -150,6 +158,8 @@ BAD_WIRE = [
     pytest.param(b"q", b"timeout:inf", BODY, "bad-header", id="timeout-inf"),
     pytest.param(b"q", b"retry-count:abc", BODY, "bad-header", id="retry-count-abc"),
     pytest.param(b"q", b"retry-count:-1", BODY, "bad-header", id="retry-count-negative"),
+    pytest.param(b"q", b"retry-count:2147483648", BODY, "bad-header", id="retry-count-2-to-the-31"),
+    pytest.param(b"q", b"timeout:1e308", BODY, "bad-header", id="timeout-1e308"),
     pytest.param(b"q", b"run-after:nan", BODY, "bad-run-after", id="run-after-nan"),
     pytest.param(b"q", b"run-after:inf", BODY, "bad-run-after", id="run-after-inf"),
     pytest.param(b"q", b"run-after:-5", BODY, "bad-run-after", id="run-after-negative"),

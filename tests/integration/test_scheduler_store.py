@@ -298,3 +298,15 @@ def test_admin_run_now_without_a_broker_says_so(
     )
     assert "not sent: the broker at tcp://x did not acknowledge" in page.content.decode()
     assert ScheduledJob.objects.get().run_count == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"retries": 2**31}, {"retries": -1}, {"timeout": 1e308}],
+    ids=["retries-2-to-the-31", "retries-negative", "timeout-1e308"],
+)
+def test_schedule_refuses_options_no_run_could_send(options: dict[str, Any]) -> None:
+    """Refused when scheduled, not at every run (the headers could not be built)."""
+    with pytest.raises(ValueError):
+        emq.schedule(TASK, every=5, args=[1, 2], **options)
+    assert not ScheduledJob.objects.exists()
