@@ -45,6 +45,7 @@ from emq_django.ids import ID_CHARS, IdGenerator
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
+from emq_django.protocol.limits import check_job_id
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import HandshakeWatch, SocketOptions
 
@@ -190,7 +191,7 @@ class Client:
         the socket's first message); raises ``BrokerUnavailable``, ``QueueFull`` or
         ``JobRefused``. Sending again with the same ``job_id`` never makes a second
         job: the broker de-duplicates by id."""
-        given = job_id.encode() if job_id else None
+        given = check_job_id(job_id) if job_id is not None else None
         msgid = self.send_request(queue.encode(), headers, body, confirm=confirm, msgid=given)
         return job_id or msgid.decode()
 

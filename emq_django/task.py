@@ -21,6 +21,7 @@ from emq_django.protocol.limits import (
     MAX_DELAY,
     MAX_TIMEOUT,
     check_count,
+    check_job_id,
     check_queue_name,
     check_seconds,
 )
@@ -302,10 +303,7 @@ def _check_options(
         if flag is not None and not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if job_id is not None:
-        if not isinstance(job_id, str):
-            raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
-        if not job_id or not job_id.isprintable() or len(job_id) > 200 or "#" in job_id:
-            raise ValueError("job_id must be printable, without '#', 1 to 200 characters")
+        check_job_id(job_id)
 
 
 def _check_size(body: bytes, limit: int, name: str) -> bytes:

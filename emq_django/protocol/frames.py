@@ -27,6 +27,9 @@ from emq_django.protocol.limits import (
 
 PROTOCOL = b"eMQP/1.0"
 MAX_ID_LENGTH = 255
+# a msgid over MAX_ID_LENGTH is refused, and named in the ERROR up to this length
+# (its sender waits on it); a longer one is dropped
+MAX_ANSWERED_ID_LENGTH = 4096
 
 ACK = b"ACK"
 REPLY = b"REPLY"
@@ -662,7 +665,7 @@ def answerable_msgid(frames: Sequence[bytes], port: str = "frontend") -> bytes |
     if len(frames) < 4 or frames[0] or frames[1] != PROTOCOL:
         return None
     msgid = frames[3]
-    if not msgid or len(msgid) > MAX_ID_LENGTH:
+    if not msgid or len(msgid) > MAX_ANSWERED_ID_LENGTH:
         return None
     command = frames[2]
     if command in _AWAITED[port] or (port == "frontend" and command not in _DECODERS):
@@ -684,7 +687,11 @@ def decode(frames: Sequence[bytes]) -> Command:
             f"unknown command {bytes(frames[2][:32])!r}", frames, REFUSED_UNKNOWN_COMMAND
         )
     if not frames[3] or len(frames[3]) > MAX_ID_LENGTH:
-        raise ProtocolError("msgid must be 1 to 255 bytes", frames)
+        raise ProtocolError(
+            f"msgid is {len(frames[3])} bytes; it must be 1 to {MAX_ID_LENGTH} "
+            "(a job id: at most 200 bytes of UTF-8)",
+            frames,
+        )
     return decoder(frames)
 
 

@@ -87,6 +87,29 @@ def check_queue_name(name: Any) -> str:
     return name
 
 
+MAX_JOB_ID = 200  # bytes (UTF-8) of a job id the caller chooses: room for "#<attempt>"
+
+
+def check_job_id(job_id: Any) -> bytes:
+    """A job id the caller chose, encoded; raises ``TypeError`` (not a str) or
+    ``ValueError`` (empty, not printable, with ``#``, over ``MAX_JOB_ID`` bytes of
+    UTF-8, or not valid Unicode)."""
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+    if not job_id or not job_id.isprintable() or "#" in job_id:
+        raise ValueError(f"job_id {job_id[:40]!r} must be printable, without '#', not empty")
+    try:
+        encoded = job_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"job_id {job_id[:40]!r} is not valid Unicode") from None
+    if len(encoded) > MAX_JOB_ID:
+        raise ValueError(
+            f"job_id is {len(encoded)} bytes of UTF-8 ({len(job_id)} characters); "
+            f"the most is {MAX_JOB_ID} bytes"
+        )
+    return encoded
+
+
 def check_count(what: str, value: Any, limit: int = MAX_RETRIES) -> int:
     """A non-negative integer option (``retries``) up to ``limit``; raises
     ``TypeError``/``ValueError``."""

@@ -71,6 +71,7 @@ BAD_OPTIONS = [
     pytest.param({"guarantee": "yes"}, TypeError, id="guarantee-str"),
     pytest.param({"job_id": ""}, ValueError, id="job-id-empty"),
     pytest.param({"job_id": "a#1"}, ValueError, id="job-id-hash"),
+    pytest.param({"job_id": "é" * 150}, ValueError, id="job-id-300-utf8-bytes"),
 ]
 
 
@@ -194,6 +195,24 @@ def test_bad_request_on_the_wire_gets_an_error_within_a_second(
     good = uuid.uuid4().hex.encode()
     dealer.send_multipart([b"", PROTOCOL, F.REQUEST, good, b"q", b"", BODY])
     assert isinstance(answer_to(dealer, good), F.Ack)
+
+
+def test_job_id_is_measured_in_bytes(emq_client_env: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="300 bytes of UTF-8 \\(150 characters\\)"):
+        tasks.add.apply_async((1, 2), job_id="é" * 150)
+    with pytest.raises(ValueError, match="job_id") as caught:
+        tasks.add.apply_async((1, 2), job_id="a\ud800")
+    assert type(caught.value) is ValueError  # not a UnicodeEncodeError from deep inside
+
+
+def test_an_over_long_msgid_gets_an_error_naming_it(
+    dealer: zmq.Socket[Any], emq_env: dict[str, str]
+) -> None:
+    msgid = "é".encode() * 150  # a client that counted characters: 300 bytes
+    dealer.send_multipart([b"", PROTOCOL, F.REQUEST, msgid, b"q", b"", BODY])
+    answer = answer_to(dealer, msgid)
+    assert isinstance(answer, F.Error), answer
+    assert answer.code == "malformed" and "300 bytes" in answer.reason
 
 
 def test_run_after_within_a_year_is_accepted(dealer: zmq.Socket[Any]) -> None:
