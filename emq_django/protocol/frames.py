@@ -23,6 +23,7 @@ from emq_django.protocol.limits import (
     REFUSED_BAD_QUEUE_NAME,
     REFUSED_QUEUE_NAME_TOO_LONG,
     REFUSED_UNKNOWN_COMMAND,
+    check_queue_name,
 )
 
 PROTOCOL = b"eMQP/1.0"
@@ -358,6 +359,27 @@ def _queue_name(frame: bytes, frames: Sequence[bytes]) -> str:
 # Queue names already checked, as their frame: the same few repeat on every message.
 MAX_QUEUE_NAMES_KEPT = 4096
 _QUEUE_NAMES: dict[bytes, str] = {}
+_JOB_QUEUES: dict[bytes, str] = {}
+
+
+def _job_queue(frame: bytes, frames: Sequence[bytes]) -> str:
+    """A job's queue name: also one a job manager can serve (no whitespace, control
+    characters, ``,`` or ``:``; limits.check_queue_name), else ``bad-queue-name``.
+    A topic (PUBLISH) may hold them: it takes ``_queue_name`` alone."""
+    name = _JOB_QUEUES.get(frame)
+    if name is not None:
+        return name
+    name = _queue_name(frame, frames)
+    try:
+        check_queue_name(name)
+    except ValueError as exc:
+        raise ProtocolError(
+            f"{exc}: no job manager can serve it", frames, REFUSED_BAD_QUEUE_NAME
+        ) from None
+    if len(_JOB_QUEUES) >= MAX_QUEUE_NAMES_KEPT:
+        _JOB_QUEUES.clear()
+    _JOB_QUEUES[bytes(frame)] = name
+    return name
 
 
 def request_fields(f: Sequence[bytes]) -> tuple[str, Headers] | None:
@@ -367,13 +389,13 @@ def request_fields(f: Sequence[bytes]) -> tuple[str, Headers] | None:
     ``decode`` handles whatever this does not."""
     if f[0] or f[1] != PROTOCOL or f[2] != REQUEST or not 0 < len(f[3]) <= MAX_ID_LENGTH:
         return None
-    return _queue_name(f[4], f), parse_headers(f[5])
+    return _job_queue(f[4], f), parse_headers(f[5])
 
 
 def job_fields(queue: bytes, headers: bytes, frames: Sequence[bytes]) -> tuple[str, Headers]:
     """A job's queue name and headers, checked as a REQUEST's are (a REQUESTS
     message's jobs: protocol/batch.py); raises ``ProtocolError`` naming ``frames``."""
-    return _queue_name(queue, frames), parse_headers(headers)
+    return _job_queue(queue, frames), parse_headers(headers)
 
 
 STATUS_OK = b"ok"
@@ -501,7 +523,7 @@ def _decode_kbye(f: Sequence[bytes]) -> Kbye:
 
 def _decode_request(f: Sequence[bytes]) -> Request:
     _count(f, "REQUEST", 7)
-    return Request(f[3], _queue_name(f[4], f), parse_headers(f[5]), f[6])
+    return Request(f[3], _job_queue(f[4], f), parse_headers(f[5]), f[6])
 
 
 def _decode_publish(f: Sequence[bytes]) -> Publish:
@@ -514,7 +536,10 @@ def _decode_publish(f: Sequence[bytes]) -> Publish:
 def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Schedule]:
     def decode(f: Sequence[bytes]) -> Schedule:
         _count(f, cls.command.decode(), 7, 9)
-        queue = _text(f[4], "queue name", f, codes=_QUEUE_CODES)
+        if cls is Schedule:  # the jobs it sends must find a job manager
+            queue = _job_queue(f[4], f)
+        else:  # unscheduling names what was scheduled: no more than text is needed
+            queue = _text(f[4], "queue name", f, codes=_QUEUE_CODES)
         headers = parse_headers(f[5])
         if len(f) == 7:
             return cls(f[3], queue, headers, f[6])

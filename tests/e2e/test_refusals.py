@@ -170,6 +170,11 @@ BAD_WIRE = [
     pytest.param(b"q" * 256, b"", BODY, "queue-name-too-long", id="queue-256"),
     pytest.param(b"", b"", BODY, "bad-queue-name", id="queue-empty"),
     pytest.param(b"\xff", b"", BODY, "bad-queue-name", id="queue-not-utf8"),
+    pytest.param(b"a b", b"", BODY, "bad-queue-name", id="queue-space"),
+    pytest.param(b"a\tb", b"", BODY, "bad-queue-name", id="queue-tab"),
+    pytest.param(b"a,b", b"", BODY, "bad-queue-name", id="queue-comma"),
+    pytest.param(b"a:b", b"", BODY, "bad-queue-name", id="queue-colon"),
+    pytest.param(b"a\x01b", b"", BODY, "bad-queue-name", id="queue-control"),
     pytest.param(b"q", b"", b"x" * 5000, "body-too-big", id="body-over-limit"),
 ]
 
@@ -213,6 +218,16 @@ def test_an_over_long_msgid_gets_an_error_naming_it(
     answer = answer_to(dealer, msgid)
     assert isinstance(answer, F.Error), answer
     assert answer.code == "malformed" and "300 bytes" in answer.reason
+
+
+def test_a_schedule_for_a_queue_no_job_manager_can_serve_is_refused(
+    dealer: zmq.Socket[Any],
+) -> None:
+    msgid = uuid.uuid4().hex.encode()
+    dealer.send_multipart([b"", PROTOCOL, F.SCHEDULE, msgid, b"a,b", b"", b"60", BODY, b""])
+    answer = answer_to(dealer, msgid)
+    assert isinstance(answer, F.Error), answer
+    assert answer.code == "bad-queue-name" and "','" in answer.reason
 
 
 def test_run_after_within_a_year_is_accepted(dealer: zmq.Socket[Any]) -> None:
