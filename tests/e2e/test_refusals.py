@@ -96,6 +96,30 @@ def test_too_deep_arguments_raise_type_error(depth: int, emq_client_env: dict[st
         tasks.add.map([(1, 2), (deep(depth), 1)])
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [("abc", None), (b"ab", None), ({"x": 1}, None), (5, None), ((), [1]), ((), "x=1")],
+    ids=["args-str", "args-bytes", "args-dict", "args-int", "kwargs-list", "kwargs-str"],
+)
+def test_args_and_kwargs_of_the_wrong_kind_raise_type_error(
+    args: Any, kwargs: Any, emq_client_env: dict[str, str]
+) -> None:
+    with pytest.raises(TypeError, match="args of .* must be a"):
+        tasks.add.apply_async(args, kwargs)
+
+
+def test_a_lone_surrogate_in_the_arguments_raises_type_error(
+    emq_client_env: dict[str, str],
+) -> None:
+    for call in (
+        lambda: tasks.add.delay("a\ud800", ""),
+        lambda: tasks.add.apply_async((1,), {"y": "\udcff"}),
+        lambda: tasks.add.map([("a\ud800", "")]),
+    ):
+        with pytest.raises(TypeError, match="lone surrogate"):
+            call()
+
+
 def test_arguments_at_the_depth_limit_are_accepted(emq_client_env: dict[str, str]) -> None:
     from emq_django.protocol.body import decode_run_body, encode_run_body
 
