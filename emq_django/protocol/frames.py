@@ -565,12 +565,14 @@ def parse_queues(frame: bytes, frames: Sequence[bytes] = ()) -> tuple[tuple[int,
         return ()
     text = _text(frame, "queues", frames or [frame], limit=65536)
     try:
-        data = json.loads(text)
+        data = _json(text, "queues", frames)
     except ValueError:
         # the document writes Python-style pairs: [40, 'email'], [10, 'default']
         relaxed = text.replace("'", '"')
         try:
-            data = json.loads(relaxed if relaxed.lstrip().startswith("[[") else f"[{relaxed}]")
+            data = _json(
+                relaxed if relaxed.lstrip().startswith("[[") else f"[{relaxed}]", "queues", frames
+            )
         except ValueError:
             if any(c in text for c in "[]'\"{}"):
                 raise ProtocolError("queues must be a list of [weight, name]", frames) from None
@@ -582,6 +584,15 @@ def parse_queues(frame: bytes, frames: Sequence[bytes] = ()) -> tuple[tuple[int,
     result = [_pair(item, frames) for item in data]
     result.sort(key=lambda p: -p[0])
     return tuple(result)
+
+
+def _json(text: str | bytes, what: str, frames: Sequence[bytes]) -> Any:
+    """``json.loads``; ``ValueError`` as it raises it, ``ProtocolError`` for JSON
+    nested too deep for the decoder (it recurses: ``[`` 5,000 deep)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ProtocolError(f"{what} nest too deep to read", frames) from None
 
 
 def _pair_from_colon(item: str, frames: Sequence[bytes]) -> list[Any]:
@@ -600,8 +611,8 @@ def _pair(item: Any, frames: Sequence[bytes]) -> tuple[int, str]:
         a, b = b, a
     if not isinstance(a, int) or isinstance(a, bool) or not isinstance(b, str) or not b:
         raise ProtocolError("each queue must be [integer weight, name]", frames)
-    if len(b) > MAX_NAME_LENGTH:
-        raise ProtocolError("queue name too long", frames)
+    if len(b.encode("utf-8", "surrogatepass")) > MAX_NAME_LENGTH:
+        raise ProtocolError(f"queue name longer than {MAX_NAME_LENGTH} bytes", frames)
     return a, b
 
 
@@ -614,7 +625,7 @@ def _decode_inform(f: Sequence[bytes]) -> Inform:
     meta: dict[str, Any] = {}
     if len(f) == 7 and f[6]:
         try:
-            meta = json.loads(f[6])
+            meta = _json(f[6], "INFORM meta frame", f)
         except ValueError:
             raise ProtocolError("INFORM meta frame is not JSON", f) from None
         if not isinstance(meta, dict):

@@ -254,6 +254,33 @@ def test_a_schedule_for_a_queue_no_job_manager_can_serve_is_refused(
     assert answer.code == "bad-queue-name" and "','" in answer.reason
 
 
+@pytest.mark.parametrize("port", ["EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"])
+def test_an_inform_whose_queues_nest_deep_gets_an_error(
+    port: str, broker: ManagedProcess, emq_env: dict[str, str]
+) -> None:
+    """``[`` nested 5,000 deep used to be a RecursionError inside the broker (an
+    internal error, no answer) on both ports (issue 29, item 16)."""
+    context: zmq.Context[Any] = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    try:
+        sock.connect(emq_env[port])
+        for peer_type, queues in ((b"worker", b"[" * 5000), (b"scheduler", b"[" * 5000 + b"]")):
+            msgid = uuid.uuid4().hex.encode()
+            sock.send_multipart([b"", PROTOCOL, F.INFORM, msgid, queues, peer_type])
+            answer = answer_to(sock, msgid)
+            assert isinstance(answer, F.Error), answer
+            assert answer.code in ("malformed", "wrong-port"), answer
+        msgid = uuid.uuid4().hex.encode()
+        meta = b'{"a":' + b"[" * 5000
+        sock.send_multipart([b"", PROTOCOL, F.INFORM, msgid, b"", b"worker", meta])
+        assert isinstance(answer_to(sock, msgid), F.Error)
+        counters = status(emq_env["EMQ_MONITOR_URL"], timeout=2.0)["counters"]
+        assert counters["internal_errors"] == 0, counters
+    finally:
+        sock.close(linger=0)
+        context.term()
+
+
 def test_run_after_within_a_year_is_accepted(dealer: zmq.Socket[Any]) -> None:
     msgid = uuid.uuid4().hex.encode()
     headers = b"run-after:" + far(300 * 86400)
