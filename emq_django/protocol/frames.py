@@ -612,7 +612,7 @@ def _pair(item: Any, frames: Sequence[bytes]) -> tuple[int, str]:
     if not isinstance(a, int) or isinstance(a, bool) or not isinstance(b, str) or not b:
         raise ProtocolError("each queue must be [integer weight, name]", frames)
     if len(b.encode("utf-8", "surrogatepass")) > MAX_NAME_LENGTH:
-        raise ProtocolError(f"queue name longer than {MAX_NAME_LENGTH} bytes", frames)
+        raise ProtocolError(f"queue name too long (over {MAX_NAME_LENGTH} bytes)", frames)
     return a, b
 
 
