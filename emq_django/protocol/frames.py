@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol.headers import Headers, parse_headers
 from emq_django.protocol.limits import (
+    MAX_INTERVAL,
     MAX_NAME_LENGTH,
     REFUSED_BAD_QUEUE_NAME,
     REFUSED_QUEUE_NAME_TOO_LONG,
@@ -550,6 +551,8 @@ def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Sc
         cron = _text(f[8], "cron expression", f)
         if interval < 0 and interval != -1:
             raise ProtocolError("interval must be >= 0, or -1 for cron", f)
+        if interval > MAX_INTERVAL:
+            raise ProtocolError(f"interval is {interval} s; the most is {MAX_INTERVAL:.0f}", f)
         if interval == -1 and not cron and cls is Schedule:
             # EventMQ's unschedule sends -1 with no cron; only SCHEDULE needs one
             raise ProtocolError("interval -1 needs a cron expression", f)

@@ -25,6 +25,8 @@ MAX_DELAY = 366 * 24 * 3600.0
 MAX_RETRIES = 2**31 - 1
 # timeout: a time limit of at most a year and a day, as for run-after
 MAX_TIMEOUT = MAX_DELAY
+# a schedule's interval: at most ten such years (its ticks must stay dates)
+MAX_INTERVAL = 10 * MAX_DELAY
 
 # ERROR codes (the frame after the refused msgid), one counter each
 REFUSED_MALFORMED = "malformed"  # wrong frame count, bad msgid, ...

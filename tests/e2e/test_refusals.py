@@ -281,6 +281,15 @@ def test_an_inform_whose_queues_nest_deep_gets_an_error(
         context.term()
 
 
+def test_a_schedule_whose_interval_is_past_ten_years_is_refused(dealer: zmq.Socket[Any]) -> None:
+    msgid = uuid.uuid4().hex.encode()
+    interval = b"1" + b"0" * 20
+    dealer.send_multipart([b"", PROTOCOL, F.SCHEDULE, msgid, b"q", b"", interval, BODY, b""])
+    answer = answer_to(dealer, msgid)
+    assert isinstance(answer, F.Error), answer
+    assert answer.code == "malformed" and "the most is" in answer.reason
+
+
 def test_run_after_within_a_year_is_accepted(dealer: zmq.Socket[Any]) -> None:
     msgid = uuid.uuid4().hex.encode()
     headers = b"run-after:" + far(300 * 86400)

@@ -310,3 +310,10 @@ def test_schedule_refuses_options_no_run_could_send(options: dict[str, Any]) -> 
     with pytest.raises(ValueError):
         emq.schedule(TASK, every=5, args=[1, 2], **options)
     assert not ScheduledJob.objects.exists()
+
+
+@pytest.mark.parametrize("every", [1e20, float("inf"), float("nan"), 11 * 366 * 86400])
+def test_schedule_refuses_an_interval_whose_ticks_are_no_dates(every: float) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        emq.schedule(TASK, every=every, args=[1, 2])
+    assert not ScheduledJob.objects.exists()
