@@ -46,6 +46,7 @@ from emq_django.ids import ID_CHARS, IdGenerator
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
+from emq_django.protocol.limits import check_job_id
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import HandshakeWatch, SocketOptions
 
@@ -200,7 +201,7 @@ class Client:
         ``JobRefused``, and ``JobsRefused`` for earlier ``noreply`` jobs the broker
         refused (this one is then not sent). Sending again with the same ``job_id``
         never makes a second job: the broker de-duplicates by id."""
-        given = job_id.encode() if job_id else None
+        given = check_job_id(job_id) if job_id is not None else None
         msgid = self.send_request(
             queue.encode(), headers, body, confirm=confirm, msgid=given, noreply=noreply
         )

@@ -17,7 +17,14 @@ from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
 from emq_django.protocol.body import RunBodyEncoder, encode_run_body
 from emq_django.protocol.frames import with_acks_flag
 from emq_django.protocol.headers import format_headers
-from emq_django.protocol.limits import MAX_DELAY, check_count, check_queue_name, check_seconds
+from emq_django.protocol.limits import (
+    MAX_DELAY,
+    MAX_TIMEOUT,
+    check_count,
+    check_job_id,
+    check_queue_name,
+    check_seconds,
+)
 
 SOFT_TIMEOUT_HEADER = "soft-timeout"  # a headers extension: the soft time limit, seconds
 
@@ -50,7 +57,7 @@ class Task(Generic[P, R]):
                 "importable module so that job managers can find them"
             )
         check_count("retries", retries)
-        check_seconds("timeout", timeout)
+        check_seconds("timeout", timeout, MAX_TIMEOUT)
         check_soft_timeout(soft_timeout, timeout)
         check_queue_name(queue)
         self.fn = fn
@@ -330,21 +337,18 @@ def _check_options(
     if retries is not None:
         check_count("retries", retries)
     if timeout is not None:
-        check_seconds("timeout", timeout)
+        check_seconds("timeout", timeout, MAX_TIMEOUT)
     for name, flag in (("guarantee", guarantee), ("reply", reply)):
         if flag is not None and not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if job_id is not None:
-        if not isinstance(job_id, str):
-            raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
-        if not job_id or not job_id.isprintable() or len(job_id) > 200 or "#" in job_id:
-            raise ValueError("job_id must be printable, without '#', 1 to 200 characters")
+        check_job_id(job_id)
 
 
 def check_soft_timeout(soft_timeout: Any, timeout: Any) -> None:
     """A soft limit is seconds >= 0 (0: none), under the hard one when there is one;
     raises ``TypeError``/``ValueError``."""
-    check_seconds("soft_timeout", soft_timeout)
+    check_seconds("soft_timeout", soft_timeout, MAX_TIMEOUT)
     if soft_timeout and timeout and soft_timeout >= timeout:
         raise ValueError(
             f"soft_timeout ({soft_timeout:g} s) must be less than timeout ({timeout:g} s): "

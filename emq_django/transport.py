@@ -146,6 +146,7 @@ class HandshakeWatch:
         "unreached",
         "sock",
         "events",
+        "server_from",
     )
 
     def __init__(
@@ -161,6 +162,7 @@ class HandshakeWatch:
         self.pair = self._monitor(events)  # before connect(): no event is missed
         self.url = url
         self.public = curve.public.decode() if curve is not None else ""
+        self.server_from = curve.server_from if curve is not None else ""
         self.role = role  # the role the port admits, for the message ('' : any key)
         self.succeeded = False  # a handshake has succeeded (since the last failure)
         self.quiet_failures = 0  # NO_DETAIL failures in a row
@@ -307,6 +309,8 @@ class HandshakeWatch:
                 text += (
                     ": is EMQ_CURVE_SERVER_KEY that broker's public key (and does it speak CURVE)?"
                 )
+                if self.server_from:
+                    text += f" ({self.server_from})"
             else:  # a CURVE broker may close on a plain-text greeting before we read its own
                 text += (
                     ": does it require CURVE? Then set EMQ_CURVE_SECRET_KEY and "

@@ -64,6 +64,7 @@ MAX_HELD_SCHEDULES = 10_000
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
 CANCELLED = "emq_django.exceptions.Cancelled"
 CANCELLED_OUTCOME = Outcome(failed=True, error=CANCELLED)
+CANCELLED_UNSTARTED = encode_failure(CANCELLED, "the job was cancelled before it started", "")
 # a lease (a peer's time to answer a delivery) ran out: the attempt failed, and the
 # job goes out again at once; the peer's credit comes back
 LEASE_EXPIRED = Outcome(failed=True, ready=True, error="TimeoutError", retry=0.0)
@@ -737,7 +738,8 @@ class BrokerCore:
         if job.cancelled:
             job.peer = None
             self.life.end_cancelled(job, now)
-            self._answer(job, b"", CANCELLED_OUTCOME)
+            # given back unstarted (no peer lost): it never ran
+            self._answer(job, b"" if lost_from else CANCELLED_UNSTARTED, CANCELLED_OUTCOME)
             return
         if self.tracer is not None:
             self.tracer.event("requeued", job, now, "PeerLost", peer=lost_from)
@@ -756,7 +758,7 @@ class BrokerCore:
         """The job's final outcome, to its client if one waits."""
         if job.client is None:
             return
-        if outcome.failed and job.cancelled:
+        if outcome.failed and job.cancelled and body is not CANCELLED_UNSTARTED:
             body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
             outcome, more = CANCELLED_OUTCOME, ()
         self.out.append(Answer(job.client, job, body, outcome, more))
@@ -1095,7 +1097,7 @@ class BrokerCore:
         job.cancelled = True
         self.life.end_cancelled(job, now)
         if waiting:
-            self._answer(job, b"", CANCELLED_OUTCOME)  # its get() raises Cancelled
+            self._answer(job, CANCELLED_UNSTARTED, CANCELLED_OUTCOME)  # get() raises Cancelled
         return "cancelled"
 
     # ---- dead letters (the monitor's commands) -----------------------------------------

@@ -139,7 +139,7 @@ class Journal:
             (self._page_size,) = self.db.execute("PRAGMA page_size").fetchone()
             self.db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
-            raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc
+            raise JournalError(f"cannot open the journal {self.path}: {exc}{_hint(exc)}") from exc
         self._cur: sqlite3.Cursor | None = None  # see _cursor
         self._cur_db: sqlite3.Connection | None = None
         self.commits = 0
@@ -423,7 +423,7 @@ class Journal:
         try:
             return [StoredJob(*row) for row in self._cursor().execute(sql, params).fetchall()]
         except sqlite3.Error as exc:
-            raise JournalError(f"journal {self.path}: {exc}") from exc
+            raise JournalError(f"journal {self.path}: {exc}{_hint(exc)}") from exc
 
     # ---- the topic space's events (broker/topics.py) -------------------------------
 
@@ -647,6 +647,17 @@ _APPLY = {
     "delete": _delete,
     "prune_done": _prune_done,
 }
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do about a damaged journal file ('' for other errors)."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text):
+        return (
+            "; the file is damaged: restore it from a backup, or start with --new-journal "
+            "(the file is moved aside; the guaranteed jobs in it are not run)"
+        )
+    return ""
 
 
 def _check_existing(path: Path) -> None:

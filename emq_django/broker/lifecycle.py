@@ -26,7 +26,7 @@ from emq_django.broker.holding import (
 )
 from emq_django.broker.journal import JournalOp, StoredJob
 from emq_django.broker.state import BrokerConfig, Job, show_identity
-from emq_django.protocol.headers import parse_headers
+from emq_django.protocol.headers import parse_stored_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
 
 if TYPE_CHECKING:
@@ -316,7 +316,7 @@ class JobLifecycle:
         job = Job(
             row.id,
             row.queue,
-            parse_headers(row.headers),
+            parse_stored_headers(row.headers),
             row.body,
             None,
             now - (now + self.wall_offset - row.enqueued_at),

@@ -6,29 +6,19 @@ import base64
 import json
 from typing import TYPE_CHECKING, Any
 
-from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer
+from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer, show_identity
 
 if TYPE_CHECKING:
     from emq_django.broker.core import BrokerCore
     from emq_django.broker.topics import Event
 
 
-def _show(identity: bytes) -> str:
-    try:
-        text = identity.decode("ascii")
-        if text.isprintable():
-            return text
-    except UnicodeDecodeError:
-        pass
-    return identity.hex()
-
-
 def _group_key(peer: Peer) -> str:
-    return peer.manager if peer.role != "plain" and peer.manager else _show(peer.identity)
+    return peer.manager if peer.role != "plain" and peer.manager else show_identity(peer.identity)
 
 
 def _group_name(peer: Peer) -> str:
-    return peer.manager_name or _show(peer.identity)
+    return peer.manager_name or show_identity(peer.identity)
 
 
 def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, Any]]:
@@ -116,7 +106,7 @@ def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) ->
         "job_managers": job_managers(core, now, wall),
         "schedulers": [
             {
-                "identity": _show(p.identity),
+                "identity": show_identity(p.identity),
                 "host": p.meta.get("host"),
                 "pid": p.meta.get("pid"),
                 "last_heartbeat": round(wall - (now - p.last_seen), 3),

@@ -21,9 +21,12 @@ ROLE_SLOT = "slot"  # one worker process of our job manager
 
 
 def show_identity(identity: bytes) -> str:
-    """A peer's identity for logs: as text when it is, else in hex."""
-    if identity.isascii() and identity.isalnum() or identity[:1].isalpha():
-        return identity.decode("ascii", "replace")
+    """A peer's identity (or an id) as logs, the trace and ``emq_status`` all name
+    it: as text when it is printable ASCII, else in hex (libzmq's own identities)."""
+    if identity.isascii():
+        text = identity.decode("ascii")
+        if text.isprintable():
+            return text
     return identity.hex()
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from json.encoder import c_make_encoder  # type: ignore[attr-defined]
 from json.encoder import encode_basestring as c_encode_basestring
@@ -62,6 +63,10 @@ class RunBody:
 def encode_run_body(path: str, name: str, args: Any = (), kwargs: Any = None) -> bytes:
     """Encode a run body; raises ``TypeError`` for arguments JSON cannot carry,
     and for arguments nested deeper than ``MAX_DEPTH`` (100) lists or dicts."""
+    if type(args) is not tuple and type(args) is not list:
+        args = _args_list(args, f"{path}.{name}")
+    if kwargs and type(kwargs) is not dict:
+        _check_kwargs(kwargs, f"{path}.{name}")
     payload = {"callable": name, "path": path, "args": list(args), "kwargs": kwargs or {}}
     try:
         text = _encoder.encode(["run", payload])
@@ -72,7 +77,40 @@ def encode_run_body(path: str, name: str, args: Any = (), kwargs: Any = None) ->
     # the count is a C loop over the text; the walk only runs when it says maybe
     if may_nest_deeper_than(text, BODY_DEPTH) and nested_deeper_than(payload, MAX_DEPTH + 2):
         raise TypeError(_too_deep(f"arguments of {path}.{name}"))
-    return text.encode()
+    return _utf8(text, f"{path}.{name}")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: JSON cannot carry it either
+        raise TypeError(
+            f"arguments of {what} must be JSON serializable: a string holds "
+            f"{text[exc.start : exc.end]!r}, a lone surrogate, which is not valid Unicode"
+        ) from None
+
+
+def _args_list(args: Any, what: str) -> list[Any]:
+    """``args`` as the list it stands for; ``TypeError`` for a str, bytes or mapping
+    (``args='abc'`` would send three arguments) or a non-iterable."""
+    if isinstance(args, str | bytes | bytearray | Mapping):
+        raise TypeError(
+            f"args of {what} must be a list or tuple of arguments, got {type(args).__name__} "
+            f"{str(args)[:40]!r} (a single argument goes in a tuple: (x,))"
+        )
+    try:
+        return list(args)
+    except TypeError:
+        raise TypeError(
+            f"args of {what} must be a list or tuple of arguments, got {type(args).__name__}"
+        ) from None
+
+
+def _check_kwargs(kwargs: Any, what: str) -> None:
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(
+            f"kwargs of {what} must be a dict of keyword arguments, got {type(kwargs).__name__}"
+        )
 
 
 class RunBodyEncoder:
@@ -94,7 +132,9 @@ class RunBodyEncoder:
         if not args and not kwargs:
             return self._empty
         if type(args) is not tuple and type(args) is not list:
-            args = list(args)
+            args = _args_list(args, f"{self.path}.{self.name}")
+        if kwargs and type(kwargs) is not dict:
+            _check_kwargs(kwargs, f"{self.path}.{self.name}")
         try:
             if kwargs:
                 text = f'{self._head}{_dumps(args)},"kwargs":{_dumps(kwargs)}}}]'
@@ -117,7 +157,10 @@ class RunBodyEncoder:
             payload = {"args": list(args), "kwargs": kwargs or {}}
             if nested_deeper_than(payload, MAX_DEPTH + 2):
                 raise TypeError(_too_deep(f"arguments of {self.path}.{self.name}"))
-        return text.encode()
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            return encode_run_body(self.path, self.name, args, kwargs)  # raises, saying why
 
 
 def _too_deep(what: str) -> str:

@@ -19,14 +19,19 @@ from typing import Any, TypeAlias
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol.headers import Headers, parse_headers
 from emq_django.protocol.limits import (
+    MAX_INTERVAL,
     MAX_NAME_LENGTH,
     REFUSED_BAD_QUEUE_NAME,
     REFUSED_QUEUE_NAME_TOO_LONG,
     REFUSED_UNKNOWN_COMMAND,
+    check_queue_name,
 )
 
 PROTOCOL = b"eMQP/1.0"
 MAX_ID_LENGTH = 255
+# a msgid over MAX_ID_LENGTH is refused, and named in the ERROR up to this length
+# (its sender waits on it); a longer one is dropped
+MAX_ANSWERED_ID_LENGTH = 4096
 
 ACK = b"ACK"
 REPLY = b"REPLY"
@@ -355,6 +360,27 @@ def _queue_name(frame: bytes, frames: Sequence[bytes]) -> str:
 # Queue names already checked, as their frame: the same few repeat on every message.
 MAX_QUEUE_NAMES_KEPT = 4096
 _QUEUE_NAMES: dict[bytes, str] = {}
+_JOB_QUEUES: dict[bytes, str] = {}
+
+
+def _job_queue(frame: bytes, frames: Sequence[bytes]) -> str:
+    """A job's queue name: also one a job manager can serve (no whitespace, control
+    characters, ``,`` or ``:``; limits.check_queue_name), else ``bad-queue-name``.
+    A topic (PUBLISH) may hold them: it takes ``_queue_name`` alone."""
+    name = _JOB_QUEUES.get(frame)
+    if name is not None:
+        return name
+    name = _queue_name(frame, frames)
+    try:
+        check_queue_name(name)
+    except ValueError as exc:
+        raise ProtocolError(
+            f"{exc}: no job manager can serve it", frames, REFUSED_BAD_QUEUE_NAME
+        ) from None
+    if len(_JOB_QUEUES) >= MAX_QUEUE_NAMES_KEPT:
+        _JOB_QUEUES.clear()
+    _JOB_QUEUES[bytes(frame)] = name
+    return name
 
 
 def request_fields(f: Sequence[bytes]) -> tuple[str, Headers] | None:
@@ -364,13 +390,13 @@ def request_fields(f: Sequence[bytes]) -> tuple[str, Headers] | None:
     ``decode`` handles whatever this does not."""
     if f[0] or f[1] != PROTOCOL or f[2] != REQUEST or not 0 < len(f[3]) <= MAX_ID_LENGTH:
         return None
-    return _queue_name(f[4], f), parse_headers(f[5])
+    return _job_queue(f[4], f), parse_headers(f[5])
 
 
 def job_fields(queue: bytes, headers: bytes, frames: Sequence[bytes]) -> tuple[str, Headers]:
     """A job's queue name and headers, checked as a REQUEST's are (a REQUESTS
     message's jobs: protocol/batch.py); raises ``ProtocolError`` naming ``frames``."""
-    return _queue_name(queue, frames), parse_headers(headers)
+    return _job_queue(queue, frames), parse_headers(headers)
 
 
 STATUS_OK = b"ok"
@@ -498,7 +524,7 @@ def _decode_kbye(f: Sequence[bytes]) -> Kbye:
 
 def _decode_request(f: Sequence[bytes]) -> Request:
     _count(f, "REQUEST", 7)
-    return Request(f[3], _queue_name(f[4], f), parse_headers(f[5]), f[6])
+    return Request(f[3], _job_queue(f[4], f), parse_headers(f[5]), f[6])
 
 
 def _decode_publish(f: Sequence[bytes]) -> Publish:
@@ -511,7 +537,10 @@ def _decode_publish(f: Sequence[bytes]) -> Publish:
 def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Schedule]:
     def decode(f: Sequence[bytes]) -> Schedule:
         _count(f, cls.command.decode(), 7, 9)
-        queue = _text(f[4], "queue name", f, codes=_QUEUE_CODES)
+        if cls is Schedule:  # the jobs it sends must find a job manager
+            queue = _job_queue(f[4], f)
+        else:  # unscheduling names what was scheduled: no more than text is needed
+            queue = _text(f[4], "queue name", f, codes=_QUEUE_CODES)
         headers = parse_headers(f[5])
         if len(f) == 7:
             return cls(f[3], queue, headers, f[6])
@@ -522,6 +551,8 @@ def _decode_schedule_like(cls: type[Schedule]) -> Callable[[Sequence[bytes]], Sc
         cron = _text(f[8], "cron expression", f)
         if interval < 0 and interval != -1:
             raise ProtocolError("interval must be >= 0, or -1 for cron", f)
+        if interval > MAX_INTERVAL:
+            raise ProtocolError(f"interval is {interval} s; the most is {MAX_INTERVAL:.0f}", f)
         if interval == -1 and not cron and cls is Schedule:
             # EventMQ's unschedule sends -1 with no cron; only SCHEDULE needs one
             raise ProtocolError("interval -1 needs a cron expression", f)
@@ -537,12 +568,14 @@ def parse_queues(frame: bytes, frames: Sequence[bytes] = ()) -> tuple[tuple[int,
         return ()
     text = _text(frame, "queues", frames or [frame], limit=65536)
     try:
-        data = json.loads(text)
+        data = _json(text, "queues", frames)
     except ValueError:
         # the document writes Python-style pairs: [40, 'email'], [10, 'default']
         relaxed = text.replace("'", '"')
         try:
-            data = json.loads(relaxed if relaxed.lstrip().startswith("[[") else f"[{relaxed}]")
+            data = _json(
+                relaxed if relaxed.lstrip().startswith("[[") else f"[{relaxed}]", "queues", frames
+            )
         except ValueError:
             if any(c in text for c in "[]'\"{}"):
                 raise ProtocolError("queues must be a list of [weight, name]", frames) from None
@@ -554,6 +587,15 @@ def parse_queues(frame: bytes, frames: Sequence[bytes] = ()) -> tuple[tuple[int,
     result = [_pair(item, frames) for item in data]
     result.sort(key=lambda p: -p[0])
     return tuple(result)
+
+
+def _json(text: str | bytes, what: str, frames: Sequence[bytes]) -> Any:
+    """``json.loads``; ``ValueError`` as it raises it, ``ProtocolError`` for JSON
+    nested too deep for the decoder (it recurses: ``[`` 5,000 deep)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ProtocolError(f"{what} nest too deep to read", frames) from None
 
 
 def _pair_from_colon(item: str, frames: Sequence[bytes]) -> list[Any]:
@@ -572,8 +614,8 @@ def _pair(item: Any, frames: Sequence[bytes]) -> tuple[int, str]:
         a, b = b, a
     if not isinstance(a, int) or isinstance(a, bool) or not isinstance(b, str) or not b:
         raise ProtocolError("each queue must be [integer weight, name]", frames)
-    if len(b) > MAX_NAME_LENGTH:
-        raise ProtocolError("queue name too long", frames)
+    if len(b.encode("utf-8", "surrogatepass")) > MAX_NAME_LENGTH:
+        raise ProtocolError(f"queue name too long (over {MAX_NAME_LENGTH} bytes)", frames)
     return a, b
 
 
@@ -586,7 +628,7 @@ def _decode_inform(f: Sequence[bytes]) -> Inform:
     meta: dict[str, Any] = {}
     if len(f) == 7 and f[6]:
         try:
-            meta = json.loads(f[6])
+            meta = _json(f[6], "INFORM meta frame", f)
         except ValueError:
             raise ProtocolError("INFORM meta frame is not JSON", f) from None
         if not isinstance(meta, dict):
@@ -662,7 +704,7 @@ def answerable_msgid(frames: Sequence[bytes], port: str = "frontend") -> bytes |
     if len(frames) < 4 or frames[0] or frames[1] != PROTOCOL:
         return None
     msgid = frames[3]
-    if not msgid or len(msgid) > MAX_ID_LENGTH:
+    if not msgid or len(msgid) > MAX_ANSWERED_ID_LENGTH:
         return None
     command = frames[2]
     if command in _AWAITED[port] or (port == "frontend" and command not in _DECODERS):
@@ -684,7 +726,11 @@ def decode(frames: Sequence[bytes]) -> Command:
             f"unknown command {bytes(frames[2][:32])!r}", frames, REFUSED_UNKNOWN_COMMAND
         )
     if not frames[3] or len(frames[3]) > MAX_ID_LENGTH:
-        raise ProtocolError("msgid must be 1 to 255 bytes", frames)
+        raise ProtocolError(
+            f"msgid is {len(frames[3])} bytes; it must be 1 to {MAX_ID_LENGTH} "
+            "(a job id: at most 200 bytes of UTF-8)",
+            frames,
+        )
     return decoder(frames)
 
 

@@ -8,6 +8,8 @@ from functools import lru_cache
 
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol.limits import (
+    MAX_RETRIES,
+    MAX_TIMEOUT,
     REFUSED_BAD_HEADER,
     REFUSED_BAD_RUN_AFTER,
     check_count,
@@ -15,6 +17,8 @@ from emq_django.protocol.limits import (
 )
 
 MAX_HEADERS_LENGTH = 4096
+# the most each numeric header may say (run-after is checked against the clock)
+_HEADER_LIMITS: dict[str, float] = {"retry-count": MAX_RETRIES, "timeout": MAX_TIMEOUT}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,11 @@ def _number(key: str, value: str, raw: bytes, cast: type[int] | type[float]) -> 
     if not math.isfinite(number) or number < 0:  # negative, NaN or infinite
         raise ProtocolError(
             f"header {key!r} must be a finite number >= 0, got {value[:40]!r}", [raw], code
+        )
+    limit = _HEADER_LIMITS.get(key)
+    if limit is not None and number > limit:
+        raise ProtocolError(
+            f"header {key!r} is {value[:40]}; the most is {int(limit)}", [raw], code
         )
     return number
 
@@ -107,6 +116,32 @@ def parse_headers(raw: bytes) -> Headers:
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
 
 
+def parse_stored_headers(raw: bytes) -> Headers:
+    """The headers of a job a journal kept, maybe from before a limit existed: an
+    out-of-range ``retry-count`` or ``timeout`` is brought down to its limit (in
+    ``raw`` too, which is forwarded to the worker) instead of refused; raises
+    ``ProtocolError`` for anything else ``parse_headers`` refuses."""
+    try:
+        return parse_headers(raw)
+    except ProtocolError:
+        items = raw.decode("utf-8", "replace").split(",")
+        fixed = ",".join(_within_limit(item) for item in items).encode()
+        if fixed == raw:
+            raise
+        return parse_headers(fixed)
+
+
+def _within_limit(item: str) -> str:
+    key, _, value = item.strip().partition(":")
+    limit = _HEADER_LIMITS.get(key)
+    try:
+        if limit is not None and float(value) > limit:
+            return f"{key}:{int(limit)}"
+    except ValueError:
+        pass
+    return item
+
+
 def format_headers(
     *,
     reply_requested: bool = False,
@@ -123,7 +158,7 @@ def format_headers(
     or ``ValueError`` for a value the broker would refuse (a negative, non-integer
     ``retry_count``; a negative or non-finite ``timeout`` or ``run_after``)."""
     check_count("retries", retry_count)
-    check_seconds("timeout", timeout)
+    check_seconds("timeout", timeout, MAX_TIMEOUT)
     check_seconds("run_after", run_after)
     items: list[str] = []
     if reply_requested:

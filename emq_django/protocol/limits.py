@@ -20,6 +20,13 @@ MAX_DEPTH = 100
 BODY_DEPTH = MAX_DEPTH + 3
 # run-after / countdown / eta: at most this far in the future (a year and a day).
 MAX_DELAY = 366 * 24 * 3600.0
+# retries / retry-count: what every layer holds (the worker's slot table and the
+# scheduler's PositiveIntegerField hold a signed 32-bit int)
+MAX_RETRIES = 2**31 - 1
+# timeout: a time limit of at most a year and a day, as for run-after
+MAX_TIMEOUT = MAX_DELAY
+# a schedule's interval: at most ten such years (its ticks must stay dates)
+MAX_INTERVAL = 10 * MAX_DELAY
 
 # ERROR codes (the frame after the refused msgid), one counter each
 REFUSED_MALFORMED = "malformed"  # wrong frame count, bad msgid, ...
@@ -82,12 +89,38 @@ def check_queue_name(name: Any) -> str:
     return name
 
 
-def check_count(what: str, value: Any) -> int:
-    """A non-negative integer option (``retries``); raises ``TypeError``/``ValueError``."""
+MAX_JOB_ID = 200  # bytes (UTF-8) of a job id the caller chooses: room for "#<attempt>"
+
+
+def check_job_id(job_id: Any) -> bytes:
+    """A job id the caller chose, encoded; raises ``TypeError`` (not a str) or
+    ``ValueError`` (empty, not printable, with ``#``, over ``MAX_JOB_ID`` bytes of
+    UTF-8, or not valid Unicode)."""
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+    if not job_id or not job_id.isprintable() or "#" in job_id:
+        raise ValueError(f"job_id {job_id[:40]!r} must be printable, without '#', not empty")
+    try:
+        encoded = job_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"job_id {job_id[:40]!r} is not valid Unicode") from None
+    if len(encoded) > MAX_JOB_ID:
+        raise ValueError(
+            f"job_id is {len(encoded)} bytes of UTF-8 ({len(job_id)} characters); "
+            f"the most is {MAX_JOB_ID} bytes"
+        )
+    return encoded
+
+
+def check_count(what: str, value: Any, limit: int = MAX_RETRIES) -> int:
+    """A non-negative integer option (``retries``) up to ``limit``; raises
+    ``TypeError``/``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int >= 0, got {value!r}")
     if value < 0:
         raise ValueError(f"{what} must be >= 0, got {value!r}")
+    if value > limit:
+        raise ValueError(f"{what} is {value}; the most is {limit}")
     return value
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from emq_django.protocol.limits import MAX_TIMEOUT, check_count, check_seconds
 from emq_django.scheduler.keys import split_task_name, task_key
 from emq_django.scheduler.timing import Timing
 
@@ -110,6 +111,10 @@ def _store(
     path, callable_name = split_task_name(task_name)
     encode_run_body(path, callable_name, args, kwargs)  # JSON check, before storing
     options = _task_options(task)
+    retries = options.get("retries", 0) if retries is None else retries
+    timeout = options.get("timeout", 0) if timeout is None else timeout
+    check_count("retries", retries)  # refused now, not at every run
+    check_seconds("timeout", timeout, MAX_TIMEOUT)
     return store.upsert(
         name=name or task_key(task_name, list(args), dict(kwargs or {})),
         task=task_name,
@@ -117,8 +122,8 @@ def _store(
         args=args,
         kwargs=kwargs,
         queue=queue or options.get("queue", "default"),
-        retries=options.get("retries", 0) if retries is None else retries,
-        timeout=options.get("timeout", 0) if timeout is None else timeout,
+        retries=retries,
+        timeout=timeout,
         guarantee=options.get("guarantee", False) if guarantee is None else guarantee,
         nohaste=nohaste,
         max_runs=max_runs,

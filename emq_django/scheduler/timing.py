@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from emq_django.protocol.limits import MAX_INTERVAL
 from emq_django.scheduler.cron import next_fire, parse_cron, zone
 
 CATCH_UP_ONCE = "once"
@@ -37,8 +38,11 @@ class Timing:
     def __post_init__(self) -> None:
         if (self.interval is None) == (not self.cron):
             raise ValueError("give an interval or a cron expression, not both or neither")
-        if self.interval is not None and self.interval <= 0:
-            raise ValueError(f"the interval must be > 0 seconds, got {self.interval!r}")
+        if self.interval is not None and not 0 < self.interval <= MAX_INTERVAL:
+            raise ValueError(
+                f"the interval must be > 0 seconds and at most {MAX_INTERVAL:.0f} (ten years), "
+                f"got {self.interval!r}"
+            )
         if self.cron:
             parse_cron(self.cron)  # raises CronError
         zone(self.timezone)  # raises ValueError

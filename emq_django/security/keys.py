@@ -30,6 +30,8 @@ class CurveKeys:
     public: bytes
     secret: bytes
     server: bytes | None = None  # None: this process is the CURVE server
+    # how EMQ_CURVE_SERVER_KEY was read (a key file, or the key itself), for errors
+    server_from: str = ""
 
     def __repr__(self) -> str:  # never print a secret key in a log or a traceback
         return f"CurveKeys(public={self.public.decode()!r}, server={self.server!r})"
@@ -48,15 +50,28 @@ def is_z85_key(text: str) -> bool:
 def read_key(setting: str, value: str, secret: bool) -> bytes:
     """The Z85 key in ``value`` (the text itself, or a key file's path); raises
     ``ImproperlyConfigured`` saying which setting is wrong."""
+    return read_key_from(setting, value, secret)[0]
+
+
+def read_key_from(setting: str, value: str, secret: bool) -> tuple[bytes, str]:
+    """``read_key``, and how the key was taken, for error messages: a file that
+    exists is read as a key file (a path of 40 characters can be Z85 too); else 40
+    characters of Z85 are the key itself."""
     text = value.strip()
-    if is_z85_key(text):
-        return text.encode("ascii")
     path = Path(text).expanduser()
-    if not path.is_file():
-        raise ImproperlyConfigured(
-            f"EMQ_{setting} is neither a 40-character Z85 key nor a readable key file: "
-            f"{text[:60]!r}"
+    if path.is_file():
+        return _read_key_file(setting, path, secret), f"EMQ_{setting} read from the key file {path}"
+    if is_z85_key(text):
+        return text.encode("ascii"), (
+            f"EMQ_{setting} taken as the key itself (40 characters of Z85; no file of that name)"
         )
+    raise ImproperlyConfigured(
+        f"EMQ_{setting} is neither a readable key file nor a 40-character Z85 key: "
+        f"{text[:60]!r} (no such file)"
+    )
+
+
+def _read_key_file(setting: str, path: Path, secret: bool) -> bytes:
     try:
         public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -92,10 +107,10 @@ def process_keys(settings: Any) -> CurveKeys | None:
                 "EMQ_CURVE_PUBLIC_KEY is not the public key of EMQ_CURVE_SECRET_KEY "
                 "(leave it empty: it is derived)"
             )
-    server = None
+    server, server_from = None, ""
     if settings.CURVE_SERVER_KEY:
-        server = read_key("CURVE_SERVER_KEY", settings.CURVE_SERVER_KEY, secret=False)
-    return CurveKeys(public, secret, server)
+        server, server_from = read_key_from("CURVE_SERVER_KEY", settings.CURVE_SERVER_KEY, False)
+    return CurveKeys(public, secret, server, server_from)
 
 
 def server_keys(settings: Any) -> CurveKeys | None:

@@ -63,6 +63,7 @@ HOLD_LIMIT = 0.002
 LAST_RUN_TASKS = 1024
 _REQUEUE_READY = F.REQUEUE_STATUS + b"," + F.FLAG_READY
 MAX_CANCELLED_KEPT = 4096  # cancelled attempt ids a process remembers (then forgets all)
+_PROTOCOL_ERROR = "emq_django.exceptions.ProtocolError"  # as execution.py names it
 _NEVER_RAN = float("inf")  # tasks whose last run time is kept (then forgotten, all at once)
 
 
@@ -249,7 +250,12 @@ class SlotWorker:
                 return
             cmd = F.decode(frames)
         except ProtocolError as exc:
-            log.warning("dropped a malformed message from the broker at %s: %s", self.link.url, exc)
+            if len(frames) == 7 and frames[2] == F.REQUEST and frames[3]:
+                self._fail_unstarted(frames[3], _PROTOCOL_ERROR, exc.reason)
+            else:
+                log.warning(
+                    "dropped a malformed message from the broker at %s: %s", self.link.url, exc
+                )
             return
         if type(cmd) is F.Request:
             if self.abandoning:
@@ -268,7 +274,7 @@ class SlotWorker:
             try:
                 fields = F.request_fields(frames)
             except ProtocolError as exc:
-                log.warning("dropped a malformed job from the broker at %s: %s", self.link.url, exc)
+                self._fail_unstarted(frames[3], _PROTOCOL_ERROR, exc.reason)
                 continue
             if fields is None:
                 continue
@@ -287,9 +293,16 @@ class SlotWorker:
         self.credit -= 1
         started = _monotonic()
         slot = self.config.slot
-        self.table.start(
-            slot, msgid, started, h.timeout, queue, h.task, h.retry_count, h.guarantee, body
-        )
+        try:
+            self.table.start(
+                slot, msgid, started, h.timeout, queue, h.task, h.retry_count, h.guarantee, body
+            )
+        except Exception as exc:  # the job never started: a failed attempt, not a death
+            log.exception("slot %d: could not start job %r", slot, msgid)
+            self.table.clear(slot)
+            self.credit += 1  # back: _fail_unstarted counts it as _give_back does
+            self._fail_unstarted(msgid, type(exc).__name__, f"the job could not start: {exc}")
+            return
         # (after start: see SlotTable.cancel_unstarted)
         if self._was_cancelled(msgid):
             self.table.clear(slot)
@@ -452,6 +465,20 @@ class SlotWorker:
         self._cancelled.discard(msgid)
         self.credit += 1  # back: _run counted the job against it
         self._give_back(msgid, ready=True)
+
+    def _fail_unstarted(self, msgid: bytes, error: str, reason: str) -> None:
+        """A job this process cannot start (its headers do not parse, its slot
+        cannot hold it): a failed attempt with the reason, which the broker counts
+        against its retries, never a death and an uncounted requeue."""
+        log.warning("failed job %s without starting it: %s", msgid.decode(errors="replace"), reason)
+        self._send_held()
+        ready = not (self.stopping or self.abandoning)
+        if not ready:
+            self.credit -= 1  # the job took a credit; with ready, its REPLY returns it
+        outcome = Outcome(encode_failure(error, reason, ""), True, error)
+        self.link.send(
+            F.encode_reply(self.link.new_id(), outcome.body, msgid, outcome.status(ready))
+        )
 
     def _give_back(self, msgid: bytes, ready: bool = False) -> None:
         """A job this process will not start: back to the broker, uncounted;

@@ -422,3 +422,35 @@ def test_event_bus_ports_admit_only_their_roles(
     finally:
         reset_cached_settings()
     assert stack.status()["counters"]["zap_refused_role"] >= 3
+
+
+@pytest.fixture
+def forty_character_key_path(stack: CurveStack) -> Iterator[str]:
+    """The broker's public key file at a path of exactly 40 characters, all of them
+    Z85 characters: it decodes as a key too."""
+    import uuid
+
+    from emq_django.security.keys import is_z85_key
+
+    name = "broker.key"
+    where = Path(f"/tmp/emq{uuid.uuid4().hex}"[: 40 - len(name) - 1])
+    where.mkdir()
+    try:
+        path = where / name
+        shutil.copyfile(stack.keys_dir / name, path)
+        assert len(str(path)) == 40 and is_z85_key(str(path))
+        yield str(path)
+    finally:
+        shutil.rmtree(where)
+
+
+def test_a_key_file_path_of_40_characters_is_read_as_a_file(
+    curve_client_env: CurveStack, emq_processes: EmqProcesses, forty_character_key_path: str
+) -> None:
+    """Such a path was taken as the key itself: every job manager exited 78 and
+    every client blamed the key (issue 29, item 17). A file that exists is a file."""
+    stack = curve_client_env
+    env = {**stack.key_env("jm"), "EMQ_CURVE_SERVER_KEY": forty_character_key_path}
+    jm = start_jm(emq_processes, "secure", extra_env=env)
+    wait_jm_ready(stack.env, "secure", 2, [jm, stack.broker])
+    assert tasks.add.delay(1, 2).get(timeout=15) == 3

@@ -122,6 +122,34 @@ def eventmq_jobmanager_path() -> Path:
     return path
 
 
+def start_eventmq_jobmanager(
+    procs: EmqProcesses, env: dict[str, str], marker: Path, *args: str
+) -> ManagedProcess:
+    """EventMQ's own job manager (2 workers on queue default), once both its slots
+    are free at the broker; ``args``: more of its options (``--name``)."""
+    jm = procs.start_program(
+        [str(eventmq_jobmanager_path()), "--broker-addr", env["EMQ_WORKER_URL"], *args],
+        name="eventmq-jobmanager",
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+            ),
+            "EVENTMQ_CONFIG_FILE": "/nonexistent",
+            "EVENTMQ_QUEUES": '[[10, "default"]]',
+            "EVENTMQ_CONCURRENT_JOBS": "2",
+            interop_tasks.MARKER_ENV: str(marker),
+        },
+    )
+
+    def ready() -> bool:  # (only this process: one stopped before may be in ``procs``)
+        assert jm.alive(), f"EventMQ's job manager exited:\n{jm.log_tail()}"
+        return free_slots(env) >= 2
+
+    # INFORM -> our ACK + HEARTBEAT -> it forks its 2 workers -> one READY each.
+    wait_until("EventMQ's job manager to report 2 free slots", ready, timeout=15)
+    return jm
+
+
 class EventMQClient:
     """EventMQ's own client socket (``eventmq.sender.Sender``), plus reading what our
     broker sends back to it (EventMQ's client never reads; the test does)."""
@@ -316,6 +344,28 @@ def test_eventmq_client_cannot_run_unregistered_callables(
     assert log.count("refused job") >= 3
 
 
+def test_eventmq_client_retry_count_out_of_range_is_refused_with_the_reason(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], eventmq_client: EventMQClient
+) -> None:
+    """A retry-count the worker's slot table cannot hold (2^31) used to crash-loop
+    the worker processes, uncounted, for ever (issue 29, item 1): the broker
+    answers it with an ERROR and the reason instead."""
+    start_broker(emq_processes, emq_env)
+    msgid = eventmq_client.defer_job(
+        f"{TASKS_MODULE}.record", args=["poison"], retry_count=2**31, guarantee=True
+    )
+    frames = eventmq_client.wait_for(
+        f"ERROR for {msgid}",
+        lambda f: len(f) >= 7 and f[2] == b"ERROR" and f[4] == msgid.encode(),
+    )
+    assert frames[5] == b"bad-header", frames
+    assert b"retry-count" in frames[6] and b"2147483647" in frames[6], frames
+    c = counters(emq_env)
+    assert c["refused_bad_header"] == 1
+    ok = eventmq_client.defer_job(f"{TASKS_MODULE}.record", args=["fine"], retry_count=2**31 - 1)
+    eventmq_client.wait_ack(ok)
+
+
 # ---- 3. our client -> our broker -> EventMQ's job manager ----------------------------
 
 
@@ -332,26 +382,7 @@ def test_our_client_runs_jobs_on_eventmq_jobmanager(
     # EMQ_HEARTBEAT_INTERVAL is the broker's own beat; EventMQ's job manager beats every
     # 3 s whatever the broker does, and the broker must keep it all the same.
     start_broker(emq_processes, emq_env, {"EMQ_HEARTBEAT_INTERVAL": heartbeat_interval})
-    jm = emq_processes.start_program(
-        [str(eventmq_jobmanager_path()), "--broker-addr", emq_env["EMQ_WORKER_URL"]],
-        name="eventmq-jobmanager",
-        env={
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
-            ),
-            "EVENTMQ_CONFIG_FILE": "/nonexistent",
-            "EVENTMQ_QUEUES": '[[10, "default"]]',
-            "EVENTMQ_CONCURRENT_JOBS": "2",
-            interop_tasks.MARKER_ENV: str(marker),
-        },
-    )
-    # INFORM -> our ACK + HEARTBEAT -> it forks its 2 workers -> one READY each.
-    wait_until(
-        "EventMQ's job manager to report 2 free slots",
-        lambda: free_slots(emq_env) >= 2,
-        timeout=15,
-        procs=emq_processes,
-    )
+    jm = start_eventmq_jobmanager(emq_processes, emq_env, marker)
     managers = status(emq_env)["job_managers"]
     assert [m["kind"] for m in managers] == ["eventmq"], managers
 
@@ -379,6 +410,43 @@ def test_our_client_runs_jobs_on_eventmq_jobmanager(
 # ---- 4. EventMQ's schedule() frames: ACKed, held, forwarded unchanged ----------------
 # The scheduler itself is a later issue; the broker must already accept these frames,
 # ACK them, hold them while no scheduler is connected and hand them over unchanged.
+
+
+def test_trace_and_status_name_an_eventmq_job_manager_alike(
+    emq_processes: EmqProcesses,
+    emq_env: dict[str, str],
+    our_client: None,
+    marker: Path,
+    tmp_path: Path,
+) -> None:
+    """An identity that starts with a digit (EventMQ's are uuid4 strings) was hex in
+    the trace and text in emq_status (issue 29, item 18)."""
+    trace_dir = tmp_path / "trace"
+    start_broker(emq_processes, emq_env, {"EMQ_TRACE_DIR": str(trace_dir)})
+    # its identity is a fresh uuid4 (its --name is not used): started again until
+    # one starts with a digit (10 in 16 do)
+    for _ in range(20):
+        jm = start_eventmq_jobmanager(emq_processes, emq_env, marker)
+        (manager,) = status(emq_env)["job_managers"]
+        name = manager["identity"]
+        if name[0].isdigit():
+            break
+        emq_processes.stop(jm)
+        wait_until("the job manager gone", lambda: not status(emq_env)["job_managers"])
+    assert name[0].isdigit() and "-" in name, name
+    result = interop_tasks.add.delay(1, 2)
+    assert result.get(timeout=10) == 3
+
+    def names_in_trace() -> set[str]:
+        names = set()
+        for path in trace_dir.glob("trace-*.jsonl"):
+            for line in path.read_text().splitlines():
+                event = json.loads(line)
+                if event["job"] == result.id and event.get("jm"):
+                    names.add(event["jm"])
+        return names
+
+    assert wait_until("the trace to name the job manager", names_in_trace) == {name}
 
 
 def run_body(func_args: list[Any]) -> bytes:

@@ -51,6 +51,8 @@ BAD_OPTIONS = [
     pytest.param({"retries": -1}, ValueError, id="retries-negative"),
     pytest.param({"retries": 1.5}, TypeError, id="retries-float"),
     pytest.param({"retries": "abc"}, TypeError, id="retries-str"),
+    pytest.param({"retries": 2**31}, ValueError, id="retries-2-to-the-31"),
+    pytest.param({"timeout": 1e308}, ValueError, id="timeout-1e308"),
     pytest.param({"queue": ""}, ValueError, id="queue-empty"),
     pytest.param({"queue": "q" * 256}, ValueError, id="queue-256-bytes"),
     pytest.param({"queue": "é" * 128}, ValueError, id="queue-256-utf8-bytes"),
@@ -72,6 +74,7 @@ BAD_OPTIONS = [
     pytest.param({"soft_timeout": -1}, ValueError, id="soft-timeout-negative"),
     pytest.param({"soft_timeout": "1"}, TypeError, id="soft-timeout-str"),
     pytest.param({"soft_timeout": 5, "timeout": 5}, ValueError, id="soft-timeout-not-under-hard"),
+    pytest.param({"job_id": "é" * 150}, ValueError, id="job-id-300-utf8-bytes"),
 ]
 
 
@@ -96,6 +99,30 @@ def test_too_deep_arguments_raise_type_error(depth: int, emq_client_env: dict[st
         tasks.add.map([(1, 2), (deep(depth), 1)])
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [("abc", None), (b"ab", None), ({"x": 1}, None), (5, None), ((), [1]), ((), "x=1")],
+    ids=["args-str", "args-bytes", "args-dict", "args-int", "kwargs-list", "kwargs-str"],
+)
+def test_args_and_kwargs_of_the_wrong_kind_raise_type_error(
+    args: Any, kwargs: Any, emq_client_env: dict[str, str]
+) -> None:
+    with pytest.raises(TypeError, match="args of .* must be a"):
+        tasks.add.apply_async(args, kwargs)
+
+
+def test_a_lone_surrogate_in_the_arguments_raises_type_error(
+    emq_client_env: dict[str, str],
+) -> None:
+    for call in (
+        lambda: tasks.add.delay("a\ud800", ""),
+        lambda: tasks.add.apply_async((1,), {"y": "\udcff"}),
+        lambda: tasks.add.map([("a\ud800", "")]),
+    ):
+        with pytest.raises(TypeError, match="lone surrogate"):
+            call()
+
+
 def test_arguments_at_the_depth_limit_are_accepted(emq_client_env: dict[str, str]) -> None:
     from emq_django.protocol.body import decode_run_body, encode_run_body
 
@@ -108,7 +135,9 @@ def test_task_declared_with_bad_options_is_refused() -> None:
 
     for options in (
         {"retries": -1},
+        {"retries": 2**31},
         {"timeout": math.inf},
+        {"timeout": 1e308},
         {"queue": "x" * 300},
         {"soft_timeout": 2, "timeout": 1},
     ):
@@ -158,6 +187,8 @@ BAD_WIRE = [
     pytest.param(b"q", b"timeout:inf", BODY, "bad-header", id="timeout-inf"),
     pytest.param(b"q", b"retry-count:abc", BODY, "bad-header", id="retry-count-abc"),
     pytest.param(b"q", b"retry-count:-1", BODY, "bad-header", id="retry-count-negative"),
+    pytest.param(b"q", b"retry-count:2147483648", BODY, "bad-header", id="retry-count-2-to-the-31"),
+    pytest.param(b"q", b"timeout:1e308", BODY, "bad-header", id="timeout-1e308"),
     pytest.param(b"q", b"run-after:nan", BODY, "bad-run-after", id="run-after-nan"),
     pytest.param(b"q", b"run-after:inf", BODY, "bad-run-after", id="run-after-inf"),
     pytest.param(b"q", b"run-after:-5", BODY, "bad-run-after", id="run-after-negative"),
@@ -167,6 +198,11 @@ BAD_WIRE = [
     pytest.param(b"q" * 256, b"", BODY, "queue-name-too-long", id="queue-256"),
     pytest.param(b"", b"", BODY, "bad-queue-name", id="queue-empty"),
     pytest.param(b"\xff", b"", BODY, "bad-queue-name", id="queue-not-utf8"),
+    pytest.param(b"a b", b"", BODY, "bad-queue-name", id="queue-space"),
+    pytest.param(b"a\tb", b"", BODY, "bad-queue-name", id="queue-tab"),
+    pytest.param(b"a,b", b"", BODY, "bad-queue-name", id="queue-comma"),
+    pytest.param(b"a:b", b"", BODY, "bad-queue-name", id="queue-colon"),
+    pytest.param(b"a\x01b", b"", BODY, "bad-queue-name", id="queue-control"),
     pytest.param(b"q", b"", b"x" * 5000, "body-too-big", id="body-over-limit"),
 ]
 
@@ -192,6 +228,70 @@ def test_bad_request_on_the_wire_gets_an_error_within_a_second(
     good = uuid.uuid4().hex.encode()
     dealer.send_multipart([b"", PROTOCOL, F.REQUEST, good, b"q", b"", BODY])
     assert isinstance(answer_to(dealer, good), F.Ack)
+
+
+def test_job_id_is_measured_in_bytes(emq_client_env: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="300 bytes of UTF-8 \\(150 characters\\)"):
+        tasks.add.apply_async((1, 2), job_id="é" * 150)
+    with pytest.raises(ValueError, match="job_id") as caught:
+        tasks.add.apply_async((1, 2), job_id="a\ud800")
+    assert type(caught.value) is ValueError  # not a UnicodeEncodeError from deep inside
+
+
+def test_an_over_long_msgid_gets_an_error_naming_it(
+    dealer: zmq.Socket[Any], emq_env: dict[str, str]
+) -> None:
+    msgid = "é".encode() * 150  # a client that counted characters: 300 bytes
+    dealer.send_multipart([b"", PROTOCOL, F.REQUEST, msgid, b"q", b"", BODY])
+    answer = answer_to(dealer, msgid)
+    assert isinstance(answer, F.Error), answer
+    assert answer.code == "malformed" and "300 bytes" in answer.reason
+
+
+def test_a_schedule_for_a_queue_no_job_manager_can_serve_is_refused(
+    dealer: zmq.Socket[Any],
+) -> None:
+    msgid = uuid.uuid4().hex.encode()
+    dealer.send_multipart([b"", PROTOCOL, F.SCHEDULE, msgid, b"a,b", b"", b"60", BODY, b""])
+    answer = answer_to(dealer, msgid)
+    assert isinstance(answer, F.Error), answer
+    assert answer.code == "bad-queue-name" and "','" in answer.reason
+
+
+@pytest.mark.parametrize("port", ["EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"])
+def test_an_inform_whose_queues_nest_deep_gets_an_error(
+    port: str, broker: ManagedProcess, emq_env: dict[str, str]
+) -> None:
+    """``[`` nested 5,000 deep used to be a RecursionError inside the broker (an
+    internal error, no answer) on both ports (issue 29, item 16)."""
+    context: zmq.Context[Any] = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    try:
+        sock.connect(emq_env[port])
+        for peer_type, queues in ((b"worker", b"[" * 5000), (b"scheduler", b"[" * 5000 + b"]")):
+            msgid = uuid.uuid4().hex.encode()
+            sock.send_multipart([b"", PROTOCOL, F.INFORM, msgid, queues, peer_type])
+            answer = answer_to(sock, msgid)
+            assert isinstance(answer, F.Error), answer
+            assert answer.code in ("malformed", "wrong-port"), answer
+        msgid = uuid.uuid4().hex.encode()
+        meta = b'{"a":' + b"[" * 5000
+        sock.send_multipart([b"", PROTOCOL, F.INFORM, msgid, b"", b"worker", meta])
+        assert isinstance(answer_to(sock, msgid), F.Error)
+        counters = status(emq_env["EMQ_MONITOR_URL"], timeout=2.0)["counters"]
+        assert counters["internal_errors"] == 0, counters
+    finally:
+        sock.close(linger=0)
+        context.term()
+
+
+def test_a_schedule_whose_interval_is_past_ten_years_is_refused(dealer: zmq.Socket[Any]) -> None:
+    msgid = uuid.uuid4().hex.encode()
+    interval = b"1" + b"0" * 20
+    dealer.send_multipart([b"", PROTOCOL, F.SCHEDULE, msgid, b"q", b"", interval, BODY, b""])
+    answer = answer_to(dealer, msgid)
+    assert isinstance(answer, F.Error), answer
+    assert answer.code == "malformed" and "the most is" in answer.reason
 
 
 def test_run_after_within_a_year_is_accepted(dealer: zmq.Socket[Any]) -> None:

@@ -333,6 +333,28 @@ def test_client_is_told_why_the_broker_refused_it(secure_broker: SecureBroker, k
         good.close()
 
 
+def test_a_refused_client_says_how_it_read_the_server_key(secure_broker: SecureBroker) -> None:
+    """The refusal says whether EMQ_CURVE_SERVER_KEY was taken as a key or read from
+    a file (a 40-character path was once taken as a key; issue 29, item 17)."""
+    from types import SimpleNamespace
+
+    from emq_django.security.keys import process_keys
+
+    b = secure_broker
+    settings = SimpleNamespace(
+        CURVE_SECRET_KEY=b.pairs["app"][1].decode(),
+        CURVE_PUBLIC_KEY="",
+        CURVE_SERVER_KEY=key_pair()[0].decode(),  # not the broker's
+    )
+    keys = process_keys(settings)
+    client = Client(b.urls["frontend"], ack_timeout=30, context=b.context, curve=keys)
+    try:
+        with pytest.raises(HandshakeRefused, match="taken as the key itself"):
+            client.send("default", b"", BODY, confirm=True)
+    finally:
+        client.close()
+
+
 def test_link_with_a_refused_key_raises_from_poll(secure_broker: SecureBroker) -> None:
     b = secure_broker
 

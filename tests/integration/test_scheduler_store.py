@@ -298,3 +298,22 @@ def test_admin_run_now_without_a_broker_says_so(
     )
     assert "not sent: the broker at tcp://x did not acknowledge" in page.content.decode()
     assert ScheduledJob.objects.get().run_count == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"retries": 2**31}, {"retries": -1}, {"timeout": 1e308}],
+    ids=["retries-2-to-the-31", "retries-negative", "timeout-1e308"],
+)
+def test_schedule_refuses_options_no_run_could_send(options: dict[str, Any]) -> None:
+    """Refused when scheduled, not at every run (the headers could not be built)."""
+    with pytest.raises(ValueError):
+        emq.schedule(TASK, every=5, args=[1, 2], **options)
+    assert not ScheduledJob.objects.exists()
+
+
+@pytest.mark.parametrize("every", [1e20, float("inf"), float("nan"), 11 * 366 * 86400])
+def test_schedule_refuses_an_interval_whose_ticks_are_no_dates(every: float) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        emq.schedule(TASK, every=every, args=[1, 2])
+    assert not ScheduledJob.objects.exists()

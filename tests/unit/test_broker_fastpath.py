@@ -47,7 +47,10 @@ def test_request_fields_agree_with_decode() -> None:
         ([b"", P, b"REQUEST", b"m", b"", b"", BODY], "bad-queue-name"),
         ([b"", P, b"REQUEST", b"m", b"q" * 300, b"", BODY], "queue-name-too-long"),
         ([b"", P, b"REQUEST", b"m", b"q", b"timeout:-1", BODY], "bad-header"),
-        ([b"", P, b"REQUEST", b"m" * 300, b"q", b"", BODY], None),  # no msgid to answer
+        # a msgid too long to take is named in the ERROR (its sender waits on it) ...
+        ([b"", P, b"REQUEST", b"m" * 300, b"q", b"", BODY], "malformed"),
+        # ... up to MAX_ANSWERED_ID_LENGTH: past it, no msgid to answer
+        ([b"", P, b"REQUEST", b"m" * 5000, b"q", b"", BODY], None),
     ],
 )
 def test_a_bad_request_is_refused_as_before(frames: list[bytes], code: str | None) -> None:

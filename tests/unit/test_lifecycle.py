@@ -788,6 +788,28 @@ def test_cancel_a_waiting_job_removes_it_and_remembers_its_id() -> None:
     assert core.counters["duplicates"] == 1 and not core.queues["q"].pending
 
 
+def test_cancel_of_a_job_that_never_started_says_so() -> None:
+    """Cancelled "while it ran" was said of jobs that never started (issue 29,
+    item 14): one waiting in its queue, and one a worker process gave back unstarted."""
+    core = make_core()
+    request(core, CLIENT, b"j1", headers=b"reply-requested")
+    take(core)
+    assert core.cancel(b"j1", 1.0) == "cancelled"
+    got = replies(take(core))
+    inform(core, W)
+    ready(core, W)
+    request(core, CLIENT, b"j2", headers=b"reply-requested")
+    take(core)
+    assert core.cancel(b"j2", 1.0) == "running"
+    got += replies(reply(core, W, b"j2#1", status=b"failed,requeue", body=b"{}", now=2.0))
+    assert [r.request_msgid for r in got] == [b"j1", b"j2"]
+    for answer in got:
+        error = json.loads(answer.body)["error"]
+        assert error["type"] == "emq_django.exceptions.Cancelled"
+        assert error["message"] == "the job was cancelled before it started"
+    assert core.counters["cancelled"] == 2
+
+
 def test_cancel_a_running_job_stops_its_retries() -> None:
     core = BrokerCore(BrokerConfig(), now=0.0, id_prefix=b"b-", seed=1)
     core.on_backend(b"w", [b"", P, b"INFORM", b"i", b'[[10, "q"]]', b"worker"], 0.0)

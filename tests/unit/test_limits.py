@@ -177,3 +177,32 @@ def test_core_refuses_a_body_over_the_limit() -> None:
     core.on_frontend(b"c", [b"", PROTOCOL, b"REQUEST", b"j1", b"q", b"", BODY], 100.0)
     (error,) = refusals(core)
     assert error.code == "body-too-big" and core.counters["refused_body_too_big"] == 1
+
+
+def test_a_journaled_job_from_before_the_limits_is_brought_within_them() -> None:
+    """A guaranteed job journaled with a retry-count or timeout now refused still
+    loads after a restart, its headers (forwarded raw to the worker) at the limit."""
+    from emq_django.protocol.headers import parse_stored_headers
+    from emq_django.protocol.limits import MAX_RETRIES, MAX_TIMEOUT
+
+    raw = b"guarantee,retry-count:4294967296,timeout:1e308,task:t.add"
+    with pytest.raises(ProtocolError):
+        parse_headers(raw)
+    h = parse_stored_headers(raw)
+    assert (h.retry_count, h.timeout, h.guarantee, h.task) == (
+        MAX_RETRIES,
+        MAX_TIMEOUT,
+        True,
+        "t.add",
+    )
+    assert parse_headers(h.raw) == h
+    with pytest.raises(ProtocolError):  # what was never valid stays refused
+        parse_stored_headers(b"retry-count:-1")
+
+
+def test_backoff_of_a_job_with_many_failures_stays_at_its_cap() -> None:
+    import random
+
+    from emq_django.broker.holding import backoff
+
+    assert backoff(5000, 1.0, 60.0, random.Random(1)) <= 60.0 * 1.2

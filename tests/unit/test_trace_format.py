@@ -224,3 +224,20 @@ def test_writer_starts_a_new_file_each_hour(
     writer.write(formatted([event("dispatched")], 0.0))
     writer.close()
     assert len(list(tmp_path.iterdir())) == 2
+
+
+@pytest.mark.parametrize(
+    ("identity", "shown"),
+    [
+        (b"7f3e2a10-1b2c-4d5e-8f90-a1b2c3d4e5f6", "7f3e2a10-1b2c-4d5e-8f90-a1b2c3d4e5f6"),
+        (b"jm-1", "jm-1"),
+        (b"\x00k\x8bEg", "006b8b4567"),  # libzmq's own identity
+        ("é".encode(), "c3a9"),
+    ],
+)
+def test_a_peer_is_named_alike_in_the_trace_and_the_monitor(identity: bytes, shown: str) -> None:
+    """An EventMQ job manager's identity (a uuid4 string) that starts with a digit was
+    hex in the trace and text in emq_status (issue 29, item 18)."""
+    from emq_django.broker.state import show_identity
+
+    assert show_identity(identity) == shown
