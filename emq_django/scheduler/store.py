@@ -31,6 +31,7 @@ from emq_django.scheduler.timing import (
     Timing,
     first_run,
     on_due,
+    tick_times,
 )
 
 log = logging.getLogger(__name__)
@@ -235,8 +236,9 @@ def _fire_one(
     )
     if not claimed:
         return None  # another scheduler fired this tick
-    for _ in range(runs):
-        send(job, job.next_run_at)
+    # each run stands for a tick of its own: its job id comes from it (keys.tick_id)
+    for due in tick_times(timing, job.next_run_at, runs):
+        send(job, due)
     if plan.missed:
         log.info(
             "schedule %s: %d ticks passed since %s while no scheduler ran; %d run(s) "

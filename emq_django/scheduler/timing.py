@@ -102,6 +102,14 @@ def on_due(
     return Due(runs, next_run, ticks - runs if ticks > runs else 0)
 
 
+def tick_times(timing: Timing, first: dt.datetime, count: int) -> list[dt.datetime]:
+    """The ``count`` ticks from ``first`` on: what each run of a catch-up stands for."""
+    ticks = [first]
+    while len(ticks) < count:
+        ticks.append(timing.next_after(ticks[-1]))
+    return ticks[:count]
+
+
 def _ticks_until(
     timing: Timing, due: dt.datetime, now: dt.datetime
 ) -> tuple[int, dt.datetime, dt.datetime]:

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 
+from emq_django.monitor_client import status
 from tests.conftest import EmqProcesses
 from tests.e2e import scheduler_tasks
 from tests.e2e.scheduler_support import (
@@ -155,3 +157,63 @@ def test_one_catch_up_run_after_ten_seconds_down(
     assert 3 <= len(runs) <= 5, "then about one run a second"
     log = emq_processes.processes[-1].stderr()
     assert "while no scheduler ran; 1 run(s) (catch-up policy 'once')" in log
+
+
+def test_first_tick_runs_once_when_the_scheduler_starts_before_the_broker(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    """Issue 29 item 6: the first REQUEST waited in the socket and reached the broker
+    as it came up, its ACK did not come in time, and the resend went under a new job
+    id: the tick ran twice. A tick's job id is fixed by the tick now."""
+    shell(
+        emq_env,
+        f"import emq_django as emq; emq.schedule({TICK!r}, every=3600, args=['early'], "
+        "queue='sched')",
+    )
+    sched = start_scheduler(emq_processes)
+    start_broker(emq_processes, emq_env)
+    start_jobmanager(emq_processes)
+    wait_until("the scheduler's tick acknowledged", lambda: "sent " in sched.stderr(), 30)
+    # every REQUEST the scheduler sent reached the broker before the ACK it waited
+    # for; once nothing waits or runs, every job the broker took has run
+    url = emq_env["EMQ_MONITOR_URL"]
+
+    def settled() -> dict[str, object] | None:
+        doc = status(url, timeout=5.0)
+        busy = doc["in_flight"] or any(q["depth"] for q in doc["queues"])
+        return None if busy or not doc["counters"]["succeeded"] else doc
+
+    doc = wait_until("the broker idle after the tick's job", settled, 30)
+    assert doc["counters"]["succeeded"] == 1, doc["counters"]
+    assert len(history(marker, "early")) == 1
+
+
+def test_a_resent_tick_is_the_same_job(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    """A broker that takes the REQUEST but whose ACK never comes: the scheduler sends
+    the tick again, under the same job id, so that a broker de-duplicates it."""
+    shell(
+        emq_env,
+        f"import emq_django as emq; emq.schedule({TICK!r}, every=3600, args=['r'], queue='sched')",
+    )
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)  # a broker that never acknowledges
+    silent.bind(emq_env["EMQ_FRONTEND_BIND"])
+    try:
+        emq_processes.env["EMQ_ACK_TIMEOUT"] = "1"
+        start_scheduler(emq_processes)
+        ids: list[bytes] = []
+
+        def two_requests() -> bool:
+            while silent.poll(0):
+                frames = silent.recv_multipart()
+                if frames[3] == b"REQUEST":
+                    ids.append(frames[4])
+            return len(ids) >= 2
+
+        wait_until("the tick sent twice", two_requests, 30)
+        assert ids[0] == ids[1], ids
+    finally:
+        silent.close(linger=0)
+        context.term()

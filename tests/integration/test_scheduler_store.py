@@ -15,7 +15,7 @@ from django.utils import timezone
 import emq_django as emq
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.scheduler import api, store
-from emq_django.scheduler.keys import task_key
+from emq_django.scheduler.keys import task_key, tick_id
 from emq_django.scheduler.models import SOURCE_CODE, ScheduledJob
 from emq_django.scheduler.timing import CATCH_UP_ALL, Timing
 
@@ -144,6 +144,15 @@ def test_catch_up_all_after_downtime() -> None:
     sent = Sent()
     store.fire_due(job.next_run_at + 10.4 * S, sent, CATCH_UP_ALL)
     assert len(sent.calls) == 11
+    # one run per tick, each with its own due time (its job id comes from it)
+    assert [due for _, due in sent.calls] == [job.next_run_at + k * S for k in range(11)]
+
+
+def test_a_tick_id_is_fixed_by_the_schedule_and_the_due_time() -> None:
+    due = timezone.now()
+    assert tick_id("a", due) == tick_id("a", due.astimezone(dt.timezone(dt.timedelta(hours=2))))
+    assert len({tick_id("a", due), tick_id("b", due), tick_id("a", due + S)}) == 3
+    assert len(tick_id("a", due)) == 32
 
 
 def test_max_runs_disables_the_schedule() -> None:

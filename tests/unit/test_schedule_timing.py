@@ -23,6 +23,7 @@ from emq_django.scheduler.timing import (
     Timing,
     first_run,
     on_due,
+    tick_times,
 )
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -273,3 +274,8 @@ def test_unschedule_names_the_same_key_whatever_the_timing() -> None:
     assert unschedule_name(nine(b"UNSCHEDULE", b"", b"60", queue=b"email")) == key
     seven = F.decode([b"", b"eMQP/1.0", b"UNSCHEDULE", b"m1", b"default", b"", body()])
     assert isinstance(seven, F.Schedule) and unschedule_name(seven) == key
+
+
+def test_tick_times_are_the_ticks_a_catch_up_stands_for() -> None:
+    assert tick_times(EVERY_1, T0, 3) == [T0, T0 + S, T0 + 2 * S]
+    assert tick_times(Timing(cron="*/5 * * * *"), T0, 2) == [T0, T0 + 300 * S]
