@@ -101,6 +101,7 @@ def _store(
     guarantee: bool | None = None,
     max_runs: int | None = None,
     source: str,
+    enabled: bool | None = True,
 ) -> ScheduledJob:
     from emq_django.protocol.body import encode_run_body
     from emq_django.scheduler import store
@@ -123,6 +124,7 @@ def _store(
         nohaste=nohaste,
         max_runs=max_runs,
         source=source,
+        enabled=enabled,
     )
 
 
@@ -204,12 +206,15 @@ def declared() -> list[Periodic]:
 
 def sync_periodic() -> tuple[int, int]:
     """Store every ``@emq.periodic`` schedule and delete the code-declared ones no
-    longer declared; returns (stored, removed). An unchanged one keeps its next run."""
+    longer declared; returns (stored, removed). An unchanged one keeps its next run,
+    and a stored one keeps its ``enabled``: the code declares a schedule, the admin
+    decides whether it runs."""
     from emq_django.scheduler.models import SOURCE_CODE, ScheduledJob
 
     names = []
     for p in _declared.values():
-        names.append(_store(p.task, p.every, p.cron, **p.options, source=SOURCE_CODE).name)
+        stored = _store(p.task, p.every, p.cron, **p.options, source=SOURCE_CODE, enabled=None)
+        names.append(stored.name)
     removed, _ = ScheduledJob.objects.filter(source=SOURCE_CODE).exclude(name__in=names).delete()
     if removed:
         log.info("removed %d schedules no longer declared with @emq.periodic", removed)

@@ -80,14 +80,15 @@ def upsert(
     guarantee: bool = False,
     nohaste: bool = False,
     max_runs: int | None = None,
-    enabled: bool = True,
+    enabled: bool | None = True,
     source: str = SOURCE_API,
     now: dt.datetime | None = None,
 ) -> ScheduledJob:
     """Create or update the schedule ``name``. An unchanged timing keeps its next
     run, so that the same SCHEDULE stored by several schedulers, or a schedule
     declared again at every start, neither runs twice nor shifts; a new or
-    changed one runs at once (after one tick with ``nohaste``)."""
+    changed one runs at once (after one tick with ``nohaste``). ``enabled=None``
+    enables a new schedule and leaves an existing one as it is (the admin's choice)."""
     values: dict[str, Any] = {
         "task": task,
         "args": list(args),
@@ -101,9 +102,10 @@ def upsert(
         "timezone": timing.timezone,
         "nohaste": nohaste,
         "max_runs": max_runs,
-        "enabled": enabled,
         "source": source,
     }
+    if enabled is not None:
+        values["enabled"] = enabled
 
     def attempt() -> ScheduledJob:
         with transaction.atomic():
@@ -113,7 +115,7 @@ def upsert(
             replan = job.pk is None or not job.enabled or job.timing_key != timing.key
             for field, value in values.items():
                 setattr(job, field, value)
-            if replan and enabled:
+            if replan and job.enabled:
                 job.next_run_at = first_run(timing, now or _now(), nohaste)
                 job.timing_key = timing.key
             job.save()

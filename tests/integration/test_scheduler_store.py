@@ -239,6 +239,29 @@ def test_periodic_sync_stores_and_removes(monkeypatch: pytest.MonkeyPatch) -> No
     assert ScheduledJob.objects.count() == 1
 
 
+def test_a_periodic_schedule_disabled_in_the_admin_stays_disabled_at_the_next_start(
+    monkeypatch: pytest.MonkeyPatch, admin_client: Client
+) -> None:
+    """Issue 29 item 7: the code declares a schedule, the admin decides whether it runs."""
+    from project.demo import tasks
+
+    monkeypatch.setattr(api, "_declared", {})
+    emq.periodic(every=30, args=[1, 2])(tasks.add)
+    api.sync_periodic()
+    job = ScheduledJob.objects.get()
+    page = admin_client.post(
+        "/admin/emq_scheduler/scheduledjob/",
+        {"action": "disable", "_selected_action": [job.pk]},
+    )
+    assert page.status_code == 302
+    assert ScheduledJob.objects.get().enabled is False
+    assert api.sync_periodic() == (1, 0)  # what emq_scheduler does when it starts
+    assert ScheduledJob.objects.get().enabled is False
+    ScheduledJob.objects.update(enabled=True)  # enabled again: the next start keeps that too
+    api.sync_periodic()
+    assert ScheduledJob.objects.get().enabled is True
+
+
 def test_periodic_rejects_a_bad_cron_at_import() -> None:
     with pytest.raises(ValueError, match="out of range"):
         emq.periodic(cron="0 24 * * *")
