@@ -59,8 +59,9 @@ def schedule(
     max_runs: int | None = None,
 ) -> ScheduledJob:
     """Run ``task`` every ``every`` seconds (or timedelta) or at the times of the
-    ``cron`` expression (in ``timezone``, default ``TIME_ZONE``). It runs at once,
-    or with ``nohaste`` first after one interval (at the next cron time). The
+    ``cron`` expression (in ``timezone``, default ``TIME_ZONE``). An interval
+    schedule runs at once, or with ``nohaste`` first after one interval; a cron
+    schedule first runs when its expression next matches. The
     name defaults to EventMQ's key for the call, so scheduling the same call
     again updates it. Queue, retries, timeout and guarantee default to the task's.
     Raises ``ValueError`` for a bad timing (``CronError`` for a bad expression)

@@ -121,7 +121,8 @@ class ScheduledJob(models.Model):
 
     def plan(self, now: dt.datetime | None = None) -> None:
         """Set ``next_run_at`` for a new or changed timing: a new schedule runs at
-        once (after one tick with ``nohaste``); a changed one at its next tick."""
+        once (after one interval with ``nohaste``), a cron one at its next match; a
+        changed one at its next tick."""
         now = now or timezone.now()
         timing = self.timing
         if self.next_run_at is None:

@@ -87,7 +87,8 @@ def upsert(
     """Create or update the schedule ``name``. An unchanged timing keeps its next
     run, so that the same SCHEDULE stored by several schedulers, or a schedule
     declared again at every start, neither runs twice nor shifts; a new or
-    changed one runs at once (after one tick with ``nohaste``). ``enabled=None``
+    changed one runs at once (an interval one without ``nohaste``) or at its next
+    tick. ``enabled=None``
     enables a new schedule and leaves an existing one as it is (the admin's choice)."""
     values: dict[str, Any] = {
         "task": task,

@@ -63,8 +63,10 @@ class Timing:
 
 
 def first_run(timing: Timing, now: dt.datetime, nohaste: bool) -> dt.datetime:
-    """A new schedule runs at once, or with ``nohaste`` at its first tick after now."""
-    return timing.next_after(now) if nohaste else now
+    """A new interval schedule runs at once, or with ``nohaste`` after one interval;
+    a cron schedule at the next time its expression matches (as django-celery-beat's:
+    "30 2 * * *" created at noon means 2:30, not noon)."""
+    return now if timing.interval is not None and not nohaste else timing.next_after(now)
 
 
 @dataclass(frozen=True, slots=True)

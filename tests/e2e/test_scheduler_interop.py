@@ -106,6 +106,34 @@ def test_eventmq_schedule_and_unschedule(
         sender.zsocket.close(linger=0)
 
 
+def test_an_eventmq_cron_schedule_waits_for_its_next_match(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    """Issue 29 item 8: a cron SCHEDULE from EventMQ's client (no ``nohaste``) runs
+    first when its expression next matches, not when it is stored."""
+    from eventmq.client.messages import schedule
+    from eventmq.sender import Sender
+
+    start_broker(emq_processes, emq_env)
+    start_scheduler(emq_processes)
+    sender = Sender()
+    sender.connect(emq_env["EMQ_BROKER_URL"])
+    try:
+        assert schedule(sender, TICK, cron="0 0 1 1 *", args=["new-year"], queue="sched")
+        key = task_key(TICK, ["new-year"])
+        wait_until("the schedule stored", lambda: key in rows(emq_env), 10)
+        out = shell(
+            emq_env,
+            "from emq_django.scheduler.models import ScheduledJob\n"
+            f"j = ScheduledJob.objects.get(name={key!r})\n"
+            "print('ROW', j.run_count, j.last_run_at, "
+            "j.next_run_at == j.timing.next_after(j.created_at))\n",
+        )
+        assert out.split("ROW ")[-1].split() == ["0", "None", "True"], out
+    finally:
+        sender.zsocket.close(linger=0)
+
+
 def test_seven_frame_schedule_from_our_client(
     emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
 ) -> None:

@@ -73,6 +73,17 @@ def test_nohaste_and_haste_first_runs() -> None:
     assert later.next_run_at - now_job.next_run_at == pytest.approx(30 * S, abs=S)
 
 
+def test_a_new_cron_schedule_waits_for_its_next_match() -> None:
+    """Issue 29 item 8: not at once, as django-celery-beat."""
+    before = timezone.now()
+    job = emq.schedule(TASK, cron="0 0 1 1 *", args=[1, 2])
+    expected = Timing(cron="0 0 1 1 *").next_after(before)
+    assert job.next_run_at == expected
+    row = ScheduledJob.objects.create(name="orm", task=TASK, cron="0 0 1 1 *")
+    assert row.next_run_at == expected
+    assert store.fire_due(timezone.now(), Sent()) == []
+
+
 def test_unschedule_by_call_or_name() -> None:
     emq.schedule(TASK, every=5, args=[1, 2])
     emq.schedule(TASK, every=5, args=[1], name="mine")

@@ -66,7 +66,9 @@ def test_timing_key_changes_with_timing_only() -> None:
         (Timing(interval=1), False, T0),
         (Timing(interval=1), True, T0 + S),
         (Timing(interval=3600), True, T0 + 3600 * S),
-        (Timing(cron="*/5 * * * *"), False, T0),
+        # a cron schedule waits for its next match, nohaste or not (issue 29 item 8)
+        (Timing(cron="*/5 * * * *"), False, T0 + 300 * S),
+        (Timing(cron="0 9 * * *", timezone="Europe/Berlin"), False, T0 + dt.timedelta(hours=19)),
         (Timing(cron="*/5 * * * *"), True, T0 + 300 * S),
         (Timing(cron="0 9 * * *", timezone="Europe/Berlin"), True, T0 + dt.timedelta(hours=19)),
     ],
