@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -16,6 +15,7 @@ from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
 from emq_django.results.display import short_time
+from emq_django.results.permissions import RUN_SCHEDULES, allowed, refused
 from emq_django.scheduler.models import SOURCE_ADMIN, ScheduledJob, ScheduleRun
 
 RECENT_RUNS = 20
@@ -118,8 +118,9 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         title = "Schedule" if object_id else "New schedule"
+        context = {"title": title, "can_run": self.has_run_permission(request)}
         return super().changeform_view(
-            request, object_id, form_url, {"title": title, **(extra_context or {})}
+            request, object_id, form_url, {**context, **(extra_context or {})}
         )
 
     @admin.display(description="next run", ordering="next_run_at")
@@ -180,9 +181,12 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         view = self.admin_site.admin_view(require_POST(self.run_now_view))
         return [path("<int:pk>/run-now/", view, name="emq_schedule_run_now"), *super().get_urls()]
 
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return allowed(request, RUN_SCHEDULES)
+
     def run_now_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        if not self.has_run_permission(request):
+            return refused("run a schedule now", RUN_SCHEDULES)
         job = get_object_or_404(ScheduledJob, pk=pk)
         try:
             job_id = send_now(job)
@@ -195,7 +199,10 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             )
         return HttpResponseRedirect(reverse("admin:emq_scheduler_scheduledjob_change", args=[pk]))
 
-    @admin.action(description="Run the selected schedules now (once, besides their schedule)")
+    @admin.action(
+        description="Run the selected schedules now (once, besides their schedule)",
+        permissions=["run"],
+    )
     def run_now(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         sent = 0
         for job in queryset:
@@ -208,13 +215,13 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         if sent:
             self.message_user(request, f"Sent {sent} job(s) to the broker.", messages.SUCCESS)
 
-    @admin.action(description="Enable the selected schedules")
+    @admin.action(description="Enable the selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         for job in queryset.filter(enabled=False):
             job.enabled = True
             job.save(update_fields=("enabled",))
 
-    @admin.action(description="Disable the selected schedules")
+    @admin.action(description="Disable the selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         queryset.update(enabled=False)
 

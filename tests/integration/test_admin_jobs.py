@@ -335,7 +335,7 @@ def test_dead_letters_page_lists_requeues_and_purges(staff: Client, monitor: Fak
     assert "d1" in page and "pkg.fn" in page and "ValueError" in page
     done = staff.post(url + "do/", {"action": "requeue", "job_id": ["d1"]}, follow=True)
     assert "Requeued 1 dead letters" in done.content.decode()
-    done = staff.post(url + "do/", {"action": "purge", "all": "1"}, follow=True)
+    done = staff.post(url + "do/", {"action": "purge", "all": "1", "confirmed": "yes"}, follow=True)
     assert "Purged 1 dead letters" in done.content.decode()
     commands = [r for r in monitor.requests if r != "DEADLETTERS LIST"]
     assert commands == ["DEADLETTERS REQUEUE d1", "DEADLETTERS PURGE ALL"]
