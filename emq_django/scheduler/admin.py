@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -36,7 +37,33 @@ EDITABLE = (
     "nohaste",
     "enabled",
     "max_runs",
+    "start_at",
+    "expires_at",
+    "one_off",
 )
+
+
+class ScheduleForm(forms.ModelForm):
+    """The task is a choice among the registered ones (as django-celery-beat's),
+    plus the schedule's own when this process does not know it."""
+
+    task = forms.ChoiceField(help_text="a function registered with @emq.task")
+
+    class Meta:
+        model = ScheduledJob
+        fields = EDITABLE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from emq_django.registry import names
+        from emq_django.results.actions import autodiscover_once
+
+        autodiscover_once()
+        choices = [(name, name) for name in names()]
+        current = self.instance.task if self.instance.pk else ""
+        if current and current not in names():
+            choices.insert(0, (current, f"{current} (not registered in this web process)"))
+        self.fields["task"].choices = [("", "---------"), *choices]
 
 
 @admin.register(ScheduledJob)
@@ -52,6 +79,7 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         "run_count",
     )
     list_editable = ("enabled",)
+    form = ScheduleForm
     list_filter = ("enabled", "queue", "source")
     search_fields = ("name", "task")
     change_form_template = "emq/scheduledjob_change_form.html"
@@ -68,7 +96,21 @@ class ScheduledJobAdmin(admin.ModelAdmin):
     actions = ("run_now", "enable", "disable")
     fieldsets = (
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "enabled")}),
-        ("When", {"fields": ("interval_seconds", "cron", "timezone", "nohaste", "max_runs")}),
+        (
+            "When",
+            {
+                "fields": (
+                    "interval_seconds",
+                    "cron",
+                    "timezone",
+                    "nohaste",
+                    "start_at",
+                    "expires_at",
+                    "one_off",
+                    "max_runs",
+                )
+            },
+        ),
         ("Job headers", {"fields": ("retries", "timeout", "guarantee")}),
         (
             "Runs",
@@ -98,7 +140,10 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             return f"invalid: {exc}"
 
     def save_model(self, request: HttpRequest, obj: ScheduledJob, form: Any, change: bool) -> None:
-        if change:
+        if change and "start_at" in form.changed_data and obj.enabled:
+            obj.next_run_at = None  # planned afresh from the new start time
+            obj.save(update_fields=(*EDITABLE, "next_run_at"))
+        elif change:
             obj.save(update_fields=EDITABLE)  # never write back a stale run count
         else:
             obj.source = SOURCE_ADMIN

@@ -70,11 +70,23 @@ class ScheduledJob(models.Model):
     )
     timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
     nohaste = models.BooleanField(
-        default=False, help_text="First run after one interval (or at the next cron time)."
+        default=False,
+        help_text="Interval: first run after one interval, not at once (a cron schedule "
+        "always waits for its next match).",
     )
     enabled = models.BooleanField(default=True)
     max_runs = models.PositiveIntegerField(
         null=True, blank=True, help_text="Disable after this many runs (EventMQ's run_count)."
+    )
+    # as django-celery-beat's start_time, expires and one_off
+    start_at = models.DateTimeField(
+        "start time", null=True, blank=True, help_text="No run before this time (blank: now)."
+    )
+    expires_at = models.DateTimeField(
+        "expires", null=True, blank=True, help_text="No run after this time; then disabled."
+    )
+    one_off = models.BooleanField(
+        "one-off", default=False, help_text="Run once, then disable the schedule."
     )
     last_run_at = models.DateTimeField(null=True, blank=True)
     next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -115,6 +127,10 @@ class ScheduledJob(models.Model):
             raise ValidationError("Give an interval in seconds or a cron expression.")
         if self.interval_seconds is not None and self.cron:
             raise ValidationError("Give an interval or a cron expression, not both.")
+        if self.start_at and self.expires_at and self.expires_at <= self.start_at:
+            raise ValidationError(
+                {"expires_at": "The schedule would expire before it starts: make it later."}
+            )
         if not self.name and self.task:
             self.name = self.default_name()
 
@@ -125,13 +141,17 @@ class ScheduledJob(models.Model):
         """Set ``next_run_at`` for a new or changed timing: a new schedule runs at
         once (after one interval with ``nohaste``), a cron one at its next match; a
         changed one at its next tick."""
-        now = now or timezone.now()
+        now = self.not_before(now or timezone.now())
         timing = self.timing
         if self.next_run_at is None:
             self.next_run_at = first_run(timing, now, self.nohaste)
         else:
             self.next_run_at = timing.next_after(now)
         self.timing_key = timing.key
+
+    def not_before(self, now: dt.datetime) -> dt.datetime:
+        """When planning may start: now, or the start time when that is later."""
+        return max(now, self.start_at) if self.start_at is not None else now
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.name:
