@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 from emq_django.exceptions import EmqError
 from emq_django.results import actions, job_page
 from emq_django.results.admin_pages import DashboardAdmin  # noqa: F401  (registers it)
-from emq_django.results.display import human_duration, short_time
+from emq_django.results.display import human_duration, short_time, status_label
 from emq_django.results.models import JobResult
 from emq_django.results.permissions import CANCEL_JOBS, RETRY_JOBS, allowed, refused
 
@@ -126,9 +126,7 @@ def job_link(job_id: str) -> SafeString:
 
 
 def status_badge(status: str) -> SafeString:
-    return format_html(
-        '<span class="emq-status emq-{}">{}</span>', status, status.replace("_", " ")
-    )
+    return format_html('<span class="emq-status emq-{}">{}</span>', status, status_label(status))
 
 
 @admin.register(JobResult)

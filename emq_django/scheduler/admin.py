@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results.display import short_time
+from emq_django.results.display import short_time, status_label
 from emq_django.results.permissions import RUN_SCHEDULES, allowed, refused
 from emq_django.scheduler.models import SOURCE_ADMIN, ScheduledJob, ScheduleRun
 
@@ -305,7 +305,7 @@ def _short(value: Any) -> str:
 
 
 def _badge(status: str) -> str:
-    return format_html('<span class="emq-status emq-{}">{}</span>', status, status)
+    return format_html('<span class="emq-status emq-{}">{}</span>', status, status_label(status))
 
 
 def _outcomes(job_ids: list[str]) -> dict[str, tuple[str, str]]:
