@@ -161,3 +161,19 @@ def test_schedules_run_now_and_enable_need_their_permissions(
 
 def _action(name: str, pk: Any) -> dict[str, Any]:
     return {"action": name, "_selected_action": [pk]}
+
+
+def test_revoking_or_enabling_a_curve_key_needs_the_change_permission() -> None:
+    from emq_django.security.models import AuthorizedKey
+
+    key = AuthorizedKey.objects.create(name="jm", public_key="x" * 40, enabled=False)
+    url = "/admin/emq_security/authorizedkey/"
+    viewer = login("emq_security.view_authorizedkey")
+    listing = viewer.get(url).content.decode()
+    assert 'value="enable"' not in listing and 'value="revoke"' not in listing
+    viewer.post(url, _action("enable", key.pk))
+    assert AuthorizedKey.objects.get().enabled is False  # a revoked key stays revoked
+    User.objects.all().delete()
+    editor = login("emq_security.view_authorizedkey", "emq_security.change_authorizedkey")
+    editor.post(url, _action("enable", key.pk))
+    assert AuthorizedKey.objects.get().enabled is True
