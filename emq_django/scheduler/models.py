@@ -177,6 +177,9 @@ class ScheduleRun(models.Model):
     job_id = models.CharField(max_length=100, db_index=True)
     sent_at = models.DateTimeField()
     manual = models.BooleanField(default=False, help_text="sent by the admin's run now")
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="the tick it was sent for (its job id comes from it)"
+    )
 
     class Meta:
         ordering = ["-sent_at"]
@@ -187,10 +190,17 @@ class ScheduleRun(models.Model):
         return f"{self.job_id} at {self.sent_at:%Y-%m-%d %H:%M:%S}"
 
     @classmethod
-    def note(cls, schedule_id: int, job_id: str, manual: bool = False) -> None:
-        """Remember a run; every ``KEEP``-th run also drops the schedule's older ones."""
+    def note(
+        cls, schedule_id: int, job_id: str, manual: bool = False, due: dt.datetime | None = None
+    ) -> None:
+        """Remember a run (``due``: its tick; none for run now); every ``KEEP``-th run
+        also drops the schedule's older ones."""
         run = cls.objects.create(
-            schedule_id=schedule_id, job_id=job_id, sent_at=timezone.now(), manual=manual
+            schedule_id=schedule_id,
+            job_id=job_id,
+            sent_at=timezone.now(),
+            manual=manual,
+            due_at=due,
         )
         if run.pk % cls.KEEP == 0:
             old = cls.objects.filter(schedule_id=schedule_id).order_by("-sent_at")[cls.KEEP :]

@@ -165,7 +165,7 @@ class SchedulerPeer:
             ) from None
         self.fired += 1
         # in _fire_one's transaction: rolled back with the tick if a later send fails
-        ScheduleRun.note(job.pk, msgid.decode())
+        ScheduleRun.note(job.pk, msgid.decode(), due=due)
         log.info("sent %s for schedule %s (due %s)", job.task, job.name, due.isoformat())
 
     def _wait_ack(self, msgid: bytes) -> None:
