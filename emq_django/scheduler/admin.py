@@ -64,6 +64,11 @@ class ScheduleForm(forms.ModelForm):
         if current and current not in names():
             choices.insert(0, (current, f"{current} (not registered in this web process)"))
         self.fields["task"].choices = [("", "---------"), *choices]
+        if not names():
+            self.fields["task"].help_text = (
+                "No task is registered in this web process: define them with @emq.task in "
+                "an installed app's tasks.py, or list their modules in EMQ_IMPORTS."
+            )
 
 
 @admin.register(ScheduledJob)
