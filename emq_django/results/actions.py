@@ -21,10 +21,11 @@ from emq_django.results.models import JobResult, RetryLink
 CANCEL_STATES = ("cancelled", "stopping", "running", "unknown")
 
 
-def _autodiscover_once() -> None:
-    if not getattr(_autodiscover_once, "done", False):
+def autodiscover_once() -> None:
+    """Register this project's tasks in the web process (the admin's choices, Retry)."""
+    if not getattr(autodiscover_once, "done", False):
         registry.autodiscover(cached_settings().IMPORTS)
-        _autodiscover_once.done = True  # type: ignore[attr-defined]
+        autodiscover_once.done = True  # type: ignore[attr-defined]
 
 
 def retry(row: JobResult) -> str:
@@ -39,7 +40,7 @@ def retry(row: JobResult) -> str:
     if not row.task:
         raise ValueError(f"job {row.id} has no task name (sent by a client without one)")
     args, kwargs = json.loads(row.args or "[]"), json.loads(row.kwargs or "{}")
-    _autodiscover_once()
+    autodiscover_once()
     task = registry.find(row.task)
     if task is not None:
         new_id = task.apply_async(args, kwargs, queue=row.queue or None).id

@@ -21,8 +21,9 @@ from django.views.decorators.http import require_POST
 from emq_django.exceptions import EmqError
 from emq_django.results import actions, job_page
 from emq_django.results.admin_pages import DashboardAdmin  # noqa: F401  (registers it)
-from emq_django.results.display import human_duration, short_time
+from emq_django.results.display import human_duration, short_time, status_label
 from emq_django.results.models import JobResult
+from emq_django.results.permissions import CANCEL_JOBS, RETRY_JOBS, allowed, refused
 
 LIST_DEFERRED = ("args", "kwargs", "result", "error", "traceback")
 FAILED_FINALLY = ("failed", "timed_out", "lost")
@@ -125,9 +126,7 @@ def job_link(job_id: str) -> SafeString:
 
 
 def status_badge(status: str) -> SafeString:
-    return format_html(
-        '<span class="emq-status emq-{}">{}</span>', status, status.replace("_", " ")
-    )
+    return format_html('<span class="emq-status emq-{}">{}</span>', status, status_label(status))
 
 
 @admin.register(JobResult)
@@ -180,6 +179,12 @@ class JobResultAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return allowed(request, RETRY_JOBS)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return allowed(request, CANCEL_JOBS)
+
     # ---- the list's columns ----------------------------------------------------------
 
     @admin.display(description="task", ordering="task")
@@ -225,6 +230,8 @@ class JobResultAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             **job_page.context(unquote(object_id)),
         }
+        context["can_retry"] = self.has_retry_permission(request)
+        context["can_cancel"] = context["can_cancel"] and self.has_cancel_permission(request)
         return job_page.render(request, context)
 
     def _job_url(self, job_id: str) -> str:
@@ -234,8 +241,8 @@ class JobResultAdmin(admin.ModelAdmin):
         return require_POST(self._retry)(request, unquote(object_id))
 
     def _retry(self, request: HttpRequest, job_id: str) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        if not self.has_retry_permission(request):
+            return refused("retry a job", RETRY_JOBS)
         row = JobResult.objects.filter(pk=job_id).first()
         if row is None:
             self.message_user(request, f"Job {job_id} is not in the history.", messages.ERROR)
@@ -254,14 +261,14 @@ class JobResultAdmin(admin.ModelAdmin):
         return require_POST(self._cancel)(request, unquote(object_id))
 
     def _cancel(self, request: HttpRequest, job_id: str) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        if not self.has_cancel_permission(request):
+            return refused("cancel a job", CANCEL_JOBS)
         self._report_cancel(request, [job_id])
         return HttpResponseRedirect(self._job_url(job_id))
 
     # ---- the list's actions -------------------------------------------------------
 
-    @admin.action(description="Retry the selected jobs (send them again)")
+    @admin.action(description="Retry the selected jobs (send them again)", permissions=["retry"])
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[JobResult]) -> None:
         sent: list[tuple[str, str]] = []
         errors = []
@@ -278,7 +285,7 @@ class JobResultAdmin(admin.ModelAdmin):
         for error in errors:
             self.message_user(request, f"Not retried: {error}", messages.ERROR)
 
-    @admin.action(description="Cancel the selected jobs")
+    @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[JobResult]) -> None:
         self._report_cancel(request, list(queryset.values_list("id", flat=True)[:1000]))
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
@@ -15,6 +21,12 @@ from django.views.decorators.http import require_POST
 from emq_django.exceptions import EmqError
 from emq_django.results import actions, dashboard, topics_page
 from emq_django.results.models import Dashboard
+from emq_django.results.permissions import PURGE_DEAD, REQUEUE_DEAD, allowed, refused
+
+DEAD_ACTIONS = {
+    "requeue": (REQUEUE_DEAD, "requeue dead letters"),
+    "purge": (PURGE_DEAD, "purge dead letters"),
+}
 
 
 @admin.register(Dashboard)
@@ -94,27 +106,42 @@ class DashboardAdmin(admin.ModelAdmin):
             letters = actions.dead_letters()
         except EmqError as exc:
             error = str(exc)
+        can = {action: allowed(request, perm) for action, (perm, _) in DEAD_ACTIONS.items()}
         context = {
             **self.admin_site.each_context(request),
             "title": "Dead letters",
             "letters": letters,
             "error": error,
-            "all_actions": (("requeue", "Requeue ALL"), ("purge", "Purge ALL")),
+            "can_requeue": can["requeue"],
+            "can_purge": can["purge"],
+            "all_actions": [
+                (a, label)
+                for a, label in (("requeue", "Requeue ALL"), ("purge", "Purge ALL"))
+                if can[a]
+            ],
             "monitor_url": dashboard.monitor_url(),
         }
         return TemplateResponse(request, "emq/dead_letters.html", context)
 
     def dead_letters_action(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
-            return HttpResponse(status=403)
         action = request.POST.get("action", "")
+        if action not in DEAD_ACTIONS:
+            return HttpResponseBadRequest(
+                f"Not done: {action!r} is not a dead-letter action; use requeue or purge."
+            )
+        perm, what = DEAD_ACTIONS[action]
+        if not allowed(request, perm):
+            return refused(what, perm)
+        every = request.POST.get("all") == "1"
         ids = request.POST.getlist("job_id")
         back = HttpResponseRedirect(reverse("admin:emq_dead_letters"))
-        if request.POST.get("all") != "1" and not ids:
+        if not every and not ids:
             self.message_user(request, "Select dead letters first, or use the ALL button.")
             return back
+        if action == "purge" and request.POST.get("confirmed") != "yes":
+            return self._confirm_purge(request, every, ids)
         try:
-            count = actions.dead_letter_command(action, None if request.POST.get("all") else ids)
+            count = actions.dead_letter_command(action, None if every else ids)
         except (EmqError, ValueError) as exc:
             self.message_user(request, f"Not done: {exc}", messages.ERROR)
             return back
@@ -122,3 +149,23 @@ class DashboardAdmin(admin.ModelAdmin):
             request, f"{action.capitalize()}d {count} dead letters.", messages.SUCCESS
         )
         return back
+
+    def _confirm_purge(self, request: HttpRequest, every: bool, ids: list[str]) -> HttpResponse:
+        """Ask first, as Django's delete action does: what would be gone for good."""
+        try:
+            letters = actions.dead_letters()
+        except EmqError as exc:
+            self.message_user(request, f"Not purged: {exc}", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:emq_dead_letters"))
+        if not every:
+            chosen = set(ids)
+            letters = [d for d in letters if str(d.get("id")) in chosen]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Are you sure?",
+            "letters": letters,
+            "every": every,
+            "ids": ids,
+            "guaranteed": sum(1 for d in letters if d.get("guaranteed")),
+        }
+        return TemplateResponse(request, "emq/dead_letters_confirm.html", context)

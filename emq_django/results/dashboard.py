@@ -57,9 +57,19 @@ def _count(value: Any) -> int | None:
 
 
 def _journal(value: Any) -> dict[str, int | None] | None:
+    """Its size and jobs: ``waiting`` (ready, delayed, spilled: not finished),
+    ``dead`` (dead letters) and ``done`` (finished, kept only to de-duplicate a
+    resend), so that a finished job does not read as one pending."""
     if not isinstance(value, dict):
         return None
-    return {"size_bytes": _count(value.get("size_bytes")), "jobs": _count(value.get("jobs"))}
+    jobs = value.get("jobs")
+    journal = {"size_bytes": _count(value.get("size_bytes")), "jobs": _count(jobs)}
+    if isinstance(jobs, dict):
+        counts = {k: v for k, v in jobs.items() if isinstance(v, int)}
+        journal["dead"] = counts.get("dead", 0)
+        journal["done"] = counts.get("done", 0)
+        journal["waiting"] = sum(counts.values()) - journal["dead"] - journal["done"]
+    return journal
 
 
 def series(now: float) -> dict[str, Any]:

@@ -9,6 +9,11 @@ from django.utils import timezone
 DASH = "—"
 
 
+def status_label(status: str) -> str:
+    """How a status reads everywhere in the admin: ``timed_out`` -> "timed out"."""
+    return status.replace("_", " ")
+
+
 def human_duration(seconds: float | None) -> str:
     """``0.000712`` -> "712 µs", ``1.6`` -> "1.6 s", ``185`` -> "3 min 5 s"."""
     if seconds is None:

@@ -21,6 +21,7 @@ from emq_django.results.display import (
     human_span,
     precise_time,
     seconds_between,
+    status_label,
 )
 from emq_django.results.models import JobResult, RetryLink
 
@@ -31,6 +32,9 @@ MASK = "•••• (masked: set EMQ_RESULTS_SHOW_ARGS=true to show)"
 CANCELLABLE = ("retrying",)
 # a job without a history row whose trace ends in one of these is over: no Cancel
 OVER = ("succeeded", "failed", "timed_out", "dead_lettered", "cancelled")
+# a job without a history row: its state from its last trace event, in the words its
+# attempts use ("dispatched" is an attempt that runs)
+STATE_OF_EVENT = {"enqueued": "waiting", "dispatched": "running", "requeued": "waiting"}
 
 
 def _pretty(text: str) -> str:
@@ -109,7 +113,7 @@ def _attempts(row: JobResult | None, story: trace_lookup.JobStory) -> list[dict[
             "job_manager": a.job_manager or DASH,
             "dispatched": precise_time(a.dispatched),
             "finished": precise_time(a.finished),
-            "outcome": a.outcome or DASH,
+            "outcome": status_label(a.outcome) if a.outcome else DASH,
             "run": human_duration(a.run_seconds),
             "error": a.error,
         }
@@ -129,7 +133,8 @@ def context(job_id: str) -> dict[str, Any]:
     page["task"] = row.task if row else getattr(state, "task", "") or story.task
     page["queue"] = row.queue if row else getattr(state, "queue", "") or story.queue
     if row is None:
-        page["state"] = story.final or "not finished"
+        page["state"] = STATE_OF_EVENT.get(story.final, story.final) or "not finished"
+        page["state_label"] = status_label(page["state"])
         page["can_cancel"] = story.final not in OVER
         page["row_pending"] = story.final in OVER and story.final != "cancelled"
         page["attempts"] = _attempts(None, story)
@@ -139,6 +144,7 @@ def context(job_id: str) -> dict[str, Any]:
     show = results_settings().show_args
     page.update(
         state=row.status,
+        state_label=status_label(row.status),
         can_cancel=row.status in CANCELLABLE,
         started=precise_time(row.started_at),
         finished=precise_time(row.finished_at),

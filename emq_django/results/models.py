@@ -58,6 +58,11 @@ class JobResult(models.Model):
     class Meta:
         verbose_name = "job result"
         ordering = ["-finished_at"]
+        # the admin's Retry and Cancel: each its own, not implied by the view permission
+        permissions = [
+            ("retry_jobresult", "Can retry jobs (send them again)"),
+            ("cancel_jobresult", "Can cancel jobs at the broker"),
+        ]
         indexes = [
             # the changelist's default order, the date filter and pruning
             models.Index(fields=["-finished_at"], name="emq_result_finished"),
@@ -126,3 +131,8 @@ class Dashboard(models.Model):
         verbose_name = "dashboard"
         verbose_name_plural = "dashboard"
         default_permissions = ()
+        # the broker's dead letters: a staff login may look, these may act
+        permissions = [
+            ("requeue_deadletters", "Can requeue the broker's dead letters"),
+            ("purge_deadletters", "Can purge the broker's dead letters (gone for good)"),
+        ]

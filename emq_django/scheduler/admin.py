@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -15,7 +15,8 @@ from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results.display import short_time
+from emq_django.results.display import short_time, status_label
+from emq_django.results.permissions import RUN_SCHEDULES, allowed, refused
 from emq_django.scheduler.models import SOURCE_ADMIN, ScheduledJob, ScheduleRun
 
 RECENT_RUNS = 20
@@ -36,7 +37,38 @@ EDITABLE = (
     "nohaste",
     "enabled",
     "max_runs",
+    "start_at",
+    "expires_at",
+    "one_off",
 )
+
+
+class ScheduleForm(forms.ModelForm):
+    """The task is a choice among the registered ones (as django-celery-beat's),
+    plus the schedule's own when this process does not know it."""
+
+    task = forms.ChoiceField(help_text="a function registered with @emq.task")
+
+    class Meta:
+        model = ScheduledJob
+        fields = EDITABLE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from emq_django.registry import names
+        from emq_django.results.actions import autodiscover_once
+
+        autodiscover_once()
+        choices = [(name, name) for name in names()]
+        current = self.instance.task if self.instance.pk else ""
+        if current and current not in names():
+            choices.insert(0, (current, f"{current} (not registered in this web process)"))
+        self.fields["task"].choices = [("", "---------"), *choices]
+        if not names():
+            self.fields["task"].help_text = (
+                "No task is registered in this web process: define them with @emq.task in "
+                "an installed app's tasks.py, or list their modules in EMQ_IMPORTS."
+            )
 
 
 @admin.register(ScheduledJob)
@@ -52,6 +84,7 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         "run_count",
     )
     list_editable = ("enabled",)
+    form = ScheduleForm
     list_filter = ("enabled", "queue", "source")
     search_fields = ("name", "task")
     change_form_template = "emq/scheduledjob_change_form.html"
@@ -68,7 +101,21 @@ class ScheduledJobAdmin(admin.ModelAdmin):
     actions = ("run_now", "enable", "disable")
     fieldsets = (
         (None, {"fields": ("name", "task", "args", "kwargs", "queue", "enabled")}),
-        ("When", {"fields": ("interval_seconds", "cron", "timezone", "nohaste", "max_runs")}),
+        (
+            "When",
+            {
+                "fields": (
+                    "interval_seconds",
+                    "cron",
+                    "timezone",
+                    "nohaste",
+                    "start_at",
+                    "expires_at",
+                    "one_off",
+                    "max_runs",
+                )
+            },
+        ),
         ("Job headers", {"fields": ("retries", "timeout", "guarantee")}),
         (
             "Runs",
@@ -98,7 +145,10 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             return f"invalid: {exc}"
 
     def save_model(self, request: HttpRequest, obj: ScheduledJob, form: Any, change: bool) -> None:
-        if change:
+        if change and "start_at" in form.changed_data and obj.enabled:
+            obj.next_run_at = None  # planned afresh from the new start time
+            obj.save(update_fields=(*EDITABLE, "next_run_at"))
+        elif change:
             obj.save(update_fields=EDITABLE)  # never write back a stale run count
         else:
             obj.source = SOURCE_ADMIN
@@ -118,8 +168,9 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         title = "Schedule" if object_id else "New schedule"
+        context = {"title": title, "can_run": self.has_run_permission(request)}
         return super().changeform_view(
-            request, object_id, form_url, {"title": title, **(extra_context or {})}
+            request, object_id, form_url, {**context, **(extra_context or {})}
         )
 
     @admin.display(description="next run", ordering="next_run_at")
@@ -180,9 +231,12 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         view = self.admin_site.admin_view(require_POST(self.run_now_view))
         return [path("<int:pk>/run-now/", view, name="emq_schedule_run_now"), *super().get_urls()]
 
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return allowed(request, RUN_SCHEDULES)
+
     def run_now_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        if not self.has_run_permission(request):
+            return refused("run a schedule now", RUN_SCHEDULES)
         job = get_object_or_404(ScheduledJob, pk=pk)
         try:
             job_id = send_now(job)
@@ -195,7 +249,10 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             )
         return HttpResponseRedirect(reverse("admin:emq_scheduler_scheduledjob_change", args=[pk]))
 
-    @admin.action(description="Run the selected schedules now (once, besides their schedule)")
+    @admin.action(
+        description="Run the selected schedules now (once, besides their schedule)",
+        permissions=["run"],
+    )
     def run_now(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         sent = 0
         for job in queryset:
@@ -208,13 +265,13 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         if sent:
             self.message_user(request, f"Sent {sent} job(s) to the broker.", messages.SUCCESS)
 
-    @admin.action(description="Enable the selected schedules")
+    @admin.action(description="Enable the selected schedules", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         for job in queryset.filter(enabled=False):
             job.enabled = True
             job.save(update_fields=("enabled",))
 
-    @admin.action(description="Disable the selected schedules")
+    @admin.action(description="Disable the selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
         queryset.update(enabled=False)
 
@@ -253,7 +310,7 @@ def _short(value: Any) -> str:
 
 
 def _badge(status: str) -> str:
-    return format_html('<span class="emq-status emq-{}">{}</span>', status, status)
+    return format_html('<span class="emq-status emq-{}">{}</span>', status, status_label(status))
 
 
 def _outcomes(job_ids: list[str]) -> dict[str, tuple[str, str]]:

@@ -60,8 +60,9 @@ def schedule(
     max_runs: int | None = None,
 ) -> ScheduledJob:
     """Run ``task`` every ``every`` seconds (or timedelta) or at the times of the
-    ``cron`` expression (in ``timezone``, default ``TIME_ZONE``). It runs at once,
-    or with ``nohaste`` first after one interval (at the next cron time). The
+    ``cron`` expression (in ``timezone``, default ``TIME_ZONE``). An interval
+    schedule runs at once, or with ``nohaste`` first after one interval; a cron
+    schedule first runs when its expression next matches. The
     name defaults to EventMQ's key for the call, so scheduling the same call
     again updates it. Queue, retries, timeout and guarantee default to the task's.
     Raises ``ValueError`` for a bad timing (``CronError`` for a bad expression)
@@ -102,6 +103,7 @@ def _store(
     guarantee: bool | None = None,
     max_runs: int | None = None,
     source: str,
+    enabled: bool | None = True,
 ) -> ScheduledJob:
     from emq_django.protocol.body import encode_run_body
     from emq_django.scheduler import store
@@ -128,6 +130,7 @@ def _store(
         nohaste=nohaste,
         max_runs=max_runs,
         source=source,
+        enabled=enabled,
     )
 
 
@@ -209,12 +212,15 @@ def declared() -> list[Periodic]:
 
 def sync_periodic() -> tuple[int, int]:
     """Store every ``@emq.periodic`` schedule and delete the code-declared ones no
-    longer declared; returns (stored, removed). An unchanged one keeps its next run."""
+    longer declared; returns (stored, removed). An unchanged one keeps its next run,
+    and a stored one keeps its ``enabled``: the code declares a schedule, the admin
+    decides whether it runs."""
     from emq_django.scheduler.models import SOURCE_CODE, ScheduledJob
 
     names = []
     for p in _declared.values():
-        names.append(_store(p.task, p.every, p.cron, **p.options, source=SOURCE_CODE).name)
+        stored = _store(p.task, p.every, p.cron, **p.options, source=SOURCE_CODE, enabled=None)
+        names.append(stored.name)
     removed, _ = ScheduledJob.objects.filter(source=SOURCE_CODE).exclude(name__in=names).delete()
     if removed:
         log.info("removed %d schedules no longer declared with @emq.periodic", removed)

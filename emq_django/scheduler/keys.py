@@ -1,4 +1,5 @@
-"""A schedule's default name: the key EventMQ 0.3.13's scheduler derives.
+"""A schedule's default name: the key EventMQ 0.3.13's scheduler derives; a
+tick's job id.
 
 ``sha1`` of the call (path, callable, args, kwargs, class_args, class_kwargs) as
 JSON with sorted keys and the default separators, so that scheduling the same
@@ -8,10 +9,15 @@ Queue, headers and timing are not part of it (docs/eventmq-wire.md, section 4).
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from emq_django.ids import ID_CHARS
+
+TICK_SALT = "emq_django.scheduler.tick"
 
 
 def schedule_key(
@@ -50,3 +56,15 @@ def split_task_name(task_name: str) -> tuple[str, str]:
             f"a task name needs a module path: 'pkg.module.function', got {task_name!r}"
         )
     return path, callable_name
+
+
+def tick_id(schedule_name: str, due: dt.datetime) -> bytes:
+    """The job id of a schedule's tick: the same whoever sends it and however often,
+    so that the broker takes a resent tick (an ACK lost, a second scheduler) as the
+    same job. An HMAC with ``SECRET_KEY``, not a bare hash: job ids stay unguessable
+    (an id reads a job's result), as ``emq_django.ids`` promises."""
+    from django.utils.crypto import salted_hmac
+
+    moment = due.astimezone(dt.UTC).isoformat()
+    digest = salted_hmac(TICK_SALT, f"{schedule_name}|{moment}", algorithm="sha256")
+    return digest.hexdigest()[:ID_CHARS].encode()

@@ -70,11 +70,23 @@ class ScheduledJob(models.Model):
     )
     timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
     nohaste = models.BooleanField(
-        default=False, help_text="First run after one interval (or at the next cron time)."
+        default=False,
+        help_text="Interval: first run after one interval, not at once (a cron schedule "
+        "always waits for its next match).",
     )
     enabled = models.BooleanField(default=True)
     max_runs = models.PositiveIntegerField(
         null=True, blank=True, help_text="Disable after this many runs (EventMQ's run_count)."
+    )
+    # as django-celery-beat's start_time, expires and one_off
+    start_at = models.DateTimeField(
+        "start time", null=True, blank=True, help_text="No run before this time (blank: now)."
+    )
+    expires_at = models.DateTimeField(
+        "expires", null=True, blank=True, help_text="No run after this time; then disabled."
+    )
+    one_off = models.BooleanField(
+        "one-off", default=False, help_text="Run once, then disable the schedule."
     )
     last_run_at = models.DateTimeField(null=True, blank=True)
     next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -88,6 +100,8 @@ class ScheduledJob(models.Model):
     class Meta:
         ordering = ["name"]
         verbose_name = "scheduled job"
+        # the admin's "run now" sends a job: not implied by the view permission
+        permissions = [("run_scheduledjob", "Can run a schedule now")]
         constraints = [
             models.CheckConstraint(
                 condition=(Q(interval_seconds__isnull=False) & Q(cron=""))
@@ -113,6 +127,10 @@ class ScheduledJob(models.Model):
             raise ValidationError("Give an interval in seconds or a cron expression.")
         if self.interval_seconds is not None and self.cron:
             raise ValidationError("Give an interval or a cron expression, not both.")
+        if self.start_at and self.expires_at and self.expires_at <= self.start_at:
+            raise ValidationError(
+                {"expires_at": "The schedule would expire before it starts: make it later."}
+            )
         if not self.name and self.task:
             self.name = self.default_name()
 
@@ -121,14 +139,19 @@ class ScheduledJob(models.Model):
 
     def plan(self, now: dt.datetime | None = None) -> None:
         """Set ``next_run_at`` for a new or changed timing: a new schedule runs at
-        once (after one tick with ``nohaste``); a changed one at its next tick."""
-        now = now or timezone.now()
+        once (after one interval with ``nohaste``), a cron one at its next match; a
+        changed one at its next tick."""
+        now = self.not_before(now or timezone.now())
         timing = self.timing
         if self.next_run_at is None:
             self.next_run_at = first_run(timing, now, self.nohaste)
         else:
             self.next_run_at = timing.next_after(now)
         self.timing_key = timing.key
+
+    def not_before(self, now: dt.datetime) -> dt.datetime:
+        """When planning may start: now, or the start time when that is later."""
+        return max(now, self.start_at) if self.start_at is not None else now
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.name:
@@ -154,6 +177,9 @@ class ScheduleRun(models.Model):
     job_id = models.CharField(max_length=100, db_index=True)
     sent_at = models.DateTimeField()
     manual = models.BooleanField(default=False, help_text="sent by the admin's run now")
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="the tick it was sent for (its job id comes from it)"
+    )
 
     class Meta:
         ordering = ["-sent_at"]
@@ -164,10 +190,17 @@ class ScheduleRun(models.Model):
         return f"{self.job_id} at {self.sent_at:%Y-%m-%d %H:%M:%S}"
 
     @classmethod
-    def note(cls, schedule_id: int, job_id: str, manual: bool = False) -> None:
-        """Remember a run; every ``KEEP``-th run also drops the schedule's older ones."""
+    def note(
+        cls, schedule_id: int, job_id: str, manual: bool = False, due: dt.datetime | None = None
+    ) -> None:
+        """Remember a run (``due``: its tick; none for run now); every ``KEEP``-th run
+        also drops the schedule's older ones."""
         run = cls.objects.create(
-            schedule_id=schedule_id, job_id=job_id, sent_at=timezone.now(), manual=manual
+            schedule_id=schedule_id,
+            job_id=job_id,
+            sent_at=timezone.now(),
+            manual=manual,
+            due_at=due,
         )
         if run.pk % cls.KEEP == 0:
             old = cls.objects.filter(schedule_id=schedule_id).order_by("-sent_at")[cls.KEEP :]

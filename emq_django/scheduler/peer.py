@@ -30,7 +30,7 @@ from emq_django.protocol.headers import Headers, format_headers
 from emq_django.scheduler import store
 from emq_django.scheduler.config import SchedulerConfig
 from emq_django.scheduler.inbound import schedule_spec, unschedule_name
-from emq_django.scheduler.keys import split_task_name
+from emq_django.scheduler.keys import split_task_name, tick_id
 from emq_django.scheduler.models import SOURCE_WIRE, ScheduledJob, ScheduleRun
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,10 @@ class SchedulerPeer:
         )
         link = self.link
         assert link is not None
-        # the broker uses a REQUEST's msgid as the job's id: unique across schedulers
-        msgid = link.new_id()
+        # the broker uses a REQUEST's msgid as the job's id and de-duplicates it: one
+        # id per tick, so that a resend (the first one was taken but its ACK lost, or
+        # it waited in a socket until the broker came up) is the same job
+        msgid = tick_id(job.name, due)
         try:
             request = F.Request(msgid, job.queue, Headers(raw=headers), body)
             link.send(request.encode(), nonblocking=True)
@@ -163,25 +165,27 @@ class SchedulerPeer:
             ) from None
         self.fired += 1
         # in _fire_one's transaction: rolled back with the tick if a later send fails
-        ScheduleRun.note(job.pk, msgid.decode())
+        ScheduleRun.note(job.pk, msgid.decode(), due=due)
         log.info("sent %s for schedule %s (due %s)", job.task, job.name, due.isoformat())
 
     def _wait_ack(self, msgid: bytes) -> None:
         assert self.link is not None
         deadline = time.monotonic() + self.config.ack_timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.link.poll(remaining):
-                raise BrokerUnavailable(
-                    f"the broker at {self.config.broker_url} did not acknowledge within "
-                    f"{self.config.ack_timeout:g} s"
-                )
+        while (remaining := deadline - time.monotonic()) > 0:
+            # poll() may return early with nothing to read (a handshake event): the
+            # wait is over at the deadline only
+            if not self.link.poll(remaining):
+                continue
             for cmd in self._read():
                 if type(cmd) is F.Ack and cmd.ack_msgid == msgid:
                     return
                 if type(cmd) is F.Error and cmd.ref_msgid == msgid:
                     log.warning("the broker refused a scheduled job: %s", cmd.reason)
                     return
+        raise BrokerUnavailable(
+            f"the broker at {self.config.broker_url} did not acknowledge within "
+            f"{self.config.ack_timeout:g} s"
+        )
 
     # ---- broker messages ------------------------------------------------------
 

@@ -31,6 +31,7 @@ from emq_django.scheduler.timing import (
     Timing,
     first_run,
     on_due,
+    tick_times,
 )
 
 log = logging.getLogger(__name__)
@@ -79,14 +80,16 @@ def upsert(
     guarantee: bool = False,
     nohaste: bool = False,
     max_runs: int | None = None,
-    enabled: bool = True,
+    enabled: bool | None = True,
     source: str = SOURCE_API,
     now: dt.datetime | None = None,
 ) -> ScheduledJob:
     """Create or update the schedule ``name``. An unchanged timing keeps its next
     run, so that the same SCHEDULE stored by several schedulers, or a schedule
     declared again at every start, neither runs twice nor shifts; a new or
-    changed one runs at once (after one tick with ``nohaste``)."""
+    changed one runs at once (an interval one without ``nohaste``) or at its next
+    tick. ``enabled=None``
+    enables a new schedule and leaves an existing one as it is (the admin's choice)."""
     values: dict[str, Any] = {
         "task": task,
         "args": list(args),
@@ -100,9 +103,10 @@ def upsert(
         "timezone": timing.timezone,
         "nohaste": nohaste,
         "max_runs": max_runs,
-        "enabled": enabled,
         "source": source,
     }
+    if enabled is not None:
+        values["enabled"] = enabled
 
     def attempt() -> ScheduledJob:
         with transaction.atomic():
@@ -112,8 +116,8 @@ def upsert(
             replan = job.pk is None or not job.enabled or job.timing_key != timing.key
             for field, value in values.items():
                 setattr(job, field, value)
-            if replan and enabled:
-                job.next_run_at = first_run(timing, now or _now(), nohaste)
+            if replan and job.enabled:
+                job.next_run_at = first_run(timing, job.not_before(now or _now()), nohaste)
                 job.timing_key = timing.key
             job.save()
             return job
@@ -134,9 +138,17 @@ def reconcile(now: dt.datetime) -> int:
     raw SQL) or that have no next run; returns how many were planned."""
     planned = 0
     rows = ScheduledJob.objects.filter(enabled=True).values_list(
-        "pk", "name", "interval_seconds", "cron", "timezone", "timing_key", "next_run_at", "nohaste"
+        "pk",
+        "name",
+        "interval_seconds",
+        "cron",
+        "timezone",
+        "timing_key",
+        "next_run_at",
+        "nohaste",
+        "start_at",
     )
-    for pk, name, interval, cron, tz, key, next_run, nohaste in rows:
+    for pk, name, interval, cron, tz, key, next_run, nohaste, start in rows:
         try:
             timing = Timing(
                 interval=interval, cron="" if interval is not None else cron, timezone=tz
@@ -146,7 +158,10 @@ def reconcile(now: dt.datetime) -> int:
             continue
         if key == timing.key and next_run is not None:
             continue
-        new_next = first_run(timing, now, nohaste) if next_run is None else timing.next_after(now)
+        since = max(now, start) if start is not None else now
+        new_next = (
+            first_run(timing, since, nohaste) if next_run is None else timing.next_after(since)
+        )
         planned += ScheduledJob.objects.filter(pk=pk, timing_key=key, next_run_at=next_run).update(
             next_run_at=new_next, timing_key=timing.key
         )
@@ -220,11 +235,9 @@ def _fire_one(
     if job.timing_key != timing.key:
         return None  # changed behind save(): reconcile() plans it first
     plan = on_due(timing, job.next_run_at, now, policy, grace)
-    runs = plan.runs
-    enabled = True
-    if job.max_runs is not None:
-        runs = max(0, min(runs, job.max_runs - job.run_count))
-        enabled = job.run_count + runs < job.max_runs
+    # each run stands for a tick of its own: its job id comes from it (keys.tick_id)
+    ticks, enabled = _limit(job, tick_times(timing, job.next_run_at, plan.runs), plan.next_run)
+    runs = len(ticks)
     claimed = ScheduledJob.objects.filter(
         pk=job.pk, enabled=True, next_run_at=job.next_run_at, timing_key=job.timing_key
     ).update(
@@ -235,8 +248,10 @@ def _fire_one(
     )
     if not claimed:
         return None  # another scheduler fired this tick
-    for _ in range(runs):
-        send(job, job.next_run_at)
+    for due in ticks:
+        send(job, due)
+    if not enabled:
+        log.info("schedule %s: %s; disabled", job.name, _why_over(job, now))
     if plan.missed:
         log.info(
             "schedule %s: %d ticks passed since %s while no scheduler ran; %d run(s) "
@@ -248,6 +263,32 @@ def _fire_one(
             policy,
         )
     return Fired(job.name, job.next_run_at, runs, plan.missed)
+
+
+def _limit(
+    job: ScheduledJob, ticks: list[dt.datetime], next_run: dt.datetime
+) -> tuple[list[dt.datetime], bool]:
+    """The ticks to send and whether the schedule stays enabled after them: none
+    after its expiry, one for a one-off, at most ``max_runs`` in all."""
+    enabled = True
+    if job.expires_at is not None:
+        ticks = [t for t in ticks if t <= job.expires_at]
+        enabled = next_run <= job.expires_at
+    if job.one_off:
+        ticks = ticks[:1]
+        enabled = enabled and not ticks
+    if job.max_runs is not None:
+        ticks = ticks[: max(0, job.max_runs - job.run_count)]
+        enabled = enabled and job.run_count + len(ticks) < job.max_runs
+    return ticks, enabled
+
+
+def _why_over(job: ScheduledJob, now: dt.datetime) -> str:
+    if job.expires_at is not None and job.expires_at < now:
+        return f"expired at {job.expires_at.isoformat()}"
+    if job.one_off:
+        return "a one-off, it has run"
+    return f"it has run {job.max_runs} times (max_runs)"
 
 
 def _now() -> dt.datetime:

@@ -67,8 +67,10 @@ class Timing:
 
 
 def first_run(timing: Timing, now: dt.datetime, nohaste: bool) -> dt.datetime:
-    """A new schedule runs at once, or with ``nohaste`` at its first tick after now."""
-    return timing.next_after(now) if nohaste else now
+    """A new interval schedule runs at once, or with ``nohaste`` after one interval;
+    a cron schedule at the next time its expression matches (as django-celery-beat's:
+    "30 2 * * *" created at noon means 2:30, not noon)."""
+    return now if timing.interval is not None and not nohaste else timing.next_after(now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,14 @@ def on_due(
             if next_run - now < (after - next_run) / 2:
                 next_run, ticks = after, ticks + 1
     return Due(runs, next_run, ticks - runs if ticks > runs else 0)
+
+
+def tick_times(timing: Timing, first: dt.datetime, count: int) -> list[dt.datetime]:
+    """The ``count`` ticks from ``first`` on: what each run of a catch-up stands for."""
+    ticks = [first]
+    while len(ticks) < count:
+        ticks.append(timing.next_after(ticks[-1]))
+    return ticks[:count]
 
 
 def _ticks_until(

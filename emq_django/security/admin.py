@@ -1,4 +1,5 @@
-"""The admin for ``AuthorizedKey`` (staff only, as every admin page): add a public
+"""The admin for ``AuthorizedKey`` (staff only; revoke and enable need the change
+permission, not only the view one, issue 29 item 19): add a public
 key with its roles, disable one to cut it off at the broker's next reload."""
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ class AuthorizedKeyAdmin(admin.ModelAdmin):
     readonly_fields = ("created", "last_seen")
     actions = ("revoke", "enable")
 
-    @admin.action(description="Revoke (disable) the selected keys")
+    @admin.action(description="Revoke (disable) the selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[AuthorizedKey]) -> None:
         n = queryset.update(enabled=False)
         self.message_user(request, f"{n} key(s) revoked; the broker drops them at its next reload")
 
-    @admin.action(description="Enable the selected keys")
+    @admin.action(description="Enable the selected keys", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[AuthorizedKey]) -> None:
         n = queryset.update(enabled=True)
         self.message_user(request, f"{n} key(s) enabled")

@@ -200,6 +200,15 @@ def test_admin_pages_in_browser(
     browser.get(f"{base}/admin/emq_results/dashboard/deadletters/")
     assert browser.find_element(By.ID, "emq-dead-letters")
     shot(browser, "09-dead-letters")
+    # Purge ALL asks first, as Django's delete action does (issue 29 item 19)
+    browser.find_element(By.ID, "emq-purge-all").click()
+    wait_until(
+        lambda: browser.find_elements(By.ID, "emq-confirm-purge"), "the purge question", 10, procs
+    )
+    assert "for good" in browser.find_element(By.ID, "emq-purge-question").text
+    shot(browser, "09a-purge-confirm")
+    browser.find_element(By.ID, "emq-confirm-purge").click()
+    wait_until(lambda: "Purged" in message(browser), "purge's message", 10, procs)
 
     browser.get(f"{base}/admin/emq_results/dashboard/")
     wait_until(
@@ -213,6 +222,8 @@ def test_admin_pages_in_browser(
     ]
     assert ticks and all("e+" not in t and len(t.split(".")[-1]) <= 2 for t in ticks), ticks
     shot(browser, "10-dashboard")
+    # the journal's jobs that wait, not the finished ones kept to de-duplicate (item 21)
+    assert " waiting" in browser.find_element(By.ID, "emq-journal").text
     seen = browser.find_element(By.ID, "emq-succeeded").text
     emq_processes.stop(broker)
     wait_until(

