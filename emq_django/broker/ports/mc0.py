@@ -18,8 +18,9 @@ and its topics.
 - With CURVE (``EMQ_CURVE_SECRET_KEY``) the socket is a CURVE server like every
   port's: keys holding the publisher or subscriber role connect (ZAP), PUT needs
   publisher and SUB subscriber (``authorize``; refused ones answered ERROR). A
-  revoked key's messages are dropped by the server's guard, so its session is
-  evicted 1.05 x TTL later.
+  revoked key's session ends when the broker reloads its keys (``revoke``): no
+  MESSAGE reaches it after that, and the guard drops what it sends; a key that
+  lost the subscriber role loses its SUBs (``narrow``).
 - Anything malformed (no leading empty frame, an unknown verb, an odd number of
   header frames, a bad value) or a command before ``CONNECT`` is answered
   ``ERROR`` and counted (``protocol_errors``, ``mc0_errors``); nothing of it
@@ -278,6 +279,22 @@ class Mc0Port(Port):
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         return None  # no job effects are addressed to mc0 connectors
+
+    def revoke(self, identity: bytes, now: float) -> bool:
+        """The connector's key was revoked: its session ends at once (no MESSAGE
+        more; what it sends is dropped by the guard)."""
+        session = self.sessions.get(identity)
+        if session is None:
+            return False
+        self._drop(session)
+        return True
+
+    def narrow(self, identity: bytes, roles: frozenset[str], now: float) -> None:
+        """A key that lost the subscriber role keeps its session, not its SUBs."""
+        session = self.sessions.get(identity)
+        if session is not None and SUBSCRIBER not in roles:
+            for topic in list(session.topics):
+                self._unsubscribe(session, topic)
 
     def unroutable(self, identity: bytes, now: float) -> None:
         """The connector's socket is gone: so is its session."""
