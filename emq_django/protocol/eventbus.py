@@ -18,8 +18,10 @@ Commands (the ROUTER's identity frame not shown):
 - publisher (PUB; subscribers filter on the topic frame): ``topic, seq,
   producer, timestamp, uuid, data``;
 - collector, in: ``topic, seq (ignored), producer, timestamp, uuid, data``; an
-  optional seventh frame, the data's content type, is ours (``emq.publish`` of
-  raw bytes or JSON); without it the data is MessagePack.
+  optional seventh frame, the data's content type, was sent by emq clients before
+  2026-11-27 (raw bytes or JSON in the data frame) and is still accepted; without
+  it the data is MessagePack. ``emq.publish`` now always sends six frames with
+  MessagePack data, as the released bus reads them.
 """
 
 from __future__ import annotations

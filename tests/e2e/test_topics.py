@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
@@ -434,3 +435,40 @@ def test_a_process_that_exits_right_after_publishing_loses_no_event(
         got = take(sub, n)
         assert sub.next(timeout=1.0) is None
     assert [e.seq for e in got] == list(range(1, n + 1))
+
+
+def released_bus_collector(ctx: Sockets) -> tuple[str, zmq.Socket[Any]]:
+    """Stands for the released Event BUS's collector (micro-toolkit/event-bus-zeromq
+    3.0.4, WIRE-NOTES): a ROUTER that takes a PUB's six frames by position and
+    MessagePack-decodes the sixth, the data, whatever follows it."""
+    sock = ctx.context.socket(zmq.ROUTER)
+    sock.linger = 0
+    ctx.opened.append(sock)
+    url = f"tcp://127.0.0.1:{free_tcp_ports(1)[0]}"
+    sock.bind(url)
+    return url, sock
+
+
+def test_publish_puts_messagepack_in_the_data_frame_for_every_content_type(
+    ctx: Sockets,
+) -> None:
+    """Issue 30, item 10: on the Event BUS wire the data frame is MessagePack, so
+    the released bus (which decodes it as such) gets the value published: JSON
+    data as its value, bytes as bytes, text as text; six frames, no more."""
+    url, collector = released_bus_collector(ctx)
+    cases = [
+        ({"a": 1}, "application/json"),
+        (b"\x00raw\xff", "application/octet-stream"),
+        (b"\x00raw\xff", None),
+        ({"b": [1, 2]}, None),
+        ('{"c": 3}', "text/plain"),
+    ]
+    for data, content_type in cases:
+        emq.publish("/wire/a", data, content_type=content_type, url=url)
+    got = []
+    for _ in cases:
+        assert collector.poll(10_000), "the PUB did not arrive"
+        frames = collector.recv_multipart()[1:]  # the DEALER's identity first
+        assert len(frames) == 6, frames
+        got.append(msgpack.unpackb(frames[5], raw=False))
+    assert got == [{"a": 1}, b"\x00raw\xff", b"\x00raw\xff", {"b": [1, 2]}, '{"c": 3}']
