@@ -185,6 +185,23 @@ def as_msgpack(event: Event) -> bytes:
     return bytes(msgpack.packb(event.data, use_bin_type=True))
 
 
+_BIN_OR_STR = frozenset(b"\xc4\xc5\xc6\xd9\xda\xdb") | frozenset(range(0xA0, 0xC0))
+
+
+def as_raw(event: Event) -> bytes:
+    """The event's data as bytes for a wire of opaque bodies (mc0): MessagePack
+    data that is one ``bin`` or string (``emq.publish`` of bytes or text) is
+    unwrapped; anything else stays as it was published."""
+    data = event.data
+    if event.content_type not in (MSGPACK, "") or not data or data[0] not in _BIN_OR_STR:
+        return data
+    try:
+        value = msgpack.unpackb(data, raw=True)
+    except (ValueError, msgpack.UnpackException):
+        return data
+    return value if type(value) is bytes else data
+
+
 def check_msgpack(data: bytes) -> None:
     try:
         msgpack.unpackb(data, raw=False, strict_map_key=False)

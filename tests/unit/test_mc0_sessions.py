@@ -51,12 +51,18 @@ def test_commands_before_connect_get_an_error() -> None:
     answer = p.handle(A, [b"", b"SUB", b"ID", b"9", b"", b"t"], 0.0)
     assert answer is not None and answer[:4] == [b"", b"ERROR", b"ID", b"9"]
     assert b"CONNECT first" in answer[-1]
-    assert p.handle(A, [b"", b"NOOP"], 0.0) == [
+    assert p.handle(A, [b"", b"NOOP", b"ID", b"n"], 0.0) == [
         b"",
         b"ERROR",
+        b"ID",
+        b"n",
         b"MESSAGE",
         b"NOOP before CONNECT (or after an eviction): CONNECT first",
     ]
+    # without an ID nobody waits for an answer: none, as mc0d (issue 30 item 8)
+    assert p.handle(A, [b"", b"NOOP"], 0.0) is None
+    assert p.handle(A, [b"", b"PUT", b"TOPIC", b"t", b"", b"body"], 0.0) is None
+    assert p.core.counters["mc0_unanswered"] == 2
     assert p.core.counters["mc0_errors"] == 2
     assert p.core.counters["protocol_errors"] == 2
     assert not p.sessions
