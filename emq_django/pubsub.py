@@ -628,7 +628,7 @@ class Subscription:
                 ctx,
                 zmq.DEALER,
                 snapshot_url or _url(settings, "SNAPSHOT"),
-                SocketOptions(curve=keys),
+                SocketOptions(curve=keys, identity=snapshot_identity()),
             )
         except BaseException:
             sub_watch.close()  # (first: HandshakeWatch.close)
@@ -753,6 +753,13 @@ class Subscription:
         return [received(e) for e in self.state.on_live(frames)]
 
 
+def snapshot_identity() -> bytes:
+    """A UTF-8 identity for a subscription's snapshot DEALER: the released Event BUS
+    (Node) turns the identity into a string and routes its SYNCs back by it, so
+    libzmq's automatic binary identity never got an answer."""
+    return f"emq-sub-{os.getpid()}-{os.urandom(8).hex()}".encode()
+
+
 def _ask_snapshot(snapshot: zmq.Socket[Any], frames: list[bytes]) -> None:
     """Send a snapshot request without ever blocking. A DEALER whose handshake the
     broker refused has no pipe left (libzmq does not connect again), and a blocking
@@ -819,7 +826,10 @@ async def asubscribe(
     snapshot: Any  # an asyncio socket (its context's)
     try:
         snapshot, snap_watch = transport.connect_watched(
-            ctx, zmq.DEALER, snapshot_url or _url(settings, "SNAPSHOT"), SocketOptions(curve=keys)
+            ctx,
+            zmq.DEALER,
+            snapshot_url or _url(settings, "SNAPSHOT"),
+            SocketOptions(curve=keys, identity=snapshot_identity()),
         )
     except BaseException:
         sub_watch.close()  # (first: HandshakeWatch.close)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -472,3 +473,32 @@ def test_publish_puts_messagepack_in_the_data_frame_for_every_content_type(
         assert len(frames) == 6, frames
         got.append(msgpack.unpackb(frames[5], raw=False))
     assert got == [{"a": 1}, b"\x00raw\xff", b"\x00raw\xff", {"b": [1, 2]}, '{"c": 3}']
+
+
+def test_subscribe_gets_the_snapshot_of_a_bus_that_routes_by_text_identity(
+    ctx: Sockets,
+) -> None:
+    """Issue 30, item 9. Stands for the released Event BUS server (event-bus-zeromq
+    3.0.4, Node): its snapshot ROUTER turns the requester's identity into a UTF-8
+    string and routes the SYNCs and the SYNCEND back by that string, so a binary
+    identity (libzmq's automatic one) never gets its answer, and a subscriber
+    waiting for SYNCEND delivers nothing."""
+    snapshot_url, publish_url = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(2))
+    snapshot = ctx.context.socket(zmq.ROUTER)  # drops what it cannot route, silently
+    snapshot.linger = 0
+    ctx.opened.append(snapshot)
+    snapshot.bind(snapshot_url)
+    publisher = ctx.context.socket(zmq.PUB)
+    publisher.linger = 0
+    ctx.opened.append(publisher)
+    publisher.bind(publish_url)
+    with emq.subscribe("/nb/", since=0, snapshot_url=snapshot_url, publish_url=publish_url) as sub:
+        assert snapshot.poll(10_000), "no SYNCSTART"
+        identity, command, spec, since = snapshot.recv_multipart()
+        assert (command, spec, since) == (b"SYNCSTART", b"/nb/", b"0")
+        back = identity.decode("utf-8", "replace").encode()  # as a JavaScript string
+        event = [b"/nb/a", b"1", b"node", b"2026-11-27T10:00:00.000Z", str(uuid.uuid4()).encode()]
+        snapshot.send_multipart([back, b"SYNC", *event, msgpack.packb({"n": 1})])
+        snapshot.send_multipart([back, b"SYNCEND", spec, b"1"])
+        got = sub.next(timeout=15.0)
+    assert got is not None and (got.seq, got.topic, got.data) == (1, "/nb/a", {"n": 1})
