@@ -524,3 +524,31 @@ def rest_of(sub: pubsub.Subscription) -> tuple[list[Any], HandshakeRefused | Non
     except HandshakeRefused as exc:
         return seen, exc
     return seen, None
+
+
+def test_a_majordomo_request_the_key_may_not_send_gets_a_final_with_the_reason(
+    stack: CurveStack,
+) -> None:
+    """Issue 29, item 15: the released majortomo 0.2.0 client holding a ``worker``
+    key (admitted on the Majordomo port, which serves workers too) sends a
+    request: it is answered with a FINAL saying why, not left waiting."""
+    majortomo = pytest.importorskip("majortomo")
+    keys = stack.keys("jm")
+    ctx = zmq.Context()
+    # the client makes its own socket: CURVE comes from the context's defaults
+    ctx.curve_serverkey, ctx.curve_publickey, ctx.curve_secretkey = (
+        stack.server_public,
+        keys.public,
+        keys.secret,
+    )
+    try:
+        with majortomo.Client(stack.env["EMQ_MDP_BIND"], zmq_context=ctx) as client:
+            client.connect()
+            client.send(b"spine", b"body")
+            (final,) = list(client.recv_all(timeout=10))
+    finally:
+        ctx.destroy(linger=0)
+    error = json.loads(final[0])["error"]
+    assert error["type"] == "emq_django.exceptions.JobRefused", error
+    assert "forbidden" in error["message"] and "client role" in error["message"], error
+    assert stack.status()["counters"]["refused_forbidden"] == 1
