@@ -203,8 +203,8 @@ def _decode_reply(
 
 
 def _service(raw: bytes, frames: Sequence[bytes]) -> str:
-    """A service name, checked as a queue name is (``limits.check_queue_name``: the
-    eMQP port and ``--queues`` take no other); raises ``ProtocolError`` with the
+    """A service name, checked as a queue name is (``limits.check_queue_name``: emq's
+    client and ``--queues`` take no other); raises ``ProtocolError`` with the
     refusal's code."""
     if not raw or len(raw) > MAX_SERVICE_LENGTH:
         code = REFUSED_QUEUE_NAME_TOO_LONG if raw else REFUSED_BAD_QUEUE_NAME
