@@ -143,7 +143,7 @@ def encode_data(data: Any, content_type: str | None) -> tuple[bytes, str]:
     or parsed under ``application/json``; text (``text/...``: a str, or UTF-8
     bytes) as a MessagePack string. Raises ``ValueError`` for any other content
     type or for data that cannot be encoded, naming which."""
-    kind = (content_type or "").split(";")[0].strip().lower()
+    kind = content_type.split(";")[0].strip().lower() if content_type else ""
     try:
         if isinstance(data, (bytes, bytearray, memoryview)):
             return _encode_bytes(bytes(data), kind), MSGPACK
@@ -163,9 +163,12 @@ _UNCARRIED = (
 )
 
 
+_pack_bin = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
 def _encode_bytes(raw: bytes, kind: str) -> bytes:
     if kind in ("", OCTETS):
-        return bytes(msgpack.packb(raw, use_bin_type=True))
+        return _pack_bin(raw)
     if kind == MSGPACK:
         try:
             msgpack.unpackb(raw, raw=False, strict_map_key=False)
