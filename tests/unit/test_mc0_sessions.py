@@ -162,3 +162,16 @@ def test_a_bad_put_is_refused_and_publishes_nothing() -> None:
     assert answer is not None and answer[:4] == [b"", b"ERROR", b"ID", b"p2"]
     assert not [e for e in p.core.out if type(e) is Published]
     assert p.core.topics.last_seq == 0
+
+
+def test_a_key_that_lost_subscriber_loses_its_subs_and_a_revoked_one_its_session() -> None:
+    """What the CURVE guard asks after a key reload (issue 30 item 6)."""
+    p = port()
+    for identity in (A, B):
+        connect(p, identity)
+        assert p.handle(identity, [b"", b"SUB", b"ID", b"s", b"", b"t"], 0.1) is not None
+    p.narrow(A, frozenset({"publisher"}), 0.2)  # publisher still: the session stays
+    assert A in p.sessions and not p.sessions[A].topics
+    assert set(p.subscribers["t"]) == {B}
+    assert p.revoke(B, 0.3) and B not in p.sessions and "t" not in p.subscribers
+    assert not p.revoke(B, 0.4)  # no session left
