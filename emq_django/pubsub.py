@@ -1,9 +1,10 @@
 """Publish and subscribe on the broker's topic space, through its Event BUS port.
 
 ``emq.publish("/orders/created", {"id": 1})`` sends a PUB to the collector port,
-as any Event BUS producer does: JSON-able data goes as MessagePack (or JSON with
-``content_type="application/json"``), bytes as they are
-(``application/octet-stream`` unless another content type is given). The Event
+as any Event BUS producer does, with its data frame in MessagePack whatever the
+content type (the released bus decodes it so): data as its MessagePack value
+(``application/json`` too), bytes as a MessagePack ``bin``, text (``text/...``) as
+a MessagePack string; another content type raises ``ValueError``. The Event
 BUS never acknowledges a PUB; the broker numbers and keeps the event when it
 reads it. ``emq.publish_on_commit(...)`` publishes once the surrounding database
 transaction commits (never if it rolls back).
@@ -134,15 +135,57 @@ def _live_url(
 
 
 def encode_data(data: Any, content_type: str | None) -> tuple[bytes, str]:
-    """The payload and its content type: bytes as they are, anything else as
-    MessagePack (or JSON when asked)."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data), content_type or OCTETS
-    if content_type in (None, MSGPACK):
-        return bytes(msgpack.packb(data)), MSGPACK
-    if content_type == JSON:
-        return json.dumps(data, separators=(",", ":")).encode(), JSON
-    raise ValueError(f"data that is not bytes goes as {MSGPACK} or {JSON}, not {content_type}")
+    """The payload as the Event BUS wire carries it, and its content type (always
+    MessagePack: the released bus MessagePack-decodes every data frame). Python
+    data (``application/msgpack`` or ``application/json``: the value is the same)
+    goes as MessagePack; bytes as a MessagePack ``bin`` (``application/octet-stream``,
+    the default for bytes), as they are under ``application/msgpack`` (checked),
+    or parsed under ``application/json``; text (``text/...``: a str, or UTF-8
+    bytes) as a MessagePack string. Raises ``ValueError`` for any other content
+    type or for data that cannot be encoded, naming which."""
+    kind = content_type.split(";")[0].strip().lower() if content_type else ""
+    try:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            return _encode_bytes(bytes(data), kind), MSGPACK
+        if kind in ("", MSGPACK, JSON) or (kind.startswith(TEXT) and isinstance(data, str)):
+            return bytes(msgpack.packb(data)), MSGPACK
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"cannot encode the data as MessagePack: {exc}") from None
+    if kind.startswith(TEXT):
+        raise ValueError(f"{content_type} data is a str or UTF-8 bytes, not {type(data).__name__}")
+    raise ValueError(_UNCARRIED % content_type)
+
+
+TEXT = "text/"
+_UNCARRIED = (
+    "content type %r cannot be carried: the Event BUS data frame is MessagePack; "
+    f"publish bytes as {OCTETS}, text as text/plain, data as {MSGPACK} or {JSON}"
+)
+
+
+_pack_bin = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def _encode_bytes(raw: bytes, kind: str) -> bytes:
+    if kind in ("", OCTETS):
+        return _pack_bin(raw)
+    if kind == MSGPACK:
+        try:
+            msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ValueError(f"the bytes given as {MSGPACK} are not MessagePack: {exc}") from None
+        return raw
+    if kind == JSON:
+        try:
+            return bytes(msgpack.packb(json.loads(raw)))
+        except ValueError as exc:
+            raise ValueError(f"the bytes given as {JSON} are not JSON: {exc}") from None
+    if kind.startswith(TEXT):
+        try:
+            return bytes(msgpack.packb(raw.decode("utf-8")))
+        except UnicodeDecodeError:
+            raise ValueError(f"{kind} bytes must be UTF-8 text") from None
+    raise ValueError(_UNCARRIED % kind)
 
 
 class _Publisher:
@@ -588,7 +631,7 @@ class Subscription:
                 ctx,
                 zmq.DEALER,
                 snapshot_url or _url(settings, "SNAPSHOT"),
-                SocketOptions(curve=keys),
+                SocketOptions(curve=keys, identity=snapshot_identity()),
             )
         except BaseException:
             sub_watch.close()  # (first: HandshakeWatch.close)
@@ -713,6 +756,13 @@ class Subscription:
         return [received(e) for e in self.state.on_live(frames)]
 
 
+def snapshot_identity() -> bytes:
+    """A UTF-8 identity for a subscription's snapshot DEALER: the released Event BUS
+    (Node) turns the identity into a string and routes its SYNCs back by it, so
+    libzmq's automatic binary identity never got an answer."""
+    return f"emq-sub-{os.getpid()}-{os.urandom(8).hex()}".encode()
+
+
 def _ask_snapshot(snapshot: zmq.Socket[Any], frames: list[bytes]) -> None:
     """Send a snapshot request without ever blocking. A DEALER whose handshake the
     broker refused has no pipe left (libzmq does not connect again), and a blocking
@@ -779,7 +829,10 @@ async def asubscribe(
     snapshot: Any  # an asyncio socket (its context's)
     try:
         snapshot, snap_watch = transport.connect_watched(
-            ctx, zmq.DEALER, snapshot_url or _url(settings, "SNAPSHOT"), SocketOptions(curve=keys)
+            ctx,
+            zmq.DEALER,
+            snapshot_url or _url(settings, "SNAPSHOT"),
+            SocketOptions(curve=keys, identity=snapshot_identity()),
         )
     except BaseException:
         sub_watch.close()  # (first: HandshakeWatch.close)

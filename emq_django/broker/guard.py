@@ -12,6 +12,9 @@ is revoked its job managers, Majordomo workers and schedulers are dropped at onc
 "Dropped", for a revoked key: its live connections stay open at the TCP level (a
 ROUTER cannot close one peer), but nothing it sends is read any more, nothing is
 delivered to it, and it cannot connect again (the ZAP handler refuses the key).
+A PUB socket cannot skip one of its peers: the server binds those of the roles
+taken away again (``BrokerServer``), which cuts every subscriber off; the others
+connect again, the revoked key cannot.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from emq_django.security.roles import domain_roles, zap_domain
 log = logging.getLogger(__name__)
 
 LOG_BUDGET = 100
-COUNTERS = ("dropped_revoked", "refused_forbidden", "peers_revoked")
+COUNTERS = ("dropped_revoked", "refused_forbidden", "peers_revoked", "publishers_rebound")
 MAX_OWNERS = 100_000  # identities remembered per port; then cut to the known peers
 
 
@@ -64,6 +67,8 @@ class Guard:
         def guarded(identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
             roles, user = self.roles, self.user
             if roles is None:
+                if port.harmless(socket, frames):  # (an XPUB's own unsubscriptions)
+                    return handle(identity, frames, now)
                 self._count("dropped_revoked", "dropped a message from revoked key %r", user)
                 return None
             reason = None if authorize is None else authorize(socket, roles, frames)
@@ -86,8 +91,9 @@ class Guard:
         return guarded
 
     def revoke(self, ports: Sequence[Port], core: Any, now: float) -> int:
-        """Drop every peer whose key lost its access since the last call; returns
-        how many."""
+        """Drop every peer whose key lost its access since the last call (a key
+        that lost some of its roles keeps what the rest allow: ``Port.narrow``);
+        returns how many were dropped."""
         self.version = self.allow.version
         dropped = 0
         for port in ports:
@@ -96,17 +102,16 @@ class Guard:
             for identity, user in list(owners.items()):
                 roles = self.allow.roles(user)
                 if roles is not None and (admitted is None or roles & admitted):
+                    port.narrow(identity, roles, now)
                     continue
                 del owners[identity]
-                peer = port.known_peers().get(identity)
-                if peer is not None:
+                if port.revoke(identity, now):
                     log.warning(
                         "key %r revoked: dropping its peer %s on the %s port",
                         user,
                         show_identity(identity),
                         port.name,
                     )
-                    core.peer_unreachable(peer, now)
                     dropped += 1
         self.counters["peers_revoked"] += dropped
         return dropped

@@ -53,6 +53,8 @@ from emq_django.security.zap import ZapHandler
 log = logging.getLogger(__name__)
 
 CHUNK = 256  # messages from one socket before turning to the next
+REBIND_TRIES = 50  # a publisher bound again after a revocation (``_rebind_publishers``)
+REBIND_PAUSE = 0.01  # seconds between tries while libzmq closes the old listener
 # the cyclic collector's thresholds in the broker's process (``tune_gc``)
 GC_YOUNG = 50_000
 GC_OLDER = 20
@@ -356,6 +358,7 @@ class BrokerServer:
                 return
             if self.guard is not None and self.guard.version != self.guard.allow.version:
                 self.guard.revoke(self.ports, core, now)
+                self._rebind_publishers(self.guard.allow.take_lost_roles())
             core.on_timer(now)
             self._flush()
             reclaim = self.reclaimer.due(core.footprint(), now)
@@ -413,6 +416,37 @@ class BrokerServer:
             n += self._drain(sock, handle, routed, flush=False, port=port)
         self.turns.count("messages", n)
         self._flush()  # one journal commit per round, not per socket
+
+    def _rebind_publishers(self, lost: set[str]) -> None:
+        """A PUB socket cannot stop sending to one of its peers: after a key lost a
+        role, each publisher admitting that role is unbound (libzmq closes every
+        connection it accepted) and bound again. Its other subscribers connect
+        again by themselves, through a fresh handshake, which the revoked key fails
+        (and is told: ZAP 400); a sequence gap sends them to the snapshot."""
+        for _, spec, sock, _, _ in self.endpoints:
+            if spec.kind not in (zmq.PUB, zmq.XPUB):
+                continue
+            if spec.roles and not lost & set(spec.roles):
+                continue
+            sock.unbind(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+            self._bind_again(sock, spec)
+            self._touched.add(sock)
+            if self.guard is not None:
+                self.guard.counters["publishers_rebound"] += 1
+            log.warning("bound %s again on %s: a key lost access", spec.name, spec.address)
+
+    def _bind_again(self, sock: zmq.Socket[Any], spec: SocketSpec) -> None:
+        """libzmq closes the listener in its I/O thread: retry briefly while the
+        address is still taken."""
+        for _ in range(REBIND_TRIES - 1):
+            try:
+                sock.bind(spec.address)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE:
+                    raise
+                time.sleep(REBIND_PAUSE)
+        sock.bind(spec.address)
 
     def _port_timers(self, now: float) -> float:
         """Run the ports' timers that are due (``Port.on_timer``) and send what they

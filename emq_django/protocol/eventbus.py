@@ -18,8 +18,10 @@ Commands (the ROUTER's identity frame not shown):
 - publisher (PUB; subscribers filter on the topic frame): ``topic, seq,
   producer, timestamp, uuid, data``;
 - collector, in: ``topic, seq (ignored), producer, timestamp, uuid, data``; an
-  optional seventh frame, the data's content type, is ours (``emq.publish`` of
-  raw bytes or JSON); without it the data is MessagePack.
+  optional seventh frame, the data's content type, was sent by emq clients before
+  2026-11-27 (raw bytes or JSON in the data frame) and is still accepted; without
+  it the data is MessagePack. ``emq.publish`` now always sends six frames with
+  MessagePack data, as the released bus reads them.
 """
 
 from __future__ import annotations
@@ -181,6 +183,23 @@ def as_msgpack(event: Event) -> bytes:
         except (ValueError, TypeError, OverflowError):
             pass
     return bytes(msgpack.packb(event.data, use_bin_type=True))
+
+
+_BIN_OR_STR = frozenset(b"\xc4\xc5\xc6\xd9\xda\xdb") | frozenset(range(0xA0, 0xC0))
+
+
+def as_raw(event: Event) -> bytes:
+    """The event's data as bytes for a wire of opaque bodies (mc0): MessagePack
+    data that is one ``bin`` or string (``emq.publish`` of bytes or text) is
+    unwrapped; anything else stays as it was published."""
+    data = event.data
+    if event.content_type not in (MSGPACK, "") or not data or data[0] not in _BIN_OR_STR:
+        return data
+    try:
+        value = msgpack.unpackb(data, raw=True)
+    except (ValueError, msgpack.UnpackException):
+        return data
+    return value if type(value) is bytes else data
 
 
 def check_msgpack(data: bytes) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from emq_django.exceptions import ProtocolError
+from emq_django.protocol.limits import REFUSED_BAD_QUEUE_NAME, REFUSED_QUEUE_NAME_TOO_LONG
 
 CLIENT = b"MDPC02"
 WORKER = b"MDPW02"
@@ -96,6 +97,26 @@ class WorkerDisconnect:
     framing: str
 
 
+class BadRequest(ProtocolError):
+    """A client's REQUEST for a service name no queue can have: the broker answers
+    it with a FINAL carrying the reason (``client_refusal``), so the client is not
+    left waiting. ``service`` is the name's raw frame, as the draft echoes it."""
+
+    def __init__(
+        self,
+        reason: str,
+        frames: Sequence[bytes],
+        code: str,
+        framing: str,
+        service: bytes,
+        request_id: bytes,
+    ) -> None:
+        super().__init__(reason, frames, code)
+        self.framing = framing
+        self.service = bytes(service)
+        self.request_id = request_id
+
+
 Message: TypeAlias = ClientRequest | WorkerReady | WorkerReply | WorkerHeartbeat | WorkerDisconnect
 
 
@@ -125,7 +146,9 @@ def _decode_majortomo(frames: Sequence[bytes]) -> Message:
             raise ProtocolError(f"unknown client command {command!r}", frames)
         if n < 4:
             raise ProtocolError("a REQUEST names its service", frames)
-        service = _known_services.get(frames[3]) or _service(frames[3], frames)
+        service = _known_services.get(frames[3]) or _request_service(
+            MAJORTOMO, frames[3], b"", frames
+        )
         return ClientRequest(MAJORTOMO, service, b"", tuple(frames[4:]))
     raise ProtocolError(f"unknown protocol header {bytes(header[:16])!r}", frames)
 
@@ -138,7 +161,9 @@ def _decode_draft(frames: Sequence[bytes]) -> Message:
         if len(rest) < 2:
             raise ProtocolError("a REQUEST has a service and a request id", frames)
         request_id = _id(rest[1], frames)
-        service = _known_services.get(rest[0]) or _service(rest[0], frames)
+        service = _known_services.get(rest[0]) or _request_service(
+            DRAFT, rest[0], request_id, frames
+        )
         return ClientRequest(DRAFT, service, request_id, tuple(rest[2:]))
     if header != WORKER:
         raise ProtocolError(f"unknown protocol header {bytes(header[:16])!r}", frames)
@@ -178,17 +203,35 @@ def _decode_reply(
 
 
 def _service(raw: bytes, frames: Sequence[bytes]) -> str:
+    """A service name, checked as a queue name is (``limits.check_queue_name``: emq's
+    client and ``--queues`` take no other); raises ``ProtocolError`` with the
+    refusal's code."""
     if not raw or len(raw) > MAX_SERVICE_LENGTH:
-        raise ProtocolError(f"a service name has 1 to {MAX_SERVICE_LENGTH} bytes", frames)
+        code = REFUSED_QUEUE_NAME_TOO_LONG if raw else REFUSED_BAD_QUEUE_NAME
+        raise ProtocolError(f"a service name has 1 to {MAX_SERVICE_LENGTH} bytes", frames, code)
     try:
         name = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ProtocolError("a service name is UTF-8 text", frames) from None
-    if not name.isprintable():
-        raise ProtocolError("a service name is printable text", frames)
+        raise ProtocolError(
+            "a service name is UTF-8 text", frames, REFUSED_BAD_QUEUE_NAME
+        ) from None
+    if not name.isprintable() or any(c.isspace() or c in ",:" for c in name):
+        raise ProtocolError(
+            "a service name is printable text without spaces, ',' or ':'",
+            frames,
+            REFUSED_BAD_QUEUE_NAME,
+        )
     if len(_known_services) < MAX_KNOWN_SERVICES:
         _known_services[bytes(raw)] = name
     return name
+
+
+def _request_service(framing: str, raw: bytes, request_id: bytes, frames: Sequence[bytes]) -> str:
+    """A REQUEST's service name; raises ``BadRequest`` (answerable) for a bad one."""
+    try:
+        return _service(raw, frames)
+    except ProtocolError as exc:
+        raise BadRequest(exc.reason, frames, exc.code, framing, raw, request_id) from None
 
 
 def _id(raw: bytes, frames: Sequence[bytes]) -> bytes:
@@ -208,6 +251,13 @@ def client_reply(
         return [b"", CLIENT, FINAL if final else PARTIAL, *body]
     command = DRAFT_CLIENT_FINAL if final else DRAFT_CLIENT_PARTIAL
     return [CLIENT, command, service.encode(), request_id, *body]
+
+
+def client_refusal(exc: BadRequest, body: bytes) -> list[bytes]:
+    """The FINAL that answers a REQUEST ``decode`` refused (``BadRequest``)."""
+    if exc.framing == MAJORTOMO:
+        return [b"", CLIENT, FINAL, body]
+    return [CLIENT, DRAFT_CLIENT_FINAL, exc.service, exc.request_id, body]
 
 
 def worker_request(

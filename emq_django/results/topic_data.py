@@ -1,7 +1,8 @@
 """An event's payload as the Topics page shows it: decoded by its content type.
 
 MessagePack and JSON become compact JSON text (a line per event on the page);
-UTF-8 text stays text; anything else is shown as hex. A payload that does not
+UTF-8 text, and a MessagePack string (how ``emq.publish`` carries text), stays
+text; anything else is shown as hex. A payload that does not
 decode as its content type says so instead of failing the page (a publisher may
 mislabel what it sends).
 """
@@ -43,6 +44,8 @@ def decode(data: bytes, content_type: str) -> dict[str, str]:
     if kind in (MSGPACK, "application/x-msgpack"):
         try:
             value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            if isinstance(value, str):  # text (emq.publish of text/...): as it is
+                return {"as": "text", "text": _shown(value), "note": ""}
             return {
                 "as": "msgpack",
                 "text": _shown(json.dumps(_jsonable(value), ensure_ascii=False)),

@@ -22,7 +22,13 @@ class AuthorizedKeyAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke (disable) the selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[AuthorizedKey]) -> None:
         n = queryset.update(enabled=False)
-        self.message_user(request, f"{n} key(s) revoked; the broker drops them at its next reload")
+        self.message_user(
+            request,
+            (
+                f"{n} key(s) revoked; the broker drops them at its next reload "
+                "(until then they may still receive events)"
+            ),
+        )
 
     @admin.action(description="Enable the selected keys", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[AuthorizedKey]) -> None:

@@ -39,6 +39,9 @@ class AllowList:
         self._snap = _Snapshot({}, {})
         self.version = 0
         self.seen: set[str] = set()  # names admitted or heard from since the last flush
+        # roles some key lost since the server last asked (``take_lost_roles``): the
+        # publisher sockets of those roles are bound again (a PUB cannot skip a peer)
+        self.lost_roles: set[str] = set()
         self.replace(entries)
 
     def replace(self, entries: Iterable[KeyEntry]) -> bool:
@@ -49,6 +52,9 @@ class AllowList:
         narrowed = any(name not in roles or not r <= roles[name] for name, r in old.items())
         self._snap = _Snapshot(by_key, roles)
         if narrowed:
+            # "" when only a key without roles went (it may hold no role-less socket)
+            lost = set().union(*(r - roles.get(name, frozenset()) for name, r in old.items()))
+            self.lost_roles = self.lost_roles | (lost or {""})  # a new set: the loop swaps it
             self.version += 1
         return narrowed
 
@@ -62,6 +68,10 @@ class AllowList:
     def names(self) -> list[str]:
         """The names of the enabled keys."""
         return list(self._snap.roles_by_name)
+
+    def take_lost_roles(self) -> set[str]:
+        lost, self.lost_roles = self.lost_roles, set()
+        return lost
 
     def take_seen(self) -> set[str]:
         seen, self.seen = self.seen, set()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
@@ -33,9 +34,10 @@ from emq_django.monitor_client import query
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.security.keys import CurveKeys, read_key
 from emq_django.transport import SocketOptions
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
+from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess, free_tcp_port
 from tests.e2e import spine_tasks as tasks
 from tests.e2e.test_spine import start_broker, start_jm, wait_jm_ready, wait_until
+from tests.mc0_client import Mc0Client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -121,10 +123,18 @@ def keys_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 @pytest.fixture
 def stack(
-    tmp_path: Path,
     emq_env: dict[str, str],
     emq_processes: EmqProcesses,
     keys_template: tuple[Path, Path],
+) -> CurveStack:
+    return start_curve_stack(emq_env, emq_processes, keys_template)
+
+
+def start_curve_stack(
+    emq_env: dict[str, str],
+    emq_processes: EmqProcesses,
+    keys_template: tuple[Path, Path],
+    **extra_env: str,
 ) -> CurveStack:
     keys_dir, template_db = keys_template
     db = Path(emq_env["DATABASE_URL"].removeprefix("sqlite:///"))
@@ -135,10 +145,11 @@ def stack(
         extra_env={
             "EMQ_CURVE_SECRET_KEY": str(keys_dir / "broker.key_secret"),
             "EMQ_KEYS_RELOAD": str(RELOAD),
+            **extra_env,
         },
     )
     server_public = read_key("CURVE_SERVER_KEY", str(keys_dir / "broker.key"), False)
-    return CurveStack(dict(emq_env), keys_dir, db, broker, server_public)
+    return CurveStack({**emq_env, **extra_env}, keys_dir, db, broker, server_public)
 
 
 def as_process(
@@ -454,3 +465,122 @@ def test_a_key_file_path_of_40_characters_is_read_as_a_file(
     jm = start_jm(emq_processes, "secure", extra_env=env)
     wait_jm_ready(stack.env, "secure", 2, [jm, stack.broker])
     assert tasks.add.delay(1, 2).get(timeout=15) == 3
+
+
+def test_revoked_key_gets_no_event_on_any_path(
+    emq_env: dict[str, str],
+    emq_processes: EmqProcesses,
+    keys_template: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30, item 6: once the broker has reloaded its keys, a revoked
+    ``subscriber`` key gets no more events on the Event BUS publisher, on emq's
+    batch publisher or in its mc0 session, while a kept key gets them all; the
+    revoked subscriber is told (``HandshakeRefused``), not left waiting."""
+    batch = f"tcp://127.0.0.1:{free_tcp_port()}"
+    stack = start_curve_stack(emq_env, emq_processes, keys_template, EMQ_BUS_BATCH_BIND=batch)
+    as_process(stack, monkeypatch, stack.key_env("bus"))  # publishes with the bus key
+    publisher = stack.env["EMQ_BUS_PUBLISH_BIND"]
+
+    def subscribe(key: str, **where: str) -> pubsub.Subscription:
+        return pubsub.subscribe("/rv/", since=0, curve=stack.keys(key), idle_check=0.2, **where)
+
+    subs = {
+        ("reader", "bus"): subscribe("reader", publish_url=publisher),
+        ("reader", "batch"): subscribe("reader", batch_url=batch),
+        ("bus", "bus"): subscribe("bus", publish_url=publisher),
+        ("bus", "batch"): subscribe("bus", batch_url=batch),
+    }
+    connectors = {key: mc0_connector(stack, key) for key in ("reader", "bus")}
+    try:
+        pubsub.publish("/rv/a", {"before": 0})
+        for where, sub in subs.items():
+            event = sub.next(timeout=15.0)
+            assert event is not None and event.data == {"before": 0}, where
+        for key, connector in connectors.items():
+            assert len(connector.messages(1, timeout=15.0)) == 1, key
+
+        with sqlite3.connect(stack.db) as db:
+            db.execute("UPDATE emq_security_authorizedkey SET enabled = 0 WHERE name = 'reader'")
+        wait_until(lambda: refuses_now(stack, "reader"), "the reader key refused", 10.0)
+        for i in range(5):
+            pubsub.publish("/rv/a", {"after": i})
+
+        for where in (("bus", "bus"), ("bus", "batch")):
+            got = [subs[where].next(timeout=15.0) for _ in range(5)]
+            assert [e.data if e else None for e in got] == [{"after": i} for i in range(5)]
+        kept = connectors["bus"].messages(5, timeout=15.0)
+        assert [msgpack.unpackb(m.positional[0]) for m in kept] == [{"after": i} for i in range(5)]
+
+        for where in (("reader", "bus"), ("reader", "batch")):
+            seen, refused = rest_of(subs[where])
+            assert not [d for d in seen if "after" in d], (where, seen)
+            assert refused is not None, f"{where}: not told of its revocation"
+        late = connectors["reader"].messages(5, timeout=2.0)
+        assert not late, [msgpack.unpackb(m.positional[0]) for m in late]
+    finally:
+        for sub in subs.values():
+            sub.close()
+        for connector in connectors.values():
+            connector.close()
+    counters = stack.status()["counters"]
+    assert counters["publishers_rebound"] == 2  # the Event BUS publisher, the batch one
+    assert counters["peers_revoked"] >= 1  # the mc0 session
+
+
+def mc0_connector(stack: CurveStack, key: str) -> Mc0Client:
+    keys = stack.keys(key)
+    curve = (stack.server_public, keys.public, keys.secret)
+    connector = Mc0Client(zmq.Context.instance(), stack.env["EMQ_MC0_BIND"], curve=curve)
+    connector.connect()
+    connector.sub("/rv/a")
+    return connector
+
+
+def refuses_now(stack: CurveStack, key: str) -> bool:
+    """A fresh subscription with ``key`` is refused: the broker reloaded its keys."""
+    with pubsub.subscribe("/rv/", since=0, curve=stack.keys(key), idle_check=0.2) as probe:
+        try:
+            probe.next(timeout=2.0)
+        except HandshakeRefused:
+            return True
+    return False
+
+
+def rest_of(sub: pubsub.Subscription) -> tuple[list[Any], HandshakeRefused | None]:
+    """What ``sub`` still gets until nothing comes for 10 s, or until it is refused."""
+    seen = []
+    try:
+        while (event := sub.next(timeout=10.0)) is not None:
+            seen.append(event.data)
+    except HandshakeRefused as exc:
+        return seen, exc
+    return seen, None
+
+
+def test_a_majordomo_request_the_key_may_not_send_gets_a_final_with_the_reason(
+    stack: CurveStack,
+) -> None:
+    """Issue 29, item 15: the released majortomo 0.2.0 client holding a ``worker``
+    key (admitted on the Majordomo port, which serves workers too) sends a
+    request: it is answered with a FINAL saying why, not left waiting."""
+    majortomo = pytest.importorskip("majortomo")
+    keys = stack.keys("jm")
+    ctx = zmq.Context()
+    # the client makes its own socket: CURVE comes from the context's defaults
+    ctx.curve_serverkey, ctx.curve_publickey, ctx.curve_secretkey = (
+        stack.server_public,
+        keys.public,
+        keys.secret,
+    )
+    try:
+        with majortomo.Client(stack.env["EMQ_MDP_BIND"], zmq_context=ctx) as client:
+            client.connect()
+            client.send(b"spine", b"body")
+            (final,) = list(client.recv_all(timeout=10))
+    finally:
+        ctx.destroy(linger=0)
+    error = json.loads(final[0])["error"]
+    assert error["type"] == "emq_django.exceptions.JobRefused", error
+    assert "forbidden" in error["message"] and "client role" in error["message"], error
+    assert stack.status()["counters"]["refused_forbidden"] == 1

@@ -223,3 +223,39 @@ def test_the_broker_survives_10000_malformed_messages_and_counts_them(
     with client(env) as c:  # and it still serves
         c.send(b"echo", b"still here")
         assert list(c.recv_all(timeout=10)) == [[b"still here"]]
+
+
+# ---- refusals reach the client as a FINAL ----------------------------------------------
+
+
+def test_a_refused_request_reaches_the_majortomo_client_as_a_final(
+    emq_processes: EmqProcesses, env: dict[str, str], broker: ManagedProcess
+) -> None:
+    """Issue 29, item 15: a service name no queue can have (empty, not UTF-8, over
+    255 bytes, with a space, ',' or ':', as the eMQP port refuses) is answered with
+    a FINAL carrying the reason, so the released client is not left waiting; so is
+    the draft's client, with its request id."""
+    names = [b"", b"\xff\xfe", b"s" * 300, b"a b", b"a,b", b"a:b"]
+    with client(env) as c:
+        for name in names:
+            c.send(name, b"body")
+            (final,) = list(c.recv_all(timeout=10))
+            error = json.loads(final[0])["error"]
+            assert error["type"] == "emq_django.exceptions.JobRefused", error
+            assert "service name" in error["message"], error
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(mdp_url(env))
+        sock.send_multipart([C, b"\x01", b"a:b", b"req-9", b"body"])
+        assert sock.poll(10_000), "no FINAL for the draft's request"
+        header, command, service, request_id, body = sock.recv_multipart()
+    finally:
+        sock.close()
+        ctx.term()
+    assert (header, command, service, request_id) == (C, b"\x03", b"a:b", b"req-9")
+    assert "service name" in json.loads(body)["error"]["message"]
+    counters = monitor(env)["counters"]
+    assert counters["refused_bad_queue_name"] == 6 and counters["refused_queue_name_too_long"] == 1
+    assert not [q for q in monitor(env)["queues"] if q["name"] in ("a b", "a,b", "a:b")]

@@ -332,3 +332,63 @@ def test_emq_publish_reaches_an_mc0_subscriber_and_an_mc0_put_reaches_emq_subscr
     mc0_events = [e for e in seen if e is not None and e.producer.startswith("mc0:")]
     assert len(mc0_events) == 2
     assert [e.seq for e in seen if e is not None] == [1, 2, 3, 4, 5]
+
+
+# ---- the released connector's watchdog after an eviction ------------------------------
+
+
+def released_connector_loop(
+    node: Mc0Client, heartbeat: float, topic: str, talker: Mc0Client, limit: float
+) -> tuple[int, int]:
+    """Runs ``node`` as the released connector does (puppetlabs/mcollective-zeromq-
+    connector in MCollective 2.12.5, WIRE-NOTES): any message from the broker is
+    proof of life; it sends NOOP after 0.95 x heartbeat of its own silence and
+    reconnects (CONNECT, SUB again) after 1.05 x heartbeat without input. The
+    ``talker`` PUTs a ping on ``topic`` every heartbeat, as ``mco ping`` would.
+    Returns (reconnects, ERRORs seen) once a ping reaches ``node``; raises
+    AssertionError when none has after ``limit`` seconds."""
+    start = last_in = last_out = last_ping = time.monotonic()
+    reconnects = errors = 0
+    while (now := time.monotonic()) - start < limit:
+        if now - last_ping >= heartbeat:
+            talker.put(topic, b"ping")
+            last_ping = now
+        if now - last_out >= 0.95 * heartbeat:
+            node.noop()
+            last_out = now
+        if now - last_in >= 1.05 * heartbeat:
+            node.connect(ttl_ms=int(heartbeat * 1000))
+            node.sub(topic)
+            reconnects += 1
+            last_in = last_out = time.monotonic()
+        got = node.recv(timeout=0.05)
+        if got is None:
+            continue
+        last_in = time.monotonic()
+        errors += got.verb == b"ERROR"
+        if got.verb == b"MESSAGE":
+            return reconnects, errors
+    raise AssertionError(
+        f"no ping in {limit} s: {reconnects} reconnects, {errors} ERRORs (deaf for good)"
+    )
+
+
+def test_an_evicted_connector_reconnects_and_hears_again(
+    emq_processes: EmqProcesses, emq_env: dict[str, str], ctx: zmq.Context[Any]
+) -> None:
+    """Issue 30, item 8: a connector evicted after a one-way stall of its link (it
+    sent nothing; the broker's NOOPs still reached it) is not answered any more
+    until it connects again, as mc0d does with a client it forgot, so the released
+    connector's watchdog fires and it reconnects, and hears pings again."""
+    start_mc0_broker(emq_processes, emq_env)
+    heartbeat = 0.5
+    node = client(ctx, emq_env)
+    node.connect(ttl_ms=int(heartbeat * 1000))
+    node.sub("ping")
+    talker = client(ctx, emq_env)
+    talker.connect(ttl_ms=30_000)
+    talker.sub("ping")
+    wait_until(lambda: counters(emq_env)["mc0_evicted"] == 1, "the eviction", timeout=30)
+    reconnects, errors = released_connector_loop(node, heartbeat, "ping", talker, limit=20.0)
+    assert reconnects >= 1 and errors == 0
+    assert counters(emq_env)["mc0_unanswered"] >= 1  # its NOOPs, counted

@@ -10,9 +10,11 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
@@ -434,3 +436,69 @@ def test_a_process_that_exits_right_after_publishing_loses_no_event(
         got = take(sub, n)
         assert sub.next(timeout=1.0) is None
     assert [e.seq for e in got] == list(range(1, n + 1))
+
+
+def released_bus_collector(ctx: Sockets) -> tuple[str, zmq.Socket[Any]]:
+    """Stands for the released Event BUS's collector (micro-toolkit/event-bus-zeromq
+    3.0.4, WIRE-NOTES): a ROUTER that takes a PUB's six frames by position and
+    MessagePack-decodes the sixth, the data, whatever follows it."""
+    sock = ctx.context.socket(zmq.ROUTER)
+    sock.linger = 0
+    ctx.opened.append(sock)
+    url = f"tcp://127.0.0.1:{free_tcp_ports(1)[0]}"
+    sock.bind(url)
+    return url, sock
+
+
+def test_publish_puts_messagepack_in_the_data_frame_for_every_content_type(
+    ctx: Sockets,
+) -> None:
+    """Issue 30, item 10: on the Event BUS wire the data frame is MessagePack, so
+    the released bus (which decodes it as such) gets the value published: JSON
+    data as its value, bytes as bytes, text as text; six frames, no more."""
+    url, collector = released_bus_collector(ctx)
+    cases = [
+        ({"a": 1}, "application/json"),
+        (b"\x00raw\xff", "application/octet-stream"),
+        (b"\x00raw\xff", None),
+        ({"b": [1, 2]}, None),
+        ('{"c": 3}', "text/plain"),
+    ]
+    for data, content_type in cases:
+        emq.publish("/wire/a", data, content_type=content_type, url=url)
+    got = []
+    for _ in cases:
+        assert collector.poll(10_000), "the PUB did not arrive"
+        frames = collector.recv_multipart()[1:]  # the DEALER's identity first
+        assert len(frames) == 6, frames
+        got.append(msgpack.unpackb(frames[5], raw=False))
+    assert got == [{"a": 1}, b"\x00raw\xff", b"\x00raw\xff", {"b": [1, 2]}, '{"c": 3}']
+
+
+def test_subscribe_gets_the_snapshot_of_a_bus_that_routes_by_text_identity(
+    ctx: Sockets,
+) -> None:
+    """Issue 30, item 9. Stands for the released Event BUS server (event-bus-zeromq
+    3.0.4, Node): its snapshot ROUTER turns the requester's identity into a UTF-8
+    string and routes the SYNCs and the SYNCEND back by that string, so a binary
+    identity (libzmq's automatic one) never gets its answer, and a subscriber
+    waiting for SYNCEND delivers nothing."""
+    snapshot_url, publish_url = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(2))
+    snapshot = ctx.context.socket(zmq.ROUTER)  # drops what it cannot route, silently
+    snapshot.linger = 0
+    ctx.opened.append(snapshot)
+    snapshot.bind(snapshot_url)
+    publisher = ctx.context.socket(zmq.PUB)
+    publisher.linger = 0
+    ctx.opened.append(publisher)
+    publisher.bind(publish_url)
+    with emq.subscribe("/nb/", since=0, snapshot_url=snapshot_url, publish_url=publish_url) as sub:
+        assert snapshot.poll(10_000), "no SYNCSTART"
+        identity, command, spec, since = snapshot.recv_multipart()
+        assert (command, spec, since) == (b"SYNCSTART", b"/nb/", b"0")
+        back = identity.decode("utf-8", "replace").encode()  # as a JavaScript string
+        event = [b"/nb/a", b"1", b"node", b"2026-11-27T10:00:00.000Z", str(uuid.uuid4()).encode()]
+        snapshot.send_multipart([back, b"SYNC", *event, msgpack.packb({"n": 1})])
+        snapshot.send_multipart([back, b"SYNCEND", spec, b"1"])
+        got = sub.next(timeout=15.0)
+    assert got is not None and (got.seq, got.topic, got.data) == (1, "/nb/a", {"n": 1})

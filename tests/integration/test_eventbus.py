@@ -260,3 +260,29 @@ def test_malformed_publish_batches_are_counted_and_publish_nothing(
     wait_seq(broker, 2)
     with pytest.raises(ValueError):
         emq.publish_many("", [1], url=s.BUS_COLLECT_BIND)  # a bad topic: nothing sent
+
+
+def test_publish_carries_text_and_refuses_what_the_bus_cannot_carry(
+    start_broker: Callable[..., Broker],
+) -> None:
+    """Issue 30, item 7: text is accepted (str, or UTF-8 bytes, under any ``text/``
+    type) and reaches subscribers and the broker's store as text; a content type
+    the Event BUS cannot carry is refused at the call, with the reason, and
+    nothing is published."""
+    broker = start_broker()
+    s = broker.server.settings
+    urls = {"url": s.BUS_COLLECT_BIND}
+    for content_type, data in (("image/png", b"\x89PNG"), ("application/x-custom", b"x")):
+        with pytest.raises(ValueError, match=content_type):
+            emq.publish("/text/refused", data, content_type=content_type, **urls)
+    with pytest.raises(ValueError, match="UTF-8"):
+        emq.publish("/text/refused", b"\xff\xfe", content_type="text/plain", **urls)
+    emq.publish("/text/a", b"plain words", content_type="text/plain", **urls)
+    emq.publish("/text/a", "<p>caf\u00e9</p>", content_type="text/html; charset=utf-8", **urls)
+    wait_seq(broker, 2)
+    with emq.subscribe(
+        "/text/", since=0, snapshot_url=s.BUS_SNAPSHOT_BIND, publish_url=s.BUS_PUBLISH_BIND
+    ) as sub:
+        got = [sub.next(timeout=10.0) for _ in range(2)]
+    assert [e.data if e else None for e in got] == ["plain words", "<p>caf\u00e9</p>"]
+    assert figures(broker).get("malformed", 0) == 0

@@ -51,12 +51,18 @@ def test_commands_before_connect_get_an_error() -> None:
     answer = p.handle(A, [b"", b"SUB", b"ID", b"9", b"", b"t"], 0.0)
     assert answer is not None and answer[:4] == [b"", b"ERROR", b"ID", b"9"]
     assert b"CONNECT first" in answer[-1]
-    assert p.handle(A, [b"", b"NOOP"], 0.0) == [
+    assert p.handle(A, [b"", b"NOOP", b"ID", b"n"], 0.0) == [
         b"",
         b"ERROR",
+        b"ID",
+        b"n",
         b"MESSAGE",
         b"NOOP before CONNECT (or after an eviction): CONNECT first",
     ]
+    # without an ID nobody waits for an answer: none, as mc0d (issue 30 item 8)
+    assert p.handle(A, [b"", b"NOOP"], 0.0) is None
+    assert p.handle(A, [b"", b"PUT", b"TOPIC", b"t", b"", b"body"], 0.0) is None
+    assert p.core.counters["mc0_unanswered"] == 2
     assert p.core.counters["mc0_errors"] == 2
     assert p.core.counters["protocol_errors"] == 2
     assert not p.sessions
@@ -156,3 +162,16 @@ def test_a_bad_put_is_refused_and_publishes_nothing() -> None:
     assert answer is not None and answer[:4] == [b"", b"ERROR", b"ID", b"p2"]
     assert not [e for e in p.core.out if type(e) is Published]
     assert p.core.topics.last_seq == 0
+
+
+def test_a_key_that_lost_subscriber_loses_its_subs_and_a_revoked_one_its_session() -> None:
+    """What the CURVE guard asks after a key reload (issue 30 item 6)."""
+    p = port()
+    for identity in (A, B):
+        connect(p, identity)
+        assert p.handle(identity, [b"", b"SUB", b"ID", b"s", b"", b"t"], 0.1) is not None
+    p.narrow(A, frozenset({"publisher"}), 0.2)  # publisher still: the session stays
+    assert A in p.sessions and not p.sessions[A].topics
+    assert set(p.subscribers["t"]) == {B}
+    assert p.revoke(B, 0.3) and B not in p.sessions and "t" not in p.subscribers
+    assert not p.revoke(B, 0.4)  # no session left

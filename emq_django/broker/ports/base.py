@@ -170,6 +170,24 @@ class Port(ABC):
         """The peers this port knows, by identity (its workers, its schedulers)."""
         return {}
 
+    def revoke(self, identity: bytes, now: float) -> bool:
+        """The key ``identity`` spoke with was revoked: forget that peer (its jobs
+        go back to the queue as after a lost peer); True if there was one."""
+        peer = self.known_peers().get(identity)
+        if peer is None:
+            return False
+        self.core.peer_unreachable(peer, now)
+        return True
+
+    def narrow(self, identity: bytes, roles: frozenset[str], now: float) -> None:  # noqa: B027
+        """The key ``identity`` spoke with now holds only ``roles`` (still one this
+        port admits): take back what it may no longer have (mc0: its SUBs)."""
+
+    def harmless(self, socket: str, frames: Sequence[bytes]) -> bool:
+        """A message read even from a revoked key (or from none: libzmq's own, such
+        as an XPUB's unsubscription when a peer goes)."""
+        return False
+
     def unroutable(self, identity: bytes, now: float) -> None:
         """The socket could not route to ``identity``: that peer is gone."""
         peer = self.known_peers().get(identity)

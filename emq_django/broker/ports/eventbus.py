@@ -225,6 +225,11 @@ class EventBusPort(Port):
         self._malformed(identity, ProtocolError("the publisher socket takes only subscriptions"))
         return None
 
+    def harmless(self, socket: str, frames: Sequence[bytes]) -> bool:
+        """An unsubscription on a publisher: libzmq's own when a peer goes (it
+        carries no key), so the counts stay right after a revocation."""
+        return socket in (PUBLISH, BATCH) and len(frames) == 1 and frames[0][:1] == b"\x00"
+
     def handle_batch_subscription(
         self, identity: bytes, frames: Sequence[bytes], now: float
     ) -> list[bytes] | None:

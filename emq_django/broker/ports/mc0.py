@@ -10,7 +10,8 @@ and its topics.
 - ``PUT`` publishes into the broker's one topic space (``core.topic_publish``), so
   it reaches every port's subscribers (Event BUS, ``emq.subscribe``) and events
   published elsewhere reach the mc0 subscribers of their topic, through
-  ``on_published``, as ``MESSAGE`` with every PUT header but ``ID``.
+  ``on_published``, as ``MESSAGE`` with every PUT header but ``ID`` (bytes and
+  text published as MessagePack come as their raw bytes: ``eventbus.as_raw``).
 - Heartbeats: a session sent nothing for 0.95 x TTL gets a ``NOOP``; one not heard
   from for 1.05 x TTL is evicted (``mc0_evicted``): no more messages, its topics
   dropped. The timers live in one heap (``next_timer`` / ``on_timer``), entries
@@ -18,12 +19,16 @@ and its topics.
 - With CURVE (``EMQ_CURVE_SECRET_KEY``) the socket is a CURVE server like every
   port's: keys holding the publisher or subscriber role connect (ZAP), PUT needs
   publisher and SUB subscriber (``authorize``; refused ones answered ERROR). A
-  revoked key's messages are dropped by the server's guard, so its session is
-  evicted 1.05 x TTL later.
+  revoked key's session ends when the broker reloads its keys (``revoke``): no
+  MESSAGE reaches it after that, and the guard drops what it sends; a key that
+  lost the subscriber role loses its SUBs (``narrow``).
 - Anything malformed (no leading empty frame, an unknown verb, an odd number of
   header frames, a bad value) or a command before ``CONNECT`` is answered
   ``ERROR`` and counted (``protocol_errors``, ``mc0_errors``); nothing of it
-  reaches the core.
+  reaches the core. Except a ``NOOP`` or ``PUT`` without an ``ID`` from a
+  connector with no session (evicted): not answered, as mc0d does, so that the
+  released connector's watchdog reconnects it (``mc0_unanswered``; the PUT is
+  dropped).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from emq_django.broker.effects import Effect
 from emq_django.broker.ports.base import Port
 from emq_django.broker.state import show_identity
 from emq_django.broker.topics import Event
-from emq_django.protocol import mc0
+from emq_django.protocol import eventbus, mc0
 from emq_django.security.roles import PUBLISHER, SUBSCRIBER
 from emq_django.transport import SocketOptions
 
@@ -57,7 +62,9 @@ COUNTERS = (
     "mc0_puts",
     "mc0_messages_sent",
     "mc0_noops_sent",
+    "mc0_unanswered",  # NOOPs and PUTs without an ID from a connector with no session
 )
+UNANSWERED_LOG_BUDGET = 20  # then every 1,000th
 
 
 @dataclass(slots=True, eq=False)
@@ -155,6 +162,8 @@ class Mc0Port(Port):
             if session is not None:
                 self._drop(session)
                 self.core.counters["mc0_disconnects"] += 1
+        elif session is None and not cmd.msg_id and verb in (mc0.NOOP, mc0.PUT):
+            self._unanswered(identity, verb)
         elif session is None:
             raise mc0.Mc0Error(
                 f"{verb.decode()} before CONNECT (or after an eviction): CONNECT first",
@@ -170,6 +179,26 @@ class Mc0Port(Port):
             self._put(identity, cmd, frames, now)
         # NOOP: the session's last_in is all it does
         return mc0.ok(cmd.msg_id) if cmd.msg_id else None
+
+    def _unanswered(self, identity: bytes, verb: bytes) -> None:
+        """A NOOP or PUT (no ID: nobody waits for an answer) from a connector with no
+        session, evicted or never connected: not answered, as mc0d does with a
+        client it forgot. The released connector takes any message as proof of
+        life, so an ERROR here would keep its watchdog from ever reconnecting it;
+        silence makes it reconnect after 1.05 x its heartbeat. Counted and logged
+        (the PUT is dropped)."""
+        counters = self.core.counters
+        counters["mc0_unanswered"] += 1
+        n = counters["mc0_unanswered"]
+        if n <= UNANSWERED_LOG_BUDGET or n % 1000 == 0:
+            log.warning(
+                "mc0: %s from %s, which has no session (evicted?): not answered, so that "
+                "its connector reconnects%s (%d so far)",
+                verb.decode(),
+                show_identity(identity),
+                "; the PUT is dropped" if verb == mc0.PUT else "",
+                n,
+            )
 
     def _connect(self, identity: bytes, params: mc0.Connect, now: float) -> None:
         """A new session (a CONNECT again starts afresh: the connector re-subscribes
@@ -267,7 +296,7 @@ class Mc0Port(Port):
         subs = self.subscribers.get(event.topic)
         if not subs:
             return []
-        frames = mc0.message(event.topic, event.data, event.headers)
+        frames = mc0.message(event.topic, eventbus.as_raw(event), event.headers)
         now = self._now
         out = []
         for identity, session in subs.items():
@@ -278,6 +307,22 @@ class Mc0Port(Port):
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         return None  # no job effects are addressed to mc0 connectors
+
+    def revoke(self, identity: bytes, now: float) -> bool:
+        """The connector's key was revoked: its session ends at once (no MESSAGE
+        more; what it sends is dropped by the guard)."""
+        session = self.sessions.get(identity)
+        if session is None:
+            return False
+        self._drop(session)
+        return True
+
+    def narrow(self, identity: bytes, roles: frozenset[str], now: float) -> None:
+        """A key that lost the subscriber role keeps its session, not its SUBs."""
+        session = self.sessions.get(identity)
+        if session is not None and SUBSCRIBER not in roles:
+            for topic in list(session.topics):
+                self._unsubscribe(session, topic)
 
     def unroutable(self, identity: bytes, now: float) -> None:
         """The connector's socket is gone: so is its session."""

@@ -85,9 +85,38 @@ class MajordomoPort(Port):
             return "Majordomo requests need the client role"
         return None
 
+    def forbidden(
+        self, identity: bytes, frames: Sequence[bytes], reason: str
+    ) -> list[bytes] | None:
+        """A client request the key's roles do not allow: a FINAL with the reason
+        (a worker command: nothing, as before)."""
+        try:
+            message = mdp.decode(frames)
+        except mdp.BadRequest as exc:
+            framing, service, request_id = exc.framing, exc.service, exc.request_id
+        except ProtocolError:
+            return None
+        else:
+            if type(message) is not mdp.ClientRequest:
+                return None
+            framing, request_id = message.framing, message.request_id
+            service = message.service.encode()
+        refused = mdp.BadRequest(reason, frames, "forbidden", framing, service, request_id)
+        return self._refusal(refused, reason, counted=True)  # (the guard counted it)
+
+    def _refusal(self, exc: mdp.BadRequest, reason: str, counted: bool = False) -> list[bytes]:
+        """A refused REQUEST's FINAL: emq's failure body, as for any refused job."""
+        if not counted:
+            self.core.count_refusal(exc.code)
+        body = encode_failure(JOB_REFUSED, f"{exc.code}: {reason}", "")
+        return mdp.client_refusal(exc, body)
+
     def handle(self, identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
         try:
             message = mdp.decode(frames)
+        except mdp.BadRequest as exc:
+            self.count_malformed(identity, exc, answered=True)
+            return self._refusal(exc, exc.reason)
         except ProtocolError as exc:
             self.count_malformed(identity, exc, answered=False)
             return None
