@@ -183,7 +183,7 @@ class Result:
         msgid = self._msgid_bytes()
         # wait_reply takes a REPLY that came already without a poll (the drain that
         # read it, for whichever handle, kept it)
-        if not history_installed():
+        if not (client.records_history and history_installed()):
             self._settle(client.wait_reply(msgid, timeout).body)
             return
         deadline = None if timeout is None else time.monotonic() + timeout
