@@ -183,7 +183,8 @@ class Result:
         msgid = self._msgid_bytes()
         # wait_reply takes a REPLY that came already without a poll (the drain that
         # read it, for whichever handle, kept it)
-        if not (client.records_history and history_installed()):
+        # (a client without the attribute, a stand-in for Client, may be recorded)
+        if not history_installed() or not getattr(client, "records_history", True):
             self._settle(client.wait_reply(msgid, timeout).body)
             return
         deadline = None if timeout is None else time.monotonic() + timeout
