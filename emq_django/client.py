@@ -1232,6 +1232,11 @@ def reset_client(**kwargs: Any) -> None:
         _client = None
 
 
+def current_client() -> Client | None:
+    """This process's client if one was made (or installed), without making one."""
+    return _client if _client_pid == _pid else None
+
+
 def install_client(client: Any) -> Callable[[], None]:
     """Make ``client`` this process's client until the returned function is called:
     ``get_client()`` returns it, so ``delay()``, ``apply_async()``, ``map()`` and the

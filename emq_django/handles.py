@@ -271,6 +271,10 @@ class StoredResult(Result):
         return f"<StoredResult {self.id}>"
 
     def _wait(self, timeout: float | None) -> None:
+        local = _unrecorded_client()
+        if local is not None:  # the in-memory broker's (emq_django.testing): no history
+            self._settle(local.wait_reply(self.id.encode(), timeout).body)
+            return
         if not history_installed():
             raise ResultUnavailable(
                 f"emq.result({self.id!r}) reads the job history: add "
@@ -290,7 +294,24 @@ class StoredResult(Result):
         return found
 
     def ready(self) -> bool:
-        return self._done or (history_installed() and self._settle_from_history())
+        if self._done:
+            return True
+        local = _unrecorded_client()
+        if local is not None:
+            reply = local.poll_reply(self.id.encode())
+            if reply is not None:
+                self._settle(reply.body)
+            return self._done
+        return history_installed() and self._settle_from_history()
+
+
+def _unrecorded_client() -> Client | None:
+    """This process's client when no job manager records its jobs in the history
+    (``records_history``: the in-memory broker's, which keeps their results)."""
+    client = client_module().current_client()
+    if client is None or getattr(client, "records_history", True):
+        return None
+    return client  # type: ignore[no-any-return]
 
 
 def result(job_id: str) -> Result:

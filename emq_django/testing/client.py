@@ -180,8 +180,8 @@ class MemoryClient:
         ``JobRefused``/``QueueFull`` for a refused job."""
         self.broker.run()
         if msgid in self._errors:
-            raise _refusal(self._errors.pop(msgid))
-        reply = self._replies.pop(msgid, None)
+            raise _refusal(self._errors[msgid])
+        reply = self._replies.get(msgid)  # kept: emq.result(id) may read it again
         if reply is not None:
             self._partials.pop(msgid, None)  # get() took the outcome: nobody streams now
         return reply
@@ -218,5 +218,5 @@ class MemoryClient:
             )
         return (
             f"no result for job {msgid.decode()}: the in-memory broker has no such job "
-            "waiting (sent before the broker was installed, or its result was taken)"
+            "(it was sent before the broker was installed, or with reply=False)"
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import emq_django as emq
+from emq_django.client import get_client
 from emq_django.testing import BrokerConfig, InMemoryBroker
 
 calls: dict[str, int] = {}
@@ -107,3 +108,19 @@ def test_a_job_for_an_unregistered_task_fails_with_task_not_found(emq_broker):
 def test_bad_options_are_refused_where_the_job_is_sent(emq_broker):
     with pytest.raises(ValueError, match="countdown"):
         echo.apply_async(("x",), countdown=-1)
+
+
+def test_a_result_is_found_by_its_id(emq_broker):
+    job_id = echo.delay("by id").id
+
+    assert emq.result(job_id).get() == "by id"
+
+
+def test_a_cancelled_job_never_runs_and_its_result_says_so(emq_broker):
+    result = echo.apply_async(("never",), countdown=10)
+
+    assert get_client().cancel(result.id)
+    emq_broker.advance(10)
+
+    with pytest.raises(emq.Cancelled):
+        result.get()
