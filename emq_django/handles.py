@@ -311,7 +311,7 @@ def _unrecorded_client() -> Client | None:
     client = client_module().current_client()
     if client is None or getattr(client, "records_history", True):
         return None
-    return client  # type: ignore[no-any-return]
+    return client
 
 
 def result(job_id: str) -> Result:
