@@ -124,3 +124,28 @@ def test_a_cancelled_job_never_runs_and_its_result_says_so(emq_broker):
 
     with pytest.raises(emq.Cancelled):
         result.get()
+
+
+@emq.task(reply=False)
+def fire_and_forget(value: str) -> None: ...
+
+
+def test_refused_jobs_sent_without_reply_are_raised_by_the_next_send():
+    with InMemoryBroker(BrokerConfig(max_pending=1)):
+        fire_and_forget.delay("running")
+        fire_and_forget.delay("waiting")
+        fire_and_forget.delay("refused")
+
+        with pytest.raises(emq.JobsRefused) as refused:
+            fire_and_forget.delay("not sent")
+        assert refused.value.codes == {"queue-full"}
+
+
+def test_a_job_a_day_ahead_runs_when_the_clock_gets_there(emq_broker):
+    result = echo.apply_async(("tomorrow",), countdown=86_400)
+
+    emq_broker.advance(86_399)
+    assert emq_broker.delayed() == 1
+
+    emq_broker.advance(1)
+    assert result.get() == "tomorrow"
