@@ -36,6 +36,12 @@ class GroupTasksTest(InMemoryBrokerMixin, TestCase):
         self.assertEqual(self.emq_broker.dead_letters()[0]["attempts"], 2)
         self.assertEqual(Group.objects.count(), 0)
 
+    def test_a_job_sent_on_commit_runs_once_the_callbacks_run(self) -> None:
+        with self.captureOnCommitCallbacks(execute=True):
+            result = add_group.delay_on_commit("after commit")
+
+        self.assertEqual(Group.objects.get(pk=result.get()).name, "after commit")
+
 
 @override_settings(EMQ_EAGER=True)
 def test_installing_with_eager_on_says_why_it_cannot_work() -> None:
