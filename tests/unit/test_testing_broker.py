@@ -149,3 +149,45 @@ def test_a_job_a_day_ahead_runs_when_the_clock_gets_there(emq_broker):
 
     emq_broker.advance(1)
     assert result.get() == "tomorrow"
+
+
+@emq.task
+def polls(key: str) -> str:
+    """Asks to be run again in 10 s until its third attempt."""
+    calls[key] = calls.get(key, 0) + 1
+    if calls[key] < 3:
+        raise emq.Retry(delay=10, reason="not ready yet")
+    return "ready"
+
+
+def test_a_task_that_asks_for_a_retry_runs_again_after_its_delay(emq_broker):
+    result = polls.delay("polled")
+
+    emq_broker.advance(19)
+    assert calls["polled"] == 2
+
+    emq_broker.advance(1)
+    assert result.get() == "ready"
+
+
+def test_map_sends_one_job_per_call(emq_broker):
+    results = echo.map([("a",), ("b",)])
+
+    assert [r.get() for r in results] == ["a", "b"]
+
+
+@emq.task(retries=1)
+def streams_then_fails_once(key: str):
+    calls[key] = calls.get(key, 0) + 1
+    yield f"attempt {calls[key]}"
+    if calls[key] == 1:
+        raise ConnectionError("lost the feed")
+    return "complete"
+
+
+def test_a_retried_jobs_stream_goes_on_with_the_new_attempt(emq_broker):
+    result = streams_then_fails_once.delay("stream")
+    emq_broker.advance(60)
+
+    assert list(result.stream()) == ["attempt 1", "attempt 2", "complete"]
+    assert result.attempt == 2
