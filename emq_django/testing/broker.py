@@ -69,7 +69,8 @@ class InMemoryBroker:
         # a countdown (sent as a wall time) counts on this clock (MemoryClient)
         self.core.wall_offset = time.time()
         self.port = MemoryPort()
-        self.client = MemoryClient(self, ClientRef(self.port, b"memory-client"))  # type: ignore[arg-type]
+        ref = ClientRef(self.port, b"memory-client")  # type: ignore[arg-type]
+        self.client = MemoryClient(self, ref)
         self.workers: dict[str, Peer] = {}  # queue name -> its worker
         self.deliveries: deque[tuple[Peer, Job]] = deque()  # dispatched, not yet run
         self.attempts = 0  # attempts run so far
@@ -163,6 +164,27 @@ class InMemoryBroker:
         """Seconds until the next job that waits for the clock is due; None if none."""
         due = self.core.life.delayed.next_due()
         return None if due == float("inf") else max(due - self.now, 0.0)
+
+    def why_waiting(self, job_id: bytes) -> str:
+        """Why job ``job_id`` has no result once what is ready has run."""
+        job = self.core.life.jobs.get(job_id)
+        name = job_id.decode(errors="replace")
+        if job is None:
+            return (
+                f"no result for job {name}: the in-memory broker has no such job "
+                "(it was sent before the broker was installed)"
+            )
+        if any(delayed is job for delayed in self.core.life.delayed.jobs()):
+            return (
+                f"no result for job {name} yet: it waits for the test clock (the next "
+                f"delayed job is due in {self.next_due():g} s); call advance() on the "
+                "in-memory broker to move it"
+            )
+        return (
+            f"no result for job {name} yet: it waits for the one worker of queue "
+            f"{job.queue!r}, which runs a task that waits for it (a job sent on its own "
+            "queue and waited for)"
+        )
 
     @property
     def counters(self) -> dict[str, int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from emq_django.client import _refusal  # the error the real client raises for an ERROR
 from emq_django.exceptions import JobsRefused, ProtocolError, ResultTimeout
@@ -24,9 +24,21 @@ from emq_django.protocol.limits import check_job_id
 
 if TYPE_CHECKING:
     from emq_django.broker.effects import Answer, ClientRef, Refuse
-    from emq_django.testing.broker import InMemoryBroker
+    from emq_django.protocol.headers import Headers
 
 log = logging.getLogger(__name__)
+
+
+class Broker(Protocol):
+    """What the client asks of the in-memory broker (``InMemoryBroker``)."""
+
+    def request(
+        self, client: ClientRef, msgid: bytes, queue: str, headers: Headers, body: bytes
+    ) -> None: ...
+    def refuse(self, client: ClientRef, msgid: bytes, code: str, reason: str) -> None: ...
+    def cancel(self, job_id: bytes) -> str: ...
+    def run(self) -> int: ...
+    def why_waiting(self, job_id: bytes) -> str: ...
 
 
 class MemoryClient:
@@ -34,7 +46,7 @@ class MemoryClient:
 
     records_history = False  # no job manager records its jobs: get() asks only here
 
-    def __init__(self, broker: InMemoryBroker, ref: ClientRef) -> None:
+    def __init__(self, broker: Broker, ref: ClientRef) -> None:
         self.broker = broker
         self.ref = ref
         self._ids = IdGenerator()
@@ -193,7 +205,7 @@ class MemoryClient:
         ready has run (nothing else can happen until the test moves the clock)."""
         reply = self.take_reply(msgid)
         if reply is None:
-            raise ResultTimeout(self._why_waiting(msgid))
+            raise ResultTimeout(self.broker.why_waiting(msgid))
         return reply
 
     def next_streamed(
@@ -206,17 +218,3 @@ class MemoryClient:
         if partials:
             return partials.popleft()
         return self.wait_reply(msgid, timeout)
-
-    def _why_waiting(self, msgid: bytes) -> str:
-        job = self.broker.core.life.jobs.get(msgid)
-        due = self.broker.next_due()
-        if job is not None and due is not None:
-            return (
-                f"no result for job {msgid.decode()} yet: it waits for the test clock "
-                f"(the next delayed job is due in {due:g} s); call advance() on the "
-                "in-memory broker to move it"
-            )
-        return (
-            f"no result for job {msgid.decode()}: the in-memory broker has no such job "
-            "(it was sent before the broker was installed, or with reply=False)"
-        )

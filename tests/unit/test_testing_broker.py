@@ -191,3 +191,15 @@ def test_a_retried_jobs_stream_goes_on_with_the_new_attempt(emq_broker):
 
     assert list(result.stream()) == ["attempt 1", "attempt 2", "complete"]
     assert result.attempt == 2
+
+
+@emq.task
+def waits_for_its_own_queue() -> str:
+    return echo.delay("inner").get()
+
+
+def test_a_task_waiting_for_a_job_on_its_own_queue_is_told_why(emq_broker):
+    result = waits_for_its_own_queue.delay()
+
+    with pytest.raises(emq.TaskFailed, match="waits for the one worker of queue 'default'"):
+        result.get()
