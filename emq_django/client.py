@@ -120,6 +120,10 @@ class _Partials:
 
 
 class Client:
+    # job managers may record its jobs' results in the job history (emq_django.results),
+    # where ``get()`` also looks; not so for the in-memory broker's (emq_django.testing)
+    records_history = True
+
     def __init__(
         self,
         url: str,
@@ -1226,3 +1230,27 @@ def reset_client(**kwargs: Any) -> None:
         if _client is not None and _client_pid == os.getpid():
             _client.close()
         _client = None
+
+
+def current_client() -> Client | None:
+    """This process's client if one was made (or installed), without making one."""
+    return _client if _client_pid == _pid else None
+
+
+def install_client(client: Any) -> Callable[[], None]:
+    """Make ``client`` this process's client until the returned function is called:
+    ``get_client()`` returns it, so ``delay()``, ``apply_async()``, ``map()`` and the
+    result handles go through it. The seam ``emq_django.testing`` puts its in-memory
+    broker's client in; ``client`` has ``Client``'s sending and reply methods."""
+    global _client, _client_pid
+    with _client_lock:
+        saved = (_client, _client_pid)
+        _client, _client_pid = client, _pid
+
+    def restore() -> None:
+        global _client, _client_pid
+        with _client_lock:
+            if _client is client:
+                _client, _client_pid = saved
+
+    return restore

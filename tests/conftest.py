@@ -22,6 +22,9 @@ from typing import Any
 
 import pytest
 
+# the emq_broker fixture, as an installed emq-django gives it (its pytest11 entry point)
+pytest_plugins = ["emq_django.testing.pytest_plugin"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 

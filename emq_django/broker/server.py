@@ -118,17 +118,7 @@ class BrokerServer:
         self.clock = clock
         self.grace = settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.core = BrokerCore(
-            BrokerConfig(
-                heartbeat_interval=settings.HEARTBEAT_INTERVAL,
-                heartbeat_liveness=settings.HEARTBEAT_LIVENESS,
-                max_pending=settings.MAX_PENDING,
-                max_queue_bytes=settings.MAX_QUEUE_BYTES,
-                retry_base=settings.RETRY_BASE,
-                retry_cap=settings.RETRY_CAP,
-                dedupe_window=settings.DEDUPE_WINDOW,
-                max_dead_letters=settings.MAX_DEAD_LETTERS,
-                max_body_bytes=settings.MAX_BODY_BYTES,
-            ),
+            BrokerConfig.from_settings(settings),
             clock(),
             trace=bool(settings.TRACE_DIR),
             topics=TopicSpace(settings.TOPIC_RETENTION),

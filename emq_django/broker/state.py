@@ -42,6 +42,22 @@ class BrokerConfig:
     max_dead_letters: int = 100_000
     max_body_bytes: int = 64 * 1024 * 1024
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> BrokerConfig:
+        """The core's bounds from ``EmqSettings`` (the server's and the in-memory
+        broker's of ``emq_django.testing``)."""
+        return cls(
+            heartbeat_interval=settings.HEARTBEAT_INTERVAL,
+            heartbeat_liveness=settings.HEARTBEAT_LIVENESS,
+            max_pending=settings.MAX_PENDING,
+            max_queue_bytes=settings.MAX_QUEUE_BYTES,
+            retry_base=settings.RETRY_BASE,
+            retry_cap=settings.RETRY_CAP,
+            dedupe_window=settings.DEDUPE_WINDOW,
+            max_dead_letters=settings.MAX_DEAD_LETTERS,
+            max_body_bytes=settings.MAX_BODY_BYTES,
+        )
+
 
 @dataclass(slots=True, eq=False)
 class Job:

@@ -116,13 +116,20 @@ def execute(body: bytes, job_id: bytes = b"", sink: PartialSink | None = None) -
 def execute_counting(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
     """``execute`` with a sink that counts for itself (a worker process's
     ``_PartialSender``): no wrapper per job."""
-    outcome = _execute(body, job_id, sink)
+    outcome = run_in_place(body, job_id, sink)
+    # Closing after every job also closes "before" the next one: nothing runs between
+    # jobs, and the job manager closes all connections before it forks.
+    if _Connections.opened:
+        close_old_connections()
     if sink.count:
         outcome.partials = sink.count  # a fresh Outcome per job: nothing shares it
     return outcome
 
 
-def _execute(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
+def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
+    """Run the job in ``body`` and leave the database connections as they are
+    (``emq_django.testing`` runs jobs inside a test's transaction, which closing
+    them would break). Never raises: every failure is an ``Outcome``."""
     try:
         spec = decode_run_body(body)
     except ProtocolError as exc:
@@ -140,8 +147,6 @@ def _execute(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
         message = f"{spec.task_name!r} is not a registered task"
         return Outcome(encode_failure(name, message, ""), True, name, spec)
     token = current_job.set(job_id)
-    # Closing after every job also closes "before" the next one: nothing runs between
-    # jobs, and the job manager closes all connections before it forks.
     sink_token = partial_sink.set(sink)
     try:
         value = task.fn(*spec.args, **spec.kwargs)
@@ -166,8 +171,6 @@ def _execute(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
     finally:
         partial_sink.reset(sink_token)
         current_job.reset(token)
-        if _Connections.opened:
-            close_old_connections()
     if value is None:
         return Outcome(_NONE_RESULT, False, "", spec)
     try:
