@@ -11,6 +11,7 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -34,7 +35,7 @@ from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
-from emq_django.broker.ports.base import Handler, SocketSpec
+from emq_django.broker.ports.base import FULL, GONE, SENT, Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
 from emq_django.broker.ports.pzq import PzqPort
 from emq_django.broker.topics import Event, TopicSpace
@@ -164,6 +165,7 @@ class BrokerServer:
                 self.ports.append(port)
         # the ports with timers of their own (asked each loop turn; the others never)
         self._timed_ports = [p for p in self.ports if type(p).next_timer is not Port.next_timer]
+        self._paced = {p: functools.partial(self._send_paced, p) for p in self._timed_ports}
         self.info = {
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
@@ -358,6 +360,8 @@ class BrokerServer:
                 self.guard.revoke(self.ports, core, now)
             core.on_timer(now)
             self._flush()
+            # every turn, busy or not: a replay a port paces goes on under load too
+            port_wake = self._port_timers(now)
             reclaim = self.reclaimer.due(core.footprint(), now)
             if reclaim is not None:
                 self._reclaim(reclaim)
@@ -365,7 +369,7 @@ class BrokerServer:
             if ready:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
-                wake = min(core.next_deadline(), deadline, self._port_timers(now), self._late_due)
+                wake = min(core.next_deadline(), deadline, port_wake, self._late_due)
                 if core.life.spill_requests:
                     wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
@@ -424,6 +428,7 @@ class BrokerServer:
                 continue
             if due <= now:
                 self._send_port_frames(port, port.on_timer(now))
+                port.pump(now, self._paced[port])
                 due = port.next_timer()
                 if due is None:
                     continue
@@ -444,6 +449,21 @@ class BrokerServer:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
                 port.unroutable(frames[0], self.clock())
+
+    def _send_paced(self, port: Port, name: str, frames: list[bytes]) -> int:
+        """One message a port paces itself (``Port.pump``), never blocking; whether
+        it left, met a full pipe or a gone peer."""
+        sock = self.named[(port, name)]
+        self._touched.add(sock)
+        try:
+            wire.send(sock, frames)
+        except zmq.Again:
+            return FULL
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            return GONE
+        return SENT
 
     def _drain(
         self,

@@ -5,9 +5,13 @@ Three sockets, as the released bus binds them (loopback 5556, 5557, 5558 by
 default); the wire is ``protocol/eventbus.py``:
 
 - snapshot (ROUTER): ``SYNCSTART`` gets one ``SYNC`` per kept event above the
-  sequence asked for, on the subtrees asked for, then ``SYNCEND`` with the
-  broker's current sequence (the Clone pattern's state request); at most
-  ``MAX_SYNC`` SYNCs, after which SYNCEND carries the last one's sequence;
+  sequence asked for, on the subtrees asked for, up to the broker's sequence when
+  it asked, then ``SYNCEND`` with that sequence (the Clone pattern's state
+  request). The replay is paced by its client: it goes out a bounded part per
+  loop turn (``REPLAY_TURN`` SYNCs over all replays), only while the client's
+  pipe (``SNAPSHOT_HWM`` messages) has room, and it ends as soon as the client
+  is found gone. So a snapshot of any length never holds the loop (the jobs'
+  round trips go on meanwhile) and never costs more memory than the pipes;
 - publisher (XPUB, which a PUB's subscribers cannot tell apart): every event of
   the topic space, from whichever port it came in by, as it is numbered. Its
   subscription messages are how the port counts subscriptions; anything else a
@@ -33,12 +37,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from emq_django.broker.effects import ClientRef, Effect, Send
-from emq_django.broker.ports.base import Handler, Port, SocketSpec
+from emq_django.broker.effects import Effect, Send
+from emq_django.broker.ports.base import GONE, SENT, Handler, PacedSend, Port, SocketSpec
 from emq_django.broker.topics import Event, check_topic
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import eventbus
@@ -49,11 +54,24 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT, PUBLISH, COLLECT = "bus-snapshot", "bus-publish", "bus-collect"
 BATCH = "bus-batch"
-SNAPSHOT_HWM = 1_000_000  # a snapshot's SYNCs wait here for a slow client
-# SYNCs in one answer: a longer replay is answered in pages (the SYNCEND then
-# carries the page's last sequence, and the client asks again from there), so one
-# request cannot make the broker build millions of messages in a loop turn
-MAX_SYNC = 100_000
+# SYNCs waiting in one client's pipe: past it the client's replay waits for it to
+# read (the memory a replay costs the broker is its pipe, not the snapshot)
+SNAPSHOT_HWM = 1_000
+REPLAY_TURN = 1_000  # SYNCs made per loop turn over all replays (a few ms of the loop)
+REPLAY_SHARE = 100  # at least this many per replay served in a turn
+REPLAY_RETRY = 0.02  # seconds before a replay whose client's pipe was full is tried again
+
+
+@dataclass(slots=True)
+class Replay:
+    """One client's snapshot under way: the SYNCs above ``after`` up to ``upto``."""
+
+    identity: bytes
+    spec: bytes  # as received: SYNCEND sends it back
+    subtrees: tuple[str, ...]
+    after: int  # the last sequence sent (or asked from)
+    upto: int  # the broker's sequence at the request: SYNCEND's
+    resume_at: float = 0.0  # a full pipe: not tried again before
 
 
 class EventBusPort(Port):
@@ -74,7 +92,7 @@ class EventBusPort(Port):
         self._run: list[Any] = []
         self._run_bytes = 0
         self._batches: list[tuple[str, list[bytes]]] = []
-        self.max_sync = MAX_SYNC
+        self.replays: dict[bytes, Replay] = {}  # by client identity, oldest first
         self.subscriptions: dict[bytes, int] = {}  # topic filter -> subscriptions
         # subscriptions per publisher socket: one that has none is sent nothing (an
         # event built and fanned out to nobody cost the loop a few µs each, at
@@ -91,6 +109,9 @@ class EventBusPort(Port):
             "collected_batches": 0,  # publish batches taken in
             "malformed": 0,
             "unsent": 0,  # snapshot messages a client's full pipe refused
+            "replays_done": 0,  # snapshots sent to the end (SYNCEND)
+            "replays_abandoned": 0,  # snapshots stopped: their client was gone
+            "replays_waiting": 0,  # times a replay met its client's full pipe
         }
 
     def configure(self, settings: Any) -> None:
@@ -185,25 +206,82 @@ class EventBusPort(Port):
     def handle_snapshot(
         self, identity: bytes, frames: Sequence[bytes], now: float
     ) -> list[bytes] | None:
-        """SYNCSTART: the kept events above its sequence, then SYNCEND."""
+        """SYNCSTART: a replay of the kept events above its sequence, then SYNCEND,
+        sent by ``pump`` as the client reads (a new request replaces one under way)."""
         try:
             request = eventbus.decode_syncstart(frames)
         except ProtocolError as exc:
             self._malformed(identity, exc)
             return None
-        client = ClientRef(self, identity)
-        out = self.core.out
-        n = 0
+        self.replays.pop(identity, None)
         upto = self.core.topics.last_seq
-        for event in self.core.topics.since(request.subtrees, request.seq, self.max_sync):
-            out.append(Send(client, eventbus.sync(event, eventbus.as_msgpack(event))))
-            n += 1
-            if n >= self.max_sync:
-                upto = event.seq  # a page: the client asks again from here
-        out.append(Send(client, eventbus.syncend(request.spec, upto)))
+        self.replays[identity] = Replay(
+            identity, request.spec, request.subtrees, min(request.seq, upto), upto
+        )
         self.figures["syncs"] += 1
-        self.figures["synced_events"] += n
         return None
+
+    def next_timer(self) -> float | None:
+        """When a replay can go on: now, or when a full pipe is tried again."""
+        if not self.replays:
+            return None
+        return min(r.resume_at for r in self.replays.values())
+
+    def pump(self, now: float, send: PacedSend) -> None:
+        """Each replay that can go on gets its share of ``REPLAY_TURN`` SYNCs; one
+        served goes to the back, so many replays take turns."""
+        ready = [r for r in self.replays.values() if r.resume_at <= now]
+        if not ready:
+            return
+        share = max(REPLAY_TURN // len(ready), REPLAY_SHARE)
+        budget = REPLAY_TURN
+        for replay in ready:
+            if budget <= 0:
+                break
+            budget -= self._replay(replay, min(share, budget), now, send)
+            if self.replays.get(replay.identity) is replay:  # to the back
+                del self.replays[replay.identity]
+                self.replays[replay.identity] = replay
+
+    def _replay(self, replay: Replay, limit: int, now: float, send: PacedSend) -> int:
+        """Up to ``limit`` SYNCs of ``replay``, then its SYNCEND when it is through;
+        the SYNCs sent."""
+        topics = self.core.topics
+        n = 0
+        events = list(topics.since(replay.subtrees, replay.after, limit))
+        for event in events:
+            if event.seq > replay.upto:
+                break
+            outcome = send(
+                SNAPSHOT, [replay.identity, *eventbus.sync(event, eventbus.as_msgpack(event))]
+            )
+            if outcome != SENT:
+                return n + self._stalled(replay, outcome, now)
+            replay.after = event.seq
+            n += 1
+        else:
+            if len(events) >= limit and replay.after < replay.upto:
+                self.figures["synced_events"] += n
+                return n  # more to come next turn
+        self.figures["synced_events"] += n
+        outcome = send(SNAPSHOT, [replay.identity, *eventbus.syncend(replay.spec, replay.upto)])
+        if outcome != SENT:
+            replay.after = replay.upto  # only the SYNCEND is left to send
+            return n + self._stalled(replay, outcome, now)
+        del self.replays[replay.identity]
+        self.figures["replays_done"] += 1
+        return n
+
+    def _stalled(self, replay: Replay, outcome: int, now: float) -> int:
+        """The client's pipe is full (try again after ``REPLAY_RETRY``) or the client
+        is gone (its replay ends here)."""
+        if outcome == GONE:
+            del self.replays[replay.identity]
+            self.figures["replays_abandoned"] += 1
+        else:
+            replay.resume_at = now + REPLAY_RETRY
+            self.figures["replays_waiting"] += 1
+        return 0
 
     def handle_subscription(
         self, identity: bytes, frames: Sequence[bytes], now: float, socket: str = PUBLISH
@@ -304,6 +382,7 @@ class EventBusPort(Port):
     def topic_stats(self) -> dict[str, Any]:
         return {
             **self.figures,
+            "replays": len(self.replays),  # snapshots under way
             "subscriptions": {
                 k.decode("utf-8", "replace"): v for k, v in sorted(self.subscriptions.items())
             },

@@ -1,0 +1,102 @@
+"""Topics you can trust (issue 30): a real broker process (``manage.py emq_broker``),
+the Event BUS client written from the document (tests/eventbus_client.py) and raw
+sockets for the hostile ones, and the Python API (``emq.publish_many``,
+``emq.subscribe``)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import zmq
+
+import emq_django as emq
+from emq_django.protocol import PROTOCOL
+from tests.conftest import EmqProcesses
+from tests.e2e import test_topics
+from tests.e2e.test_spine import wait_until
+from tests.e2e.test_topics import Sockets, bus, start, topics
+
+ctx = test_topics.ctx  # the fixture: sockets closed in teardown
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def fill(env: dict[str, str], n: int, topic: str = "/kept/x") -> None:
+    """``n`` small events kept by the broker, numbered 1 .. n."""
+    for start_at in range(0, n, 10_000):
+        emq.publish_many(topic, range(start_at, min(start_at + 10_000, n)))
+    wait_until(lambda: topics(env)["last_seq"] == n, f"{n} events", 120)
+
+
+def replays(env: dict[str, str]) -> dict[str, Any]:
+    figures: dict[str, Any] = topics(env)["ports"]["eventbus"]
+    return figures
+
+
+def emqp_round_trip(ctx: Sockets, env: dict[str, str]) -> None:
+    """A guaranteed REQUEST and its ACK on the broker's eMQP frontend."""
+    client = ctx.socket(zmq.DEALER, env["EMQ_BROKER_URL"])
+    msgid = str(uuid.uuid4()).encode()
+    body = b'["run", {"callable": "add", "path": "tests.tasks", "args": [2, 3], "kwargs": {}}]'
+    client.send_multipart([b"", PROTOCOL, b"REQUEST", msgid, b"nobody", b"guarantee", body])
+    assert client.poll(30_000), "no ACK from the broker"
+    frames = client.recv_multipart()
+    assert frames[2] == b"ACK" and frames[4] == msgid, frames
+
+
+def test_snapshots_are_paced_by_their_client_and_stop_for_a_gone_peer(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    """Ten clients ask for every kept event and close at once; one more asks and
+    reads nothing. The broker does not build a replay for anyone at once: what the
+    gone ones were owed stops when they are found gone, the silent one's replay
+    waits on its own pipe, and meanwhile the broker answers an eMQP round trip."""
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    n = 60_000
+    fill(env, n)
+    for _ in range(10):
+        gone = ctx.socket(zmq.DEALER, env["EMQ_BUS_SNAPSHOT_BIND"])
+        gone.send_multipart([b"SYNCSTART", b"", b"0"])
+        gone.close(linger=500)  # the request leaves; nothing is read
+    silent = ctx.socket(zmq.DEALER, env["EMQ_BUS_SNAPSHOT_BIND"])
+    silent.rcvhwm = 100
+    silent.send_multipart([b"SYNCSTART", b"", b"0"])
+    wait_until(
+        lambda: replays(env)["replays_abandoned"] == 10 and replays(env)["syncs"] == 11,
+        "the gone peers' replays stopped",
+        60,
+        procs=[broker],
+    )
+    emqp_round_trip(ctx, env)
+    figures = replays(env)
+    assert figures["replays"] == 1  # the silent client's, still under way
+    # nothing like 11 x 60,000 SYNCs was made: each replay went as far as its pipe
+    assert figures["synced_events"] < 11 * n // 2, figures
+    # the silent client reads: it gets every event, then SYNCEND at the bus's sequence
+    got = 0
+    while True:
+        assert silent.poll(30_000), f"{got} SYNCs, then nothing"
+        frames = silent.recv_multipart()
+        if frames[0] == b"SYNCEND":
+            break
+        assert frames[0] == b"SYNC" and int(frames[2]) == got + 1
+        got += 1
+    assert got == n and frames[2] == b"%d" % n
+    wait_until(lambda: replays(env)["replays"] == 0, "the replay done", procs=[broker])
+
+
+def test_a_snapshot_longer_than_a_page_ends_at_the_bus_sequence(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    """A client written to the document (one SYNCSTART, SYNCs until SYNCEND, whose
+    sequence is the bus's) gets all 150,000 kept events: no page it must know of."""
+    env = emq_client_env
+    start(emq_processes, env)
+    n = 150_000
+    fill(env, n)
+    events, current = bus(env, ctx).sync("", since=0, timeout=120)
+    assert current == n
+    assert [e.seq for e in events] == list(range(1, n + 1))
