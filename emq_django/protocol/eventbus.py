@@ -88,7 +88,11 @@ _second: list[Any] = [None, b""]  # the last whole second encoded, and its text 
 def encode_ts(ts: float) -> bytes:
     """``Date.toISOString()``'s form: milliseconds and ``Z``. Every event goes out
     with one, so the text of the current second is kept (formatting a datetime
-    was an eighth of the broker's time per event)."""
+    was an eighth of the broker's time per event). A time outside 1970 .. 9999
+    (an event kept before PUBs' times were checked) goes out clamped: a kept
+    event is always servable."""
+    if not 0.0 <= ts < MAX_TS:  # (NaN too)
+        ts = MAX_TS - 1.0 if ts > 0 else 0.0
     frac, whole = math.modf(ts)  # rounded as datetime.fromtimestamp rounds
     micro = round(frac * 1_000_000)
     sec = int(whole)
@@ -268,7 +272,10 @@ def decode_pub(frames: Sequence[bytes]) -> Pub:
             raise ProtocolError(f"unknown content type {ctype[:64]!r}")
     if ctype == MSGPACK:
         check_msgpack(data)
-    return Pub(topic, producer_id, decode_ts(ts), decode_uuid(uuid), bytes(data), ctype)
+    when = decode_ts(ts)
+    if when is not None and not 0.0 <= when < MAX_TS:  # it could not be sent again
+        raise ProtocolError(f"event timestamp {bytes(ts[:32])!r} is outside 1970 .. 9999")
+    return Pub(topic, producer_id, when, decode_uuid(uuid), bytes(data), ctype)
 
 
 def pub(

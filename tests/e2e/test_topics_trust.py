@@ -100,3 +100,31 @@ def test_a_snapshot_longer_than_a_page_ends_at_the_bus_sequence(
     events, current = bus(env, ctx).sync("", since=0, timeout=120)
     assert current == n
     assert [e.seq for e in events] == list(range(1, n + 1))
+
+
+def test_a_pub_with_a_timestamp_out_of_range_is_refused_and_the_snapshot_still_ends(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    """A PUB whose timestamp frame is 23 digits (a date past the year 9999) is
+    dropped as malformed, counted; the good events around it are served."""
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    client = bus(env, ctx)
+    client.publish("/ts/ok", 1)
+    good = client_frames("/ts/bad", b"99999999999999999999999")
+    client.publish_raw(good)
+    client.publish("/ts/ok", 2)
+    wait_until(
+        lambda: topics(env)["ports"]["eventbus"]["malformed"] == 1 and topics(env)["last_seq"] == 2,
+        "the bad PUB counted, the good ones kept",
+        procs=[broker],
+    )
+    events, current = client.sync("", since=0)
+    assert [(e.seq, e.data) for e in events] == [(1, 1), (2, 2)] and current == 2
+
+
+def client_frames(topic: str, ts: bytes) -> list[bytes]:
+    """A PUB as the document has it, with the timestamp frame given."""
+    import msgpack
+
+    return [topic.encode(), b"", b"p", ts, str(uuid.uuid4()).encode(), msgpack.packb("x")]

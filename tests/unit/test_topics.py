@@ -233,3 +233,14 @@ def test_journal_retention_by_age_takes_the_oldest_and_a_producer_behind_in_time
     assert kept[0] == [6, 7, 8, 9, 10, 11, 12]  # 1-2 from the start, 3-5 by the sweep
     assert 10 in kept[1] and 10 not in kept[2]  # the sweep went on: 6-8, then 9-11
     assert kept[-1] == [6, 7, 8, 9, 11, 12] and late == 10
+
+
+def test_a_kept_event_with_a_timestamp_out_of_range_is_still_servable() -> None:
+    """An event stored before timestamps were checked (a journal written by an
+    older broker) must not stop a snapshot: its time is sent clamped."""
+    from emq_django.broker.topics import Event
+    from emq_django.protocol import eventbus
+
+    for ts in (1e23, -1e23, float("inf"), float("nan")):
+        frames = eventbus.sync(Event(1, "/t", b"\x01", "p", b"", ts), b"\x01")
+        assert frames[4].endswith(b"Z")
