@@ -13,6 +13,7 @@ from emq_django.exceptions import (
     JobRefused,
     PartialsLost,
     ProtocolError,
+    PublishUnconfirmed,
     QueueFull,
     ResultTimeout,
     ResultUnavailable,
@@ -21,7 +22,14 @@ from emq_django.exceptions import (
     TaskNotFound,
 )
 from emq_django.handles import Result, result
-from emq_django.pubsub import asubscribe, publish, publish_many, publish_on_commit, subscribe
+from emq_django.pubsub import (
+    asubscribe,
+    publish,
+    publish_many,
+    publish_on_commit,
+    subscribe,
+    wait_published,
+)
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.streaming import partial
 from emq_django.task import Task, task
@@ -32,6 +40,7 @@ __all__ = [
     "Cancelled",
     "EmqError",
     "HandshakeRefused",
+    "PublishUnconfirmed",
     "JobRefused",
     "PartialsLost",
     "ProtocolError",
@@ -49,6 +58,7 @@ __all__ = [
     "publish",
     "publish_many",
     "publish_on_commit",
+    "wait_published",
     "result",
     "schedule",
     "subscribe",

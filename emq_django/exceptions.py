@@ -144,3 +144,16 @@ class Retry(EmqError):  # noqa: N818 - the name users raise, as in Celery and Dr
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
         super().__init__(reason or f"retry requested (delay={delay})")
         self.delay = delay
+
+
+class PublishUnconfirmed(EmqError):
+    """Events ``emq.publish`` / ``emq.publish_many`` sent that the broker did not
+    confirm (numbered and kept): it refused them (``reason``), or no confirmation
+    came in time (the broker down, paused or overloaded). ``count``: how many
+    events. They may be lost: publish them again if they must arrive (a subscriber
+    tells a repeated event by its UUID)."""
+
+    def __init__(self, count: int, reason: str) -> None:
+        super().__init__(f"{count} published events not confirmed by the broker: {reason}")
+        self.count = count
+        self.reason = reason

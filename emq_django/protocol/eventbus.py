@@ -455,3 +455,75 @@ def decode_pubs(frames: Sequence[bytes]) -> Pubs:
             check_msgpack(data)
         events.append((float(ts), uuid, data))
     return Pubs(topic, producer_id, ctype, events)
+
+
+# ---- emq's confirmed publish (``emq.publish``, ``emq.publish_many``) -------------------
+#
+# On the collector, beside the Event BUS PUB (never answered, as its document has
+# it): ``PUBC, batch id, topic, content type, producer, packed`` is a publish batch
+# (as ``pubs``) with an id, increasing per connection. The broker answers once per
+# loop turn and connection, after the turn's events are numbered and written to the
+# journal: ``PUBOK, id`` confirms every batch up to that id; ``PUBNO, first id,
+# last id, reason`` refuses those batches (a malformed one, or a journal that failed
+# to keep them). The first frames are not UTF-8, so never a PUB's topic.
+
+PUBC = b"\xffEMQPUBC"
+PUBOK = b"\xffEMQOK"
+PUBNO = b"\xffEMQNO"
+MAX_REASON = 512
+
+
+def confirmed_pubs(
+    batch_id: int, topic: bytes, content_type: str, producer: bytes, flat: list[Any]
+) -> list[bytes]:
+    """A publish batch of ``flat`` (``ts, uuid, data`` per event) to be confirmed."""
+    return [
+        PUBC,
+        b"%d" % batch_id,
+        topic,
+        (content_type or MSGPACK).encode(),
+        producer,
+        _packb(flat),
+    ]
+
+
+def decode_batch_id(raw: bytes) -> int:
+    if not raw.isdigit() or len(raw) > 20:
+        raise ProtocolError(f"bad publish batch id {bytes(raw[:32])!r}: expected ASCII decimal")
+    return int(raw)
+
+
+def decode_confirmed_pubs(frames: Sequence[bytes]) -> tuple[int, Pubs]:
+    """A publish batch to confirm: its id and its events (``decode_pubs``). Raises
+    ``ProtocolError``; the id is read first, so a refusal can name it."""
+    if len(frames) != 6 or frames[0] != PUBC:
+        raise ProtocolError(
+            "expected a confirmed publish batch: PUBC, id, topic, type, producer, events"
+        )
+    batch_id = decode_batch_id(frames[1])
+    return batch_id, decode_pubs([PUBS, *frames[2:]])
+
+
+def pub_confirmed(upto: int) -> list[bytes]:
+    return [PUBOK, b"%d" % upto]
+
+
+def pub_refused(first: int, last: int, reason: str) -> list[bytes]:
+    return [PUBNO, b"%d" % first, b"%d" % last, reason.encode("utf-8", "replace")[:MAX_REASON]]
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    ok: bool
+    first: int  # PUBOK: 0 (every batch up to ``last``)
+    last: int
+    reason: str
+
+
+def decode_confirmation(frames: Sequence[bytes]) -> Confirmation:
+    if len(frames) == 2 and frames[0] == PUBOK:
+        return Confirmation(True, 0, decode_batch_id(frames[1]), "")
+    if len(frames) == 4 and frames[0] == PUBNO:
+        reason = bytes(frames[3]).decode("utf-8", "replace")
+        return Confirmation(False, decode_batch_id(frames[1]), decode_batch_id(frames[2]), reason)
+    raise ProtocolError("expected a publish confirmation (PUBOK or PUBNO)", frames)

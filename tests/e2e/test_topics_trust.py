@@ -5,6 +5,8 @@ sockets for the hostile ones, and the Python API (``emq.publish_many``,
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from typing import Any
 
@@ -128,3 +130,58 @@ def client_frames(topic: str, ts: bytes) -> list[bytes]:
     import msgpack
 
     return [topic.encode(), b"", b"p", ts, str(uuid.uuid4()).encode(), msgpack.packb("x")]
+
+
+def test_a_process_exiting_with_unconfirmed_events_logs_their_exact_count(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    """The broker is paused (SIGSTOP) past the publisher's confirmation time-out:
+    the process that published 2,000 events and exits says that those 2,000 were
+    not confirmed, rather than exiting in silence."""
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    code = (
+        "import emq_django as emq\n"
+        "for start in range(0, 2000, 100):\n"
+        "    emq.publish_many('/exit/x', range(start, start + 100))\n"
+        "print('published', flush=True)\n"
+    )
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        publisher = emq_processes.start(
+            "shell", "-c", code, env={"EMQ_BUS_CONFIRM_TIMEOUT": "1"}, name="publisher"
+        )
+        assert emq_processes.wait_for_exit(publisher, 60) == 0
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+    assert "published" in publisher.stdout()
+    assert "exits with 2000 events not confirmed by the broker" in publisher.stderr()
+
+
+def test_publish_many_raises_the_count_it_could_not_get_confirmed_then_confirms_it(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the broker paused, publishing goes on until the window of unconfirmed
+    events is full, then raises ``PublishUnconfirmed`` naming how many; once the
+    broker goes on, exactly those are numbered and ``wait_published`` confirms them."""
+    from emq_django.conf import reset_cached_settings
+
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    emq.publish("/window/warm", 0)
+    emq.wait_published()
+    monkeypatch.setenv("EMQ_BUS_CONFIRM_TIMEOUT", "1")
+    reset_cached_settings()
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(emq.PublishUnconfirmed) as raised:
+            for start_at in range(0, 200_000, 1000):
+                emq.publish_many("/window/x", range(start_at, start_at + 1000))
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+    count = raised.value.count
+    assert "no confirmation within 1 s" in str(raised.value)
+    monkeypatch.setenv("EMQ_BUS_CONFIRM_TIMEOUT", "60")
+    reset_cached_settings()
+    emq.wait_published()  # every event it sent gets numbered and confirmed
+    assert topics(env)["last_seq"] == 1 + count

@@ -19,8 +19,11 @@ default); the wire is ``protocol/eventbus.py``:
   (``EMQ_BUS_PUBLISH_HWM``) misses events: it sees the gap by the sequence and
   fills it from the snapshot;
 - collector (ROUTER): a producer's ``PUB`` is numbered and kept
-  (``BrokerCore.topic_publish``); the bus never answers it. emq's publish batch
-  (``emq.publish_many``: ``protocol/eventbus.py``) is taken here too;
+  (``BrokerCore.topic_publish``); the bus never answers it. emq's publish batches
+  (``protocol/eventbus.py``) are taken here too: the confirmed ones
+  (``emq.publish``, ``emq.publish_many``) are answered once per loop turn and
+  producer, after the turn's journal commit: ``PUBOK`` up to the last batch id
+  taken, or ``PUBNO`` with the reason (a malformed batch, a failed commit);
 - batch publisher (XPUB, ``EMQ_BUS_BATCH_BIND``, off when empty): emq's own
   delivery channel, every event again but as runs of consecutive events on one
   topic, one message per run and per loop turn (``MAX_BATCH_EVENTS``), so a burst
@@ -93,6 +96,12 @@ class EventBusPort(Port):
         self._run_bytes = 0
         self._batches: list[tuple[str, list[bytes]]] = []
         self.replays: dict[bytes, Replay] = {}  # by client identity, oldest first
+        # confirmed publish batches taken this turn: per producer, the first and last
+        # batch id; the refused ones with their reasons; the topic space's count of
+        # events the journal lost, when last looked at
+        self._taken: dict[bytes, tuple[int, int]] = {}
+        self._refusals: list[tuple[bytes, int, str]] = []
+        self._lost_seen = 0
         self.subscriptions: dict[bytes, int] = {}  # topic filter -> subscriptions
         # subscriptions per publisher socket: one that has none is sent nothing (an
         # event built and fanned out to nobody cost the loop a few µs each, at
@@ -109,6 +118,8 @@ class EventBusPort(Port):
             "collected_batches": 0,  # publish batches taken in
             "malformed": 0,
             "unsent": 0,  # snapshot messages a client's full pipe refused
+            "confirmations": 0,  # PUBOK/PUBNO answers after a turn's commit
+            "refused_batches": 0,  # confirmed publish batches refused as malformed
             "replays_done": 0,  # snapshots sent to the end (SYNCEND)
             "replays_abandoned": 0,  # snapshots stopped: their client was gone
             "replays_waiting": 0,  # times a replay met its client's full pipe
@@ -165,6 +176,9 @@ class EventBusPort(Port):
         if len(frames) == 5 and frames[0] == eventbus.PUBS:
             self._handle_pubs(identity, frames, now)
             return None
+        if frames and frames[0] == eventbus.PUBC:
+            self._handle_confirmed(identity, frames, now)
+            return None
         try:
             message = eventbus.decode_pub(frames)
             self.core.topic_publish(
@@ -202,6 +216,54 @@ class EventBusPort(Port):
             publish(topic, data, producer=producer, content_type=ctype, uuid=uuid, ts=ts, now=now)
         self.figures["collected"] += len(batch.events)
         self.figures["collected_batches"] += 1
+
+    def _handle_confirmed(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
+        """A publish batch to confirm: numbered and kept as ``_handle_pubs`` does;
+        its id joins this turn's confirmation to the producer (``flush_published``),
+        or its refusal does, with the reason."""
+        batch_id: int | None = None
+        try:
+            if len(frames) > 1:
+                batch_id = eventbus.decode_batch_id(frames[1])
+            batch_id, batch = eventbus.decode_confirmed_pubs(frames)
+            check_topic(batch.topic)
+        except (ProtocolError, ValueError) as exc:
+            error = exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc))
+            self._malformed(identity, error)
+            if batch_id is not None:
+                self._refusals.append((identity, batch_id, error.reason))
+            return
+        publish = self.core.topic_publish
+        topic, producer, ctype = batch.topic, batch.producer, batch.content_type
+        for ts, uuid, data in batch.events:
+            publish(topic, data, producer=producer, content_type=ctype, uuid=uuid, ts=ts, now=now)
+        self.figures["collected"] += len(batch.events)
+        self.figures["collected_batches"] += 1
+        taken = self._taken.get(identity)
+        self._taken[identity] = (batch_id, batch_id) if taken is None else (taken[0], batch_id)
+
+    def _confirmations(self) -> list[tuple[str, list[bytes]]]:
+        """This turn's answers to confirmed publish batches, once its events are
+        committed: PUBOK up to each producer's last batch, or PUBNO when the
+        journal failed to keep the turn's events."""
+        lost = self.core.topics.lost
+        failed = lost != self._lost_seen
+        self._lost_seen = lost
+        out = [
+            (COLLECT, [identity, *eventbus.pub_refused(batch_id, batch_id, reason)])
+            for identity, batch_id, reason in self._refusals
+        ]
+        for identity, (first, last) in self._taken.items():
+            if failed:
+                reason = "the broker's journal failed to keep them (see its log); publish again"
+                out.append((COLLECT, [identity, *eventbus.pub_refused(first, last, reason)]))
+            else:
+                out.append((COLLECT, [identity, *eventbus.pub_confirmed(last)]))
+        self.figures["confirmations"] += len(self._taken)
+        self.figures["refused_batches"] += len(self._refusals)
+        self._taken.clear()
+        self._refusals.clear()
+        return out
 
     def handle_snapshot(
         self, identity: bytes, frames: Sequence[bytes], now: float
@@ -353,6 +415,8 @@ class EventBusPort(Port):
         server asks once it has sent the turn's other messages)."""
         self._close_run()
         batches, self._batches = self._batches, []
+        if self._taken or self._refusals:
+            batches += self._confirmations()
         return batches
 
     def encode(self, effect: Effect) -> list[bytes] | None:
