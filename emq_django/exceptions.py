@@ -157,3 +157,18 @@ class PublishUnconfirmed(EmqError):
         super().__init__(f"{count} published events not confirmed by the broker: {reason}")
         self.count = count
         self.reason = reason
+
+
+class EventsExpired(EmqError):
+    """A subscriber asked for events that retention (``EMQ_TOPIC_RETENTION``) had
+    deleted: events numbered ``first`` .. ``last`` of a retention rule covering its
+    prefixes are gone (some may have been on other topics of that rule). The
+    subscription goes on after ``last``: read on to get the next events."""
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__(
+            f"events {first}..{last} expired (EMQ_TOPIC_RETENTION) before this subscriber "
+            f"read them; it goes on from {last + 1}"
+        )
+        self.first = first
+        self.last = last

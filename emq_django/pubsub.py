@@ -52,7 +52,12 @@ from zmq.backend import Socket as _BackendSocket
 from emq_django import transport, wire
 from emq_django.broker.topics import JSON, MSGPACK, OCTETS, Event, check_topic, matches
 from emq_django.conf import EmqSettings, cached_settings
-from emq_django.exceptions import HandshakeRefused, ProtocolError, PublishUnconfirmed
+from emq_django.exceptions import (
+    EventsExpired,
+    HandshakeRefused,
+    ProtocolError,
+    PublishUnconfirmed,
+)
 from emq_django.protocol import eventbus
 from emq_django.publish_confirm import WINDOW_EVENTS, Unconfirmed
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
@@ -458,6 +463,20 @@ def publish_on_commit(topic: str, data: Any, *, using: str | None = None, **kw: 
 # ---- subscribing: the Clone pattern's client, without sockets ------------------------------
 
 
+class Expired:
+    """In a subscriber's queue: events ``first`` .. ``last`` expired before it
+    read them (``EventsExpired`` is raised when it comes to the front)."""
+
+    __slots__ = ("first", "last")
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first = first
+        self.last = last
+
+    def error(self) -> EventsExpired:
+        return EventsExpired(self.first, self.last)
+
+
 class CloneState:
     """What a subscriber knows: ``last``, the sequence up to which it has every
     event under its prefixes. Fed the frames of the SUB and snapshot sockets, it
@@ -476,6 +495,7 @@ class CloneState:
         self.dropped = 0  # malformed messages
         self.live_seen = 0  # events under the prefixes that came on the SUB socket
         self.from_snapshot = 0  # events yielded from the snapshot
+        self.expired = 0  # sequence numbers told expired (not all on our topics)
 
     def syncstart(self, now: float) -> list[bytes]:
         self.started = True
@@ -554,7 +574,7 @@ class CloneState:
     def wants_fill(self) -> bool:
         return self.syncing_since is None and bool(self.buffer)
 
-    def on_snapshot(self, frames: Sequence[bytes]) -> list[Event]:
+    def on_snapshot(self, frames: Sequence[bytes]) -> list[Event | Expired]:
         item = self._decode(eventbus.decode_snapshot, frames)
         if isinstance(item, Event):
             if self.syncing_since is not None:
@@ -567,6 +587,14 @@ class CloneState:
             return []
         if item is None:
             return []
+        if isinstance(item, tuple):  # SYNCEXPIRED: events it asked for are gone
+            first, last = item
+            if last <= self.last:
+                return []  # an older request's: nothing it still needs
+            gone = Expired(max(first, self.last + 1), last)
+            self.last = last
+            self.expired += last - gone.first + 1
+            return [gone]
         # a SYNCEND below ``last`` is the answer to an older request (one asked
         # again after SYNC_TIMEOUT): it covers nothing new. (A broker whose event
         # store was started anew is not followed down: its events are skipped
@@ -617,6 +645,10 @@ def _follow_on(topic: str, flat: list[Any], last: int) -> list[Received] | None:
             data = raw  # not MessagePack: as it came
         out.append(Received(seq, topic, data, producer, uuid, float(ts), raw))
     return out
+
+
+def _yielded(item: Event | Expired) -> Received | Expired:
+    return item if type(item) is Expired else received(item)  # type: ignore[arg-type]
 
 
 def received(event: Event) -> Received:
@@ -681,7 +713,7 @@ class Subscription:
         self.poller.register(self.snapshot, zmq.POLLIN)
         for pair in self.watches:
             self.poller.register(pair, zmq.POLLIN)
-        self._ready: deque[Received] = deque()
+        self._ready: deque[Received | Expired] = deque()
         self._rcvtimeo = -1  # the SUB socket's receive timeout now (ms; see _wait_live)
         self._heard = time.monotonic()
         # the first snapshot request leaves now: with since=None, "live" means the
@@ -711,9 +743,11 @@ class Subscription:
                 yield event
 
     def next(self, timeout: float | None = None) -> Received | None:
-        """The next event, or None after ``timeout`` seconds (None: wait for ever)."""
+        """The next event, or None after ``timeout`` seconds (None: wait for ever).
+        Raises ``EventsExpired`` where events it needed had expired (the next call
+        goes on after them)."""
         if self._ready:
-            return self._ready.popleft()
+            return self._pop()
         deadline = None if timeout is None else time.monotonic() + timeout
         state = self.state
         while not self._ready:
@@ -748,7 +782,13 @@ class Subscription:
                     except zmq.Again:
                         break
                     self._ready += on(frames)
-        return self._ready.popleft()
+        return self._pop()
+
+    def _pop(self) -> Received:
+        item = self._ready.popleft()
+        if type(item) is Expired:
+            raise item.error()
+        return item  # type: ignore[return-value]
 
     def _only_idle(self) -> bool:
         """A snapshot request is due only because nothing was heard for
@@ -787,8 +827,8 @@ class Subscription:
                     break
                 ready += on(frames)
 
-    def _on_snapshot(self, frames: Sequence[bytes]) -> list[Received]:
-        return [received(e) for e in self.state.on_snapshot(frames)]
+    def _on_snapshot(self, frames: Sequence[bytes]) -> list[Received | Expired]:
+        return [_yielded(e) for e in self.state.on_snapshot(frames)]
 
     def _on_broadcast(self, frames: Sequence[bytes]) -> list[Received]:
         return [received(e) for e in self.state.on_live(frames)]
@@ -896,7 +936,9 @@ async def asubscribe(
                         yield event
                 else:
                     for item in state.on_snapshot(frames):
-                        yield received(item)
+                        if type(item) is Expired:
+                            raise item.error()
+                        yield received(item)  # type: ignore[arg-type]
     finally:
         for watch in watches.values():  # first: HandshakeWatch.close
             watch.close()

@@ -119,6 +119,8 @@ class EventStore(Protocol):
 
     def latest_events(self, topic: str, n: int) -> list[Event]: ...
 
+    def expired_upto(self) -> dict[str, int]: ...
+
 
 @dataclass(slots=True)
 class TopicFigures:
@@ -197,6 +199,8 @@ class TopicSpace:
         self.lost = 0  # events whose journal write failed
         # in memory (no journal): one deque per rule, in sequence order
         self._kept: dict[str, Kept] = {r.prefix: Kept() for r in self.rules}
+        # in memory: per rule, the highest event number retention removed
+        self._expired: dict[str, int] = {}
 
     # ---- start-up -------------------------------------------------------------------
 
@@ -244,7 +248,7 @@ class TopicSpace:
             kept = self._kept[rule.prefix]
             kept.append(event)
             if rule.max_count and len(kept) > rule.max_count:
-                kept.popleft()
+                self._expire(rule.prefix, kept.popleft())
             self._cap_memory()
         figures = self._figures(topic)
         figures.last_seq = event.seq
@@ -271,8 +275,10 @@ class TopicSpace:
     def _cap_memory(self) -> None:
         total = sum(len(k) for k in self._kept.values())
         while total > MEMORY_CAP:
-            oldest = min((k for k in self._kept.values() if k), key=lambda k: k.first().seq)
-            oldest.popleft()
+            prefix, oldest = min(
+                ((p, k) for p, k in self._kept.items() if k), key=lambda pk: pk[1].first().seq
+            )
+            self._expire(prefix, oldest.popleft())
             total -= 1
 
     def _figures(self, topic: str) -> TopicFigures:
@@ -298,9 +304,34 @@ class TopicSpace:
             if rule.max_age:
                 cutoff = wall - rule.max_age
                 while kept and kept.first().ts < cutoff:
-                    kept.popleft()
+                    self._expire(rule.prefix, kept.popleft())
             while rule.max_count and len(kept) > rule.max_count:
-                kept.popleft()
+                self._expire(rule.prefix, kept.popleft())
+
+    def _expire(self, prefix: str, event: Event) -> None:
+        if event.seq > self._expired.get(prefix, 0):
+            self._expired[prefix] = event.seq
+
+    def expired_above(self, prefixes: Sequence[str], seq: int) -> int:
+        """The highest event number retention removed from a rule that covers topics
+        under ``prefixes`` (none: all), when it is above ``seq``; else 0. Events of
+        such a rule numbered up to it are gone: a subscriber asking from ``seq``
+        may have missed some (the rule may also cover other topics)."""
+        expired = self.store.expired_upto() if self.store is not None else self._expired
+        if not expired:
+            return 0
+        top = max((expired.get(r.prefix, 0) for r in self._rules_under(prefixes)), default=0)
+        return top if top > seq else 0
+
+    def _rules_under(self, prefixes: Sequence[str]) -> list[Rule]:
+        """The rules that cover a topic under one of ``prefixes``: the rule each
+        prefix falls under, and the rules of longer prefixes within it."""
+        prefixes = [p for p in prefixes if p]
+        if not prefixes:
+            return list(self.rules)
+        found = {self.rule_for(p) for p in prefixes}
+        found.update(r for r in self.rules if any(r.prefix.startswith(p) for p in prefixes))
+        return list(found)
 
     # ---- reading --------------------------------------------------------------------
 

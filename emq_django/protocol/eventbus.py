@@ -46,11 +46,20 @@ MAX_FIELD = 1024  # producer, timestamp, uuid, content type
 CONTENT_TYPES = (MSGPACK, JSON, "application/octet-stream")
 
 
+# emq's own: a fourth SYNCSTART frame asking to be told of expired events; the
+# answer then starts with ``SYNCEXPIRED, subtrees, first, last`` when retention
+# deleted events in that range of a rule covering the subtrees (never sent to a
+# client that did not ask: the released bus has no such command)
+NOTIFY_EXPIRED = b"notify-expired"
+SYNCEXPIRED = b"SYNCEXPIRED"
+
+
 @dataclass(frozen=True, slots=True)
 class SyncStart:
     spec: bytes  # as received: SYNCEND sends it back
     subtrees: tuple[str, ...]
     seq: int
+    notify_expired: bool = False  # emq's client: tell it of expired events
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,13 +209,13 @@ def check_msgpack(data: bytes) -> None:
 def decode_syncstart(frames: Sequence[bytes]) -> SyncStart:
     if not frames or frames[0] != SYNCSTART:
         raise ProtocolError("expected SYNCSTART on the snapshot port")
-    if len(frames) > 3:
+    if len(frames) > 4 or (len(frames) == 4 and frames[3] != NOTIFY_EXPIRED):
         raise ProtocolError(f"SYNCSTART has {len(frames)} frames, expected 2 or 3")
     spec = frames[1] if len(frames) > 1 else b""
     if len(spec) > MAX_SPEC:
         raise ProtocolError(f"subtree spec of {len(spec)} bytes is too long")
     seq = decode_seq(frames[2]) if len(frames) > 2 else 0
-    return SyncStart(spec, parse_subtrees(spec), seq)
+    return SyncStart(spec, parse_subtrees(spec), seq, len(frames) == 4)
 
 
 def parse_subtrees(spec: bytes) -> tuple[str, ...]:
@@ -235,6 +244,10 @@ def event_frames(event: Event, data: bytes) -> list[bytes]:
 
 def sync(event: Event, data: bytes) -> list[bytes]:
     return [SYNC, *event_frames(event, data)]
+
+
+def syncexpired(spec: bytes, first: int, last: int) -> list[bytes]:
+    return [SYNCEXPIRED, spec, encode_seq(first), encode_seq(last)]
 
 
 def syncend(spec: bytes, seq: int) -> list[bytes]:
@@ -305,7 +318,8 @@ def pub_frames(
 
 
 def syncstart(subtrees: Sequence[str], seq: int) -> list[bytes]:
-    return [SYNCSTART, ",".join(subtrees).encode(), encode_seq(seq)]
+    """emq's own SYNCSTART: it asks to be told of expired events."""
+    return [SYNCSTART, ",".join(subtrees).encode(), encode_seq(seq), NOTIFY_EXPIRED]
 
 
 def decode_event(frames: Sequence[bytes]) -> Event:
@@ -327,12 +341,14 @@ def decode_event(frames: Sequence[bytes]) -> Event:
         raise ProtocolError("topic or producer id is not UTF-8") from None
 
 
-def decode_snapshot(frames: Sequence[bytes]) -> Event | int:
-    """A SYNC's event, or a SYNCEND's sequence."""
+def decode_snapshot(frames: Sequence[bytes]) -> Event | int | tuple[int, int]:
+    """A SYNC's event, a SYNCEND's sequence, or a SYNCEXPIRED's range."""
     if frames and frames[0] == SYNC:
         return decode_event(frames[1:])
     if len(frames) == 3 and frames[0] == SYNCEND:
         return decode_seq(frames[2])
+    if len(frames) == 4 and frames[0] == SYNCEXPIRED:
+        return decode_seq(frames[2]), decode_seq(frames[3])
     raise ProtocolError(
         f"expected SYNC or SYNCEND, not {bytes(frames[0][:16]) if frames else b''!r}"
     )

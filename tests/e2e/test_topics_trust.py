@@ -185,3 +185,30 @@ def test_publish_many_raises_the_count_it_could_not_get_confirmed_then_confirms_
     reset_cached_settings()
     emq.wait_published()  # every event it sent gets numbered and confirmed
     assert topics(env)["last_seq"] == 1 + count
+
+
+def test_a_subscriber_behind_retention_is_told_which_events_expired(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    """Retention keeps 1,000 events; a subscriber asking from 0 after 5,000 were
+    published gets ``EventsExpired`` naming 1 .. 4,000, then goes on with 4,001 ..
+    5,000, each once. A foreign Event BUS client, which never asked to be told,
+    still gets only SYNCs and SYNCEND (a command its library does not know could
+    break it)."""
+    env = emq_client_env
+    broker = start(emq_processes, env, EMQ_TOPIC_RETENTION='{"": {"max_count": 1000}}')
+    fill(env, 5000)
+    wait_until(
+        lambda: bus(env, ctx).sync("", since=0)[0][0].seq == 4001,
+        "retention applied",
+        30,
+        procs=[broker],
+    )
+    with emq.subscribe("", since=0) as sub:
+        with pytest.raises(emq.EventsExpired) as raised:
+            sub.next(timeout=30)
+        assert (raised.value.first, raised.value.last) == (1, 4000)
+        got = [sub.next(timeout=30) for _ in range(1000)]
+        assert [e.seq for e in got if e is not None] == list(range(4001, 5001))
+        assert sub.next(timeout=0.5) is None
+    assert topics(env)["ports"]["eventbus"]["expired_notices"] >= 1

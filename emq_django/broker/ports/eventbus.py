@@ -75,6 +75,7 @@ class Replay:
     after: int  # the last sequence sent (or asked from)
     upto: int  # the broker's sequence at the request: SYNCEND's
     resume_at: float = 0.0  # a full pipe: not tried again before
+    notify_expired: bool = False  # emq's client: told when events it asks for expired
 
 
 class EventBusPort(Port):
@@ -120,6 +121,7 @@ class EventBusPort(Port):
             "unsent": 0,  # snapshot messages a client's full pipe refused
             "confirmations": 0,  # PUBOK/PUBNO answers after a turn's commit
             "refused_batches": 0,  # confirmed publish batches refused as malformed
+            "expired_notices": 0,  # SYNCEXPIRED sent (events a client asked for were gone)
             "replays_done": 0,  # snapshots sent to the end (SYNCEND)
             "replays_abandoned": 0,  # snapshots stopped: their client was gone
             "replays_waiting": 0,  # times a replay met its client's full pipe
@@ -278,7 +280,12 @@ class EventBusPort(Port):
         self.replays.pop(identity, None)
         upto = self.core.topics.last_seq
         self.replays[identity] = Replay(
-            identity, request.spec, request.subtrees, min(request.seq, upto), upto
+            identity,
+            request.spec,
+            request.subtrees,
+            min(request.seq, upto),
+            upto,
+            notify_expired=request.notify_expired,
         )
         self.figures["syncs"] += 1
         return None
@@ -310,6 +317,8 @@ class EventBusPort(Port):
         the SYNCs sent."""
         topics = self.core.topics
         n = 0
+        if replay.notify_expired and not self._tell_expired(replay, now, send):
+            return 0
         events = list(topics.since(replay.subtrees, replay.after, limit))
         for event in events:
             if event.seq > replay.upto:
@@ -333,6 +342,22 @@ class EventBusPort(Port):
         del self.replays[replay.identity]
         self.figures["replays_done"] += 1
         return n
+
+    def _tell_expired(self, replay: Replay, now: float, send: PacedSend) -> bool:
+        """Retention deleted events the replay would have sent (before it started,
+        or ahead of it since): SYNCEXPIRED with their range, and the replay goes on
+        after it. False: the client's pipe was full or the client is gone."""
+        expired = min(self.core.topics.expired_above(replay.subtrees, replay.after), replay.upto)
+        if expired <= replay.after:
+            return True
+        frames = eventbus.syncexpired(replay.spec, replay.after + 1, expired)
+        outcome = send(SNAPSHOT, [replay.identity, *frames])
+        if outcome != SENT:
+            self._stalled(replay, outcome, now)
+            return False
+        replay.after = expired
+        self.figures["expired_notices"] += 1
+        return True
 
     def _stalled(self, replay: Replay, outcome: int, now: float) -> int:
         """The client's pipe is full (try again after ``REPLAY_RETRY``) or the client
