@@ -264,3 +264,31 @@ def test_malformed_publish_batches_are_counted_and_publish_nothing(
     wait_seq(broker, 2)
     with pytest.raises(ValueError):
         emq.publish_many("", [1], url=s.BUS_COLLECT_BIND)  # a bad topic: nothing sent
+
+
+def test_a_confirmed_publish_batch_is_answered_after_the_commit_or_refused_with_its_reason(
+    start_broker: Callable[..., Broker],
+) -> None:
+    """emq's confirmed publish batches: PUBOK up to the last batch id once the
+    events are numbered and journaled; a malformed one gets PUBNO with the reason,
+    which ``publish`` raises as ``PublishUnconfirmed`` (nothing refused in silence)."""
+    from emq_django.publish_confirm import Unconfirmed
+
+    broker = start_broker()
+    s = broker.server.settings
+    collector = broker.socket(zmq.DEALER, s.BUS_COLLECT_BIND)
+    good = [1.0, b"", msgpack.packb(1)]
+    collector.send_multipart(eventbus.confirmed_pubs(1, b"/c/x", MSGPACK, b"p", good * 2))
+    collector.send_multipart(eventbus.confirmed_pubs(2, b"/c/x", MSGPACK, b"p", good))
+    answers = []
+    while not answers or answers[-1].last < 2:
+        assert collector.poll(10_000), "no confirmation"
+        answers.append(eventbus.decode_confirmation(collector.recv_multipart()))
+    assert all(a.ok for a in answers) and last_seq(broker) == 3  # committed before the answer
+    pending = Unconfirmed()
+    pending.sent(1)
+    bad = eventbus.confirmed_pubs(pending.last_id, b"/c/x", MSGPACK, b"p", [1.0, b"", b"\xc1"])
+    collector.send_multipart(bad)
+    with pytest.raises(emq.PublishUnconfirmed, match="not MessagePack") as raised:
+        pending.wait(collector, 0, 10.0)
+    assert raised.value.count == 1 and last_seq(broker) == 3
