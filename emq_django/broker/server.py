@@ -195,6 +195,7 @@ class BrokerServer:
         # every socket: (port, spec, socket, its reader, whether a ROUTER)
         self.endpoints: list[tuple[Port, SocketSpec, zmq.Socket[Any], Handler, bool]] = []
         self.named: dict[tuple[Port, str], zmq.Socket[Any]] = {}
+        self._round_rank: list[int] = []  # per endpoint (``bind``)
         # sockets sent on or not read to the end since last asked for ZMQ_EVENTS (run)
         self._touched: set[zmq.Socket[Any]] = set()
         self._index: dict[zmq.Socket[Any], int] = {}  # a socket's place in ``endpoints``
@@ -221,6 +222,10 @@ class BrokerServer:
                     self.handshakes.watch(sock, spec.name)
                 self._index[sock] = len(self.endpoints)
                 self.endpoints.append((port, spec, sock, handler, spec.kind == zmq.ROUTER))
+                # the order a round reads ready sockets in: event sockets last
+                self._round_rank.append(
+                    len(self._round_rank) + (spec.name in port.event_sockets) * 1000
+                )
                 self.named[(port, spec.name)] = sock
                 self.sockets.setdefault(port, sock)
 
@@ -390,7 +395,7 @@ class BrokerServer:
                 if i not in ready and _get(endpoints[i][2], _EVENTS) & _POLLIN:
                     ready.append(i)
             if ready:
-                self._drain_ready(sorted(ready))
+                self._drain_ready(sorted(ready, key=self._round_rank.__getitem__))
 
     def _waiting(self) -> list[int]:
         """The sockets used since they were last asked (``_touched``) on which a
@@ -406,7 +411,8 @@ class BrokerServer:
     def _drain_ready(self, ready: list[int]) -> None:
         """Read each socket that has messages, up to CHUNK messages each, in the
         ports' order: replies from workers return credit, so they never wait
-        behind a flood of new jobs (workers' ports come first). A socket not
+        behind a flood of new jobs (workers' ports come first); the sockets that
+        bring events come last (``Port.event_sockets``). A socket not
         read until EAGAIN is asked again before the loop sleeps (``_drain``).
         """
         endpoints = self.endpoints

@@ -212,3 +212,25 @@ def test_a_subscriber_behind_retention_is_told_which_events_expired(
         assert [e.seq for e in got if e is not None] == list(range(4001, 5001))
         assert sub.next(timeout=0.5) is None
     assert topics(env)["ports"]["eventbus"]["expired_notices"] >= 1
+
+
+def test_the_broker_answers_emqp_round_trips_during_a_publish_flood(
+    emq_client_env: dict[str, str], emq_processes: EmqProcesses, ctx: Sockets
+) -> None:
+    """Two processes flood the collector with publish_many; an eMQP request sent
+    once the flood is under way is acknowledged before the flood is over (a round
+    took its events first, and the job sockets read after them got nothing for as
+    long as the flood lasted)."""
+    env = emq_client_env
+    broker = start(emq_processes, env)
+    n = 300_000
+    code = (
+        "import emq_django as emq\n"
+        f"for start in range(0, {n}, 1000):\n"
+        "    emq.publish_many('/flood/x', range(start, start + 1000))\n"
+    )
+    for name in ("flood-a", "flood-b"):
+        emq_processes.start("shell", "-c", code, name=name)
+    wait_until(lambda: topics(env)["last_seq"] > 10_000, "the flood under way", 60, procs=[broker])
+    emqp_round_trip(ctx, env)
+    assert topics(env)["last_seq"] < 2 * n  # acknowledged while the flood went on

@@ -77,6 +77,11 @@ class Port(ABC):
     acknowledges = True
     # the roles admitted on the port's socket (when the broker runs CURVE)
     roles: tuple[str, ...] = ()
+    # its sockets (spec names) that bring events into the topic space: the server
+    # reads them after the others in each round, since a round takes at most
+    # TURN_EVENTS events and a socket read after that reads nothing (a flood of
+    # events read first starved the job and monitor sockets for its whole length)
+    event_sockets: tuple[str, ...] = ()
     # jobs beyond one per message that the messages read in this drain carried
     # (eMQP REQUESTS): the server counts them towards its per-socket CHUNK
     carried = 0

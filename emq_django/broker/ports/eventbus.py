@@ -60,8 +60,8 @@ BATCH = "bus-batch"
 # SYNCs waiting in one client's pipe: past it the client's replay waits for it to
 # read (the memory a replay costs the broker is its pipe, not the snapshot)
 SNAPSHOT_HWM = 1_000
-REPLAY_TURN = 1_000  # SYNCs made per loop turn over all replays (a few ms of the loop)
-REPLAY_SHARE = 100  # at least this many per replay served in a turn
+REPLAY_TURN = 300  # SYNCs made per loop turn over all replays (a few ms of the loop)
+REPLAY_SHARE = 50  # at least this many per replay served in a turn
 REPLAY_RETRY = 0.02  # seconds before a replay whose client's pipe was full is tried again
 
 
@@ -84,6 +84,7 @@ class EventBusPort(Port):
     # under CURVE: the collector admits ``publisher`` keys, the snapshot and the
     # publishers ``subscriber`` keys (each socket's ZAP domain, in socket_specs)
     roles = (PUBLISHER, SUBSCRIBER)
+    event_sockets = (COLLECT,)
 
     def __init__(self, core: Any, address: str = "") -> None:
         super().__init__(core, address)
