@@ -73,8 +73,8 @@ _POLLIN = int(zmq.POLLIN)
 SYNC_TIMEOUT = 5.0  # seconds without a SYNCEND before asking again (a restarted broker)
 MAX_BUFFERED = 100_000  # live events held while a snapshot is asked for; then dropped
 LATEST = 2**62  # SYNCSTART above every event: only the current sequence comes back
-# an answer with this many SYNCs may be a page of a longer replay (the broker's
-# MAX_SYNC): ask again at once rather than after idle_check
+# after an answer with this many SYNCs (a long replay, during which live events
+# may have been dropped), ask again at once rather than after idle_check
 PAGE_HINT = 1000
 PUBLISH_BATCH = 256  # events in one publish batch (publish_many)
 PUBLISH_BATCH_BYTES = 256 * 1024  # data bytes in one (it may pass it by one event)
@@ -602,7 +602,7 @@ class CloneState:
         self.last = max(self.last, item)
         self.syncing_since = None
         self.more = self.answer_syncs >= PAGE_HINT
-        return self._drain_buffer()
+        return list(self._drain_buffer())
 
     def _drain_buffer(self) -> list[Event]:
         """Live events held back: those above ``last`` in order while they follow

@@ -244,3 +244,20 @@ def test_a_kept_event_with_a_timestamp_out_of_range_is_still_servable() -> None:
     for ts in (1e23, -1e23, float("inf"), float("nan")):
         frames = eventbus.sync(Event(1, "/t", b"\x01", "p", b"", ts), b"\x01")
         assert frames[4].endswith(b"Z")
+
+
+def test_in_memory_retention_records_what_it_deleted_for_the_rules_under_a_prefix() -> None:
+    """Without a journal: what retention removed (by count) is told to a replay
+    asking from below it, for the rules that cover the prefixes asked for."""
+    from emq_django.broker.topics import TopicSpace
+
+    topics = TopicSpace({"/a/": {"max_count": 2}, "": {"max_count": 100}})
+    for i in range(5):
+        topics.add("/a/x", b"%d" % i, "p", "", (), b"", 1.0, 1.0)
+    topics.add("/b/x", b"b", "p", "", (), b"", 1.0, 1.0)
+    assert [e.seq for e in topics.since([], 0)] == [4, 5, 6]
+    assert topics.expired_above(["/a/"], 0) == 3  # 1..3 deleted from rule /a/
+    assert topics.expired_above([""], 1) == 3
+    assert topics.expired_above(["/a/"], 3) == 0  # nothing it still needs
+    assert topics.expired_above(["/b/"], 0) == 0  # rule "" deleted nothing
+    assert [e.seq for e in topics.since(["/a/"], 4, limit=1)] == [5]

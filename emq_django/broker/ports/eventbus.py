@@ -316,33 +316,36 @@ class EventBusPort(Port):
     def _replay(self, replay: Replay, limit: int, now: float, send: PacedSend) -> int:
         """Up to ``limit`` SYNCs of ``replay``, then its SYNCEND when it is through;
         the SYNCs sent."""
-        topics = self.core.topics
-        n = 0
         if replay.notify_expired and not self._tell_expired(replay, now, send):
             return 0
-        events = list(topics.since(replay.subtrees, replay.after, limit))
+        n, outcome, through = self._send_syncs(replay, limit, send)
+        self.figures["synced_events"] += n
+        if outcome == SENT and through:
+            outcome = send(SNAPSHOT, [replay.identity, *eventbus.syncend(replay.spec, replay.upto)])
+            if outcome == SENT:
+                del self.replays[replay.identity]
+                self.figures["replays_done"] += 1
+                return n
+            replay.after = replay.upto  # only the SYNCEND is left to send
+        if outcome != SENT:
+            self._stalled(replay, outcome, now)
+        return n
+
+    def _send_syncs(self, replay: Replay, limit: int, send: PacedSend) -> tuple[int, int, bool]:
+        """The next SYNCs of ``replay``: how many left, the last send's outcome, and
+        whether the replay is through (every SYNC up to ``upto`` sent)."""
+        events = list(self.core.topics.since(replay.subtrees, replay.after, limit))
+        n = 0
         for event in events:
             if event.seq > replay.upto:
-                break
-            outcome = send(
-                SNAPSHOT, [replay.identity, *eventbus.sync(event, eventbus.as_msgpack(event))]
-            )
+                return n, SENT, True
+            data = eventbus.as_msgpack(event)
+            outcome = send(SNAPSHOT, [replay.identity, *eventbus.sync(event, data)])
             if outcome != SENT:
-                return n + self._stalled(replay, outcome, now)
+                return n, outcome, False
             replay.after = event.seq
             n += 1
-        else:
-            if len(events) >= limit and replay.after < replay.upto:
-                self.figures["synced_events"] += n
-                return n  # more to come next turn
-        self.figures["synced_events"] += n
-        outcome = send(SNAPSHOT, [replay.identity, *eventbus.syncend(replay.spec, replay.upto)])
-        if outcome != SENT:
-            replay.after = replay.upto  # only the SYNCEND is left to send
-            return n + self._stalled(replay, outcome, now)
-        del self.replays[replay.identity]
-        self.figures["replays_done"] += 1
-        return n
+        return n, SENT, len(events) < limit or replay.after >= replay.upto
 
     def _tell_expired(self, replay: Replay, now: float, send: PacedSend) -> bool:
         """Retention deleted events the replay would have sent (before it started,
@@ -360,7 +363,7 @@ class EventBusPort(Port):
         self.figures["expired_notices"] += 1
         return True
 
-    def _stalled(self, replay: Replay, outcome: int, now: float) -> int:
+    def _stalled(self, replay: Replay, outcome: int, now: float) -> None:
         """The client's pipe is full (try again after ``REPLAY_RETRY``) or the client
         is gone (its replay ends here)."""
         if outcome == GONE:
@@ -369,7 +372,6 @@ class EventBusPort(Port):
         else:
             replay.resume_at = now + REPLAY_RETRY
             self.figures["replays_waiting"] += 1
-        return 0
 
     def handle_subscription(
         self, identity: bytes, frames: Sequence[bytes], now: float, socket: str = PUBLISH
