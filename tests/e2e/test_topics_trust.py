@@ -63,8 +63,12 @@ def test_snapshots_are_paced_by_their_client_and_stop_for_a_gone_peer(
         gone = ctx.socket(zmq.DEALER, env["EMQ_BUS_SNAPSHOT_BIND"])
         gone.send_multipart([b"SYNCSTART", b"", b"0"])
         gone.close(linger=500)  # the request leaves; nothing is read
-    silent = ctx.socket(zmq.DEALER, env["EMQ_BUS_SNAPSHOT_BIND"])
-    silent.rcvhwm = 100
+    # a small queue and kernel buffer: its pipe fills long before 60,000 SYNCs
+    silent = ctx.context.socket(zmq.DEALER)
+    ctx.opened.append(silent)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.rcvhwm, silent.rcvbuf = 100, 4096
+    silent.connect(env["EMQ_BUS_SNAPSHOT_BIND"])
     silent.send_multipart([b"SYNCSTART", b"", b"0"])
     wait_until(
         lambda: replays(env)["replays_abandoned"] == 10 and replays(env)["syncs"] == 11,
