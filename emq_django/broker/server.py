@@ -196,6 +196,8 @@ class BrokerServer:
         self.endpoints: list[tuple[Port, SocketSpec, zmq.Socket[Any], Handler, bool]] = []
         self.named: dict[tuple[Port, str], zmq.Socket[Any]] = {}
         self._round_rank: list[int] = []  # per endpoint (``bind``)
+        self._timed_endpoints: set[int] = set()  # the sockets of ports with timers
+        self._port_due = 0.0  # when ``_port_timers`` is due next
         # sockets sent on or not read to the end since last asked for ZMQ_EVENTS (run)
         self._touched: set[zmq.Socket[Any]] = set()
         self._index: dict[zmq.Socket[Any], int] = {}  # a socket's place in ``endpoints``
@@ -222,6 +224,8 @@ class BrokerServer:
                     self.handshakes.watch(sock, spec.name)
                 self._index[sock] = len(self.endpoints)
                 self.endpoints.append((port, spec, sock, handler, spec.kind == zmq.ROUTER))
+                if type(port).next_timer is not Port.next_timer:
+                    self._timed_endpoints.add(len(self._round_rank))
                 # the order a round reads ready sockets in: event sockets last
                 self._round_rank.append(
                     len(self._round_rank) + (spec.name in port.event_sockets) * 1000
@@ -365,8 +369,10 @@ class BrokerServer:
                 self.guard.revoke(self.ports, core, now)
             core.on_timer(now)
             self._flush()
-            # every turn, busy or not: a replay a port paces goes on under load too
-            port_wake = self._port_timers(now)
+            # busy or not, when due: a replay a port paces goes on under load too.
+            # Due again as soon as a timed port's socket is read (``_drain_ready``)
+            if now >= self._port_due:
+                self._port_due = self._port_timers(now)
             reclaim = self.reclaimer.due(core.footprint(), now)
             if reclaim is not None:
                 self._reclaim(reclaim)
@@ -374,7 +380,7 @@ class BrokerServer:
             if ready:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
-                wake = min(core.next_deadline(), deadline, port_wake, self._late_due)
+                wake = min(core.next_deadline(), deadline, self._port_due, self._late_due)
                 if core.life.spill_requests:
                     wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
@@ -417,10 +423,13 @@ class BrokerServer:
         """
         endpoints = self.endpoints
         n = 0
+        timed = self._timed_endpoints
         for i in ready:
             port, _, sock, handle, routed = endpoints[i]
             port.carried = 0
             n += self._drain(sock, handle, routed, flush=False, port=port)
+            if i in timed:  # its port's timers may have changed (a new session, a replay)
+                self._port_due = 0.0
         self.turns.count("messages", n)
         self._flush()  # one journal commit per round, not per socket
 
