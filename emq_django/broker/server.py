@@ -401,7 +401,9 @@ class BrokerServer:
                 if i not in ready and _get(endpoints[i][2], _EVENTS) & _POLLIN:
                     ready.append(i)
             if ready:
-                self._drain_ready(sorted(ready, key=self._round_rank.__getitem__))
+                if len(ready) > 1:
+                    ready.sort(key=self._round_rank.__getitem__)
+                self._drain_ready(ready)
 
     def _waiting(self) -> list[int]:
         """The sockets used since they were last asked (``_touched``) on which a
