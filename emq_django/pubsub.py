@@ -890,7 +890,9 @@ async def asubscribe(
     idle_check: float = 1.0,
     curve: CurveKeys | None | str = FROM_SETTINGS,
 ) -> AsyncIterator[Received]:
-    """``subscribe`` for asyncio: ``async for event in emq.asubscribe(...)``."""
+    """``subscribe`` for asyncio: ``async for event in emq.asubscribe(...)``. Raises
+    ``EventsExpired`` where events it needed had expired, which ends the iteration:
+    subscribe again with ``since=exc.last`` to go on after them."""
     settings = cached_settings()
     state = CloneState([prefixes] if isinstance(prefixes, str) else list(prefixes), since)
     ctx = zmq.asyncio.Context.instance()
