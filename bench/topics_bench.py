@@ -28,7 +28,8 @@ The systems (the peers with their documented fast paths):
   batch publisher (``EMQ_BUS_BATCH_BIND``: several events a message in a burst,
   one at a time otherwise); the publisher calls ``emq.publish_many()`` with 100
   events a call (throughput, as Redis' pipeline of 100) and ``emq.publish()``
-  once per event (latency);
+  once per event (latency), both confirmed by the broker (pipelined: the phase
+  ends with ``emq.wait_published()``);
 - ``emq-raw``: the same broker through the Event BUS wire alone: a bare producer
   (pyzmq and msgpack, one PUB per event) and subscribers reading the Event BUS
   PUB socket with pyzmq alone (what a micro-toolkit client gets);
@@ -310,7 +311,7 @@ def run_publisher(system: str, topic: str, opts: argparse.Namespace, ctl: Contro
                 emq.publish_many(topic, [payload(seq) for seq in range(start, min(n, start + 100))])
 
         def flush() -> None:
-            pass  # the bus never acknowledges; the subscribers' counts end the phase
+            emq.wait_published()  # every event confirmed (numbered and journaled)
 
     while not ctl.go():  # warm-up until every subscriber has seen one
         send(payload(WARM))

@@ -9,11 +9,13 @@ from emq_django.exceptions import (
     BrokerUnavailable,
     Cancelled,
     EmqError,
+    EventsExpired,
     HandshakeRefused,
     JobRefused,
     JobsRefused,
     PartialsLost,
     ProtocolError,
+    PublishUnconfirmed,
     QueueFull,
     ResultTimeout,
     ResultUnavailable,
@@ -23,7 +25,14 @@ from emq_django.exceptions import (
     TaskNotFound,
 )
 from emq_django.handles import Result, result
-from emq_django.pubsub import asubscribe, publish, publish_many, publish_on_commit, subscribe
+from emq_django.pubsub import (
+    asubscribe,
+    publish,
+    publish_many,
+    publish_on_commit,
+    subscribe,
+    wait_published,
+)
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.streaming import partial
 from emq_django.task import Task, task
@@ -33,7 +42,9 @@ __all__ = [
     "BrokerUnavailable",
     "Cancelled",
     "EmqError",
+    "EventsExpired",
     "HandshakeRefused",
+    "PublishUnconfirmed",
     "JobRefused",
     "JobsRefused",
     "PartialsLost",
@@ -53,6 +64,7 @@ __all__ = [
     "publish",
     "publish_many",
     "publish_on_commit",
+    "wait_published",
     "result",
     "schedule",
     "subscribe",

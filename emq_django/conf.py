@@ -46,6 +46,12 @@ class EmqSettings:
     BUS_PUBLISH_HWM: int = 10_000  # events queued per subscriber; then it misses some
     # emq's batch publisher (several events a message; emq.subscribe reads it); '': off
     BUS_BATCH_BIND: str = ""
+    # seconds emq.publish waits for the broker's confirmation when it must (its
+    # window is full, wait_published(), exit) before it raises PublishUnconfirmed
+    BUS_CONFIRM_TIMEOUT: float = 30.0
+    # emq.publish's default: confirmed batches (emq's broker) or the document's plain
+    # PUB, never answered (a foreign Event BUS server such as event-bus-zeromq)
+    BUS_CONFIRM: bool = True
     # where clients (emq.publish, emq.subscribe, emq_tail) connect; '': the bind address
     BUS_SNAPSHOT_URL: str = ""
     BUS_PUBLISH_URL: str = ""
@@ -244,6 +250,8 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(f"EMQ_TOPIC_RETENTION: {exc}") from None
     if s.BUS_PUBLISH_HWM < 1:
         raise ImproperlyConfigured("EMQ_BUS_PUBLISH_HWM must be >= 1")
+    if s.BUS_CONFIRM_TIMEOUT <= 0:
+        raise ImproperlyConfigured("EMQ_BUS_CONFIRM_TIMEOUT must be > 0 seconds")
     if s.BUS_SNAPSHOT_BIND and not (s.BUS_PUBLISH_BIND and s.BUS_COLLECT_BIND):
         raise ImproperlyConfigured(
             "EMQ_BUS_PUBLISH_BIND and EMQ_BUS_COLLECT_BIND must be set when "

@@ -177,3 +177,31 @@ class SoftTimeLimitExceeded(EmqError):  # noqa: N818 - Celery's name, which user
     up (catch it, tidy, re-raise or return); its hard ``timeout`` still kills."""
 
     TYPE = "emq_django.exceptions.SoftTimeLimitExceeded"
+
+
+class PublishUnconfirmed(EmqError):
+    """Events ``emq.publish`` / ``emq.publish_many`` sent that the broker did not
+    confirm (numbered and kept): it refused them (``reason``), or no confirmation
+    came in time (the broker down, paused or overloaded). ``count``: how many
+    events. They may be lost: publish them again if they must arrive (a subscriber
+    tells a repeated event by its UUID)."""
+
+    def __init__(self, count: int, reason: str) -> None:
+        super().__init__(f"{count} published events not confirmed by the broker: {reason}")
+        self.count = count
+        self.reason = reason
+
+
+class EventsExpired(EmqError):
+    """A subscriber asked for events that retention (``EMQ_TOPIC_RETENTION``) had
+    deleted: events numbered ``first`` .. ``last`` of a retention rule covering its
+    prefixes are gone (some may have been on other topics of that rule). The
+    subscription goes on after ``last``: read on to get the next events."""
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__(
+            f"events {first}..{last} expired (EMQ_TOPIC_RETENTION) before this subscriber "
+            f"read them; it goes on from {last + 1}"
+        )
+        self.first = first
+        self.last = last

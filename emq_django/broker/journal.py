@@ -77,6 +77,9 @@ CREATE INDEX IF NOT EXISTS jobs_done ON jobs (updated_at) WHERE state = 'done';
 DROP INDEX IF EXISTS jobs_state;
 """
 
+# topic_meta's key prefix for each retention rule's highest deleted event number
+EXPIRED_KEY = "expired:"
+
 # (op, args...) tuples the broker core queues; see Journal.apply
 JournalOp = tuple[Any, ...]
 
@@ -161,6 +164,7 @@ class Journal:
         self._filed_rules: tuple[Any, ...] | None = None
         self._rule_counts: dict[str, int] | None = None
         self._age_cursor: dict[str, int] = {}  # per rule: where the sweep goes on from
+        self._expired: dict[str, int] | None = None  # ``expired_upto``
         # the last ``apply``: seconds its WAL restart and its retention rules took
         self.last_restart_s = 0.0
         self.last_prune_s = 0.0
@@ -194,6 +198,7 @@ class Journal:
         except (sqlite3.Error, KeyError, ValueError, TypeError) as exc:
             self.errors += 1
             self._filed_rules = self._rule_counts = None  # read again from the file
+            self._expired = None
             try:
                 self.db.execute("ROLLBACK")
             except sqlite3.Error:
@@ -290,6 +295,12 @@ class Journal:
             excess = counts.get(prefix, 0) - rule.max_count
             if rule.max_count and excess > 0:  # the oldest of the rule's events go
                 where, params = _in_rule(prefix)
+                (top,) = db.execute(
+                    f"SELECT MAX(seq) FROM (SELECT seq FROM events WHERE {where}"
+                    " ORDER BY seq LIMIT ?)",
+                    (*params, excess),
+                ).fetchone()
+                self._note_expired(db, prefix, top)
                 gone = db.execute(
                     f"DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE {where}"
                     " ORDER BY seq LIMIT ?)",
@@ -312,6 +323,12 @@ class Journal:
             f"SELECT ts FROM events WHERE {where} ORDER BY seq LIMIT 1", params
         ).fetchone()
         if first is not None and first[0] < cutoff:
+            (top,) = db.execute(
+                f"SELECT MAX(seq) FROM (SELECT seq, ts FROM events WHERE {where}"
+                " ORDER BY seq LIMIT ?) WHERE ts < ?",
+                (*params, AGE_HEAD_ROWS, cutoff),
+            ).fetchone()
+            self._note_expired(db, prefix, top)
             gone += max(
                 db.execute(
                     f"DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE {where}"
@@ -329,6 +346,11 @@ class Journal:
         if upto is None:  # went round: from the start at the next prune
             self._age_cursor.pop(prefix, None)
             return gone
+        (top,) = db.execute(
+            f"SELECT MAX(seq) FROM events WHERE {where} AND seq > ? AND seq <= ? AND ts < ?",
+            (*params, after, upto, cutoff),
+        ).fetchone()
+        self._note_expired(db, prefix, top)
         gone += max(
             db.execute(
                 f"DELETE FROM events WHERE {where} AND seq > ? AND seq <= ? AND ts < ?",
@@ -338,6 +360,30 @@ class Journal:
         )
         self._age_cursor[prefix] = upto
         return gone
+
+    def _note_expired(self, db: sqlite3.Cursor, prefix: str, top: int | None) -> None:
+        """Retention is deleting rule ``prefix``'s events up to ``top``: kept in
+        ``topic_meta`` (and here), so a subscriber asking from below is told."""
+        if top is None:
+            return
+        expired = self.expired_upto()
+        expired[prefix] = max(expired.get(prefix, 0), int(top))
+        db.execute(
+            "INSERT INTO topic_meta (key, value) VALUES (?, ?) ON CONFLICT (key)"
+            " DO UPDATE SET value = MAX(value, excluded.value)",
+            (EXPIRED_KEY + prefix, int(top)),
+        )
+
+    def expired_upto(self) -> dict[str, int]:
+        """Per retention rule (its prefix), the highest event number retention
+        deleted (read from ``topic_meta`` once, then kept up to date)."""
+        if self._expired is None:
+            rows = self._cursor().execute(
+                "SELECT key, value FROM topic_meta WHERE substr(key, 1, ?) = ?",
+                (len(EXPIRED_KEY), EXPIRED_KEY),
+            )
+            self._expired = {key[len(EXPIRED_KEY) :]: int(value) for key, value in rows}
+        return self._expired
 
     def _checkpoint_loop(self, sync: str) -> None:
         """Checkpoint after each burst of commits, on a connection of this thread:

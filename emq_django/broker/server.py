@@ -11,6 +11,7 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -34,7 +35,7 @@ from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
-from emq_django.broker.ports.base import Handler, SocketSpec
+from emq_django.broker.ports.base import FULL, GONE, SENT, Handler, SocketSpec
 from emq_django.broker.ports.monitor import MonitorPort
 from emq_django.broker.ports.pzq import PzqPort
 from emq_django.broker.topics import Event, TopicSpace
@@ -156,6 +157,7 @@ class BrokerServer:
                 self.ports.append(port)
         # the ports with timers of their own (asked each loop turn; the others never)
         self._timed_ports = [p for p in self.ports if type(p).next_timer is not Port.next_timer]
+        self._paced = {p: functools.partial(self._send_paced, p) for p in self._timed_ports}
         self.info = {
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
@@ -185,6 +187,9 @@ class BrokerServer:
         # every socket: (port, spec, socket, its reader, whether a ROUTER)
         self.endpoints: list[tuple[Port, SocketSpec, zmq.Socket[Any], Handler, bool]] = []
         self.named: dict[tuple[Port, str], zmq.Socket[Any]] = {}
+        self._round_rank: list[int] = []  # per endpoint (``bind``)
+        self._timed_endpoints: set[int] = set()  # the sockets of ports with timers
+        self._port_due = 0.0  # when ``_port_timers`` is due next
         # sockets sent on or not read to the end since last asked for ZMQ_EVENTS (run)
         self._touched: set[zmq.Socket[Any]] = set()
         self._index: dict[zmq.Socket[Any], int] = {}  # a socket's place in ``endpoints``
@@ -211,6 +216,12 @@ class BrokerServer:
                     self.handshakes.watch(sock, spec.name)
                 self._index[sock] = len(self.endpoints)
                 self.endpoints.append((port, spec, sock, handler, spec.kind == zmq.ROUTER))
+                if type(port).next_timer is not Port.next_timer:
+                    self._timed_endpoints.add(len(self._round_rank))
+                # the order a round reads ready sockets in: event sockets last
+                self._round_rank.append(
+                    len(self._round_rank) + (spec.name in port.event_sockets) * 1000
+                )
                 self.named[(port, spec.name)] = sock
                 self.sockets.setdefault(port, sock)
 
@@ -351,6 +362,10 @@ class BrokerServer:
                 self._rebind_publishers(self.guard.allow.take_lost_roles())
             core.on_timer(now)
             self._flush()
+            # busy or not, when due: a replay a port paces goes on under load too.
+            # Due again as soon as a timed port's socket is read (``_drain_ready``)
+            if now >= self._port_due:
+                self._port_due = self._port_timers(now)
             reclaim = self.reclaimer.due(core.footprint(), now)
             if reclaim is not None:
                 self._reclaim(reclaim)
@@ -358,7 +373,7 @@ class BrokerServer:
             if ready:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
-                wake = min(core.next_deadline(), deadline, self._port_timers(now), self._late_due)
+                wake = min(core.next_deadline(), deadline, self._port_due, self._late_due)
                 if core.life.spill_requests:
                     wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
@@ -379,7 +394,9 @@ class BrokerServer:
                 if i not in ready and _get(endpoints[i][2], _EVENTS) & _POLLIN:
                     ready.append(i)
             if ready:
-                self._drain_ready(sorted(ready))
+                if len(ready) > 1:
+                    ready.sort(key=self._round_rank.__getitem__)
+                self._drain_ready(ready)
 
     def _waiting(self) -> list[int]:
         """The sockets used since they were last asked (``_touched``) on which a
@@ -395,15 +412,19 @@ class BrokerServer:
     def _drain_ready(self, ready: list[int]) -> None:
         """Read each socket that has messages, up to CHUNK messages each, in the
         ports' order: replies from workers return credit, so they never wait
-        behind a flood of new jobs (workers' ports come first). A socket not
+        behind a flood of new jobs (workers' ports come first); the sockets that
+        bring events come last (``Port.event_sockets``). A socket not
         read until EAGAIN is asked again before the loop sleeps (``_drain``).
         """
         endpoints = self.endpoints
         n = 0
+        timed = self._timed_endpoints
         for i in ready:
             port, _, sock, handle, routed = endpoints[i]
             port.carried = 0
             n += self._drain(sock, handle, routed, flush=False, port=port)
+            if i in timed:  # its port's timers may have changed (a new session, a replay)
+                self._port_due = 0.0
         self.turns.count("messages", n)
         self._flush()  # one journal commit per round, not per socket
 
@@ -448,6 +469,7 @@ class BrokerServer:
                 continue
             if due <= now:
                 self._send_port_frames(port, port.on_timer(now))
+                port.pump(now, self._paced[port])
                 due = port.next_timer()
                 if due is None:
                     continue
@@ -468,6 +490,21 @@ class BrokerServer:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
                 port.unroutable(frames[0], self.clock())
+
+    def _send_paced(self, port: Port, name: str, frames: list[bytes]) -> int:
+        """One message a port paces itself (``Port.pump``), never blocking; whether
+        it left, met a full pipe or a gone peer."""
+        sock = self.named[(port, name)]
+        self._touched.add(sock)
+        try:
+            wire.send(sock, frames)
+        except zmq.Again:
+            return FULL
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            return GONE
+        return SENT
 
     def _drain(
         self,

@@ -20,6 +20,8 @@ prefix wins; each rule keeps events at most ``max_age`` seconds old and at most
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import json
 import time
 from collections import deque
@@ -117,6 +119,8 @@ class EventStore(Protocol):
 
     def latest_events(self, topic: str, n: int) -> list[Event]: ...
 
+    def expired_upto(self) -> dict[str, int]: ...
+
 
 @dataclass(slots=True)
 class TopicFigures:
@@ -130,6 +134,53 @@ class TopicFigures:
         while window and window[0] < wall - RATE_WINDOW:
             window.popleft()
         return round(len(window) / RATE_WINDOW, 3)
+
+
+class Kept:
+    """One rule's events in memory, in sequence order: a list and the index of its
+    first kept event, so a replay finds where to start by bisection and reads
+    from there (a deque's indexing walks its blocks: a page read from the middle
+    of a million events cost milliseconds)."""
+
+    __slots__ = ("events", "head")
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.events) - self.head
+
+    def __bool__(self) -> bool:
+        return len(self.events) > self.head
+
+    def append(self, event: Event) -> None:
+        self.events.append(event)
+
+    def first(self) -> Event:
+        return self.events[self.head]
+
+    def popleft(self) -> Event:
+        event = self.events[self.head]
+        self.head += 1
+        if self.head >= 4096 and self.head * 2 >= len(self.events):
+            del self.events[: self.head]  # amortised: at most once per half
+            self.head = 0
+        return event
+
+    def after(self, seq: int) -> Iterator[Event]:
+        """The kept events above ``seq``, in order."""
+        events = self.events
+        start = bisect.bisect_right(events, seq, lo=self.head, key=_seq_of)
+        return map(events.__getitem__, range(start, len(events)))
+
+    def newest_first(self) -> Iterator[Event]:
+        events = self.events
+        return map(events.__getitem__, range(len(events) - 1, self.head - 1, -1))
+
+
+def _seq_of(event: Event) -> int:
+    return event.seq
 
 
 class TopicSpace:
@@ -147,7 +198,9 @@ class TopicSpace:
         self.published = 0
         self.lost = 0  # events whose journal write failed
         # in memory (no journal): one deque per rule, in sequence order
-        self._kept: dict[str, deque[Event]] = {r.prefix: deque() for r in self.rules}
+        self._kept: dict[str, Kept] = {r.prefix: Kept() for r in self.rules}
+        # in memory: per rule, the highest event number retention removed
+        self._expired: dict[str, int] = {}
 
     # ---- start-up -------------------------------------------------------------------
 
@@ -195,7 +248,7 @@ class TopicSpace:
             kept = self._kept[rule.prefix]
             kept.append(event)
             if rule.max_count and len(kept) > rule.max_count:
-                kept.popleft()
+                self._expire(rule.prefix, kept.popleft())
             self._cap_memory()
         figures = self._figures(topic)
         figures.last_seq = event.seq
@@ -222,8 +275,10 @@ class TopicSpace:
     def _cap_memory(self) -> None:
         total = sum(len(k) for k in self._kept.values())
         while total > MEMORY_CAP:
-            oldest = min((k for k in self._kept.values() if k), key=lambda k: k[0].seq)
-            oldest.popleft()
+            prefix, oldest = min(
+                ((p, k) for p, k in self._kept.items() if k), key=lambda pk: pk[1].first().seq
+            )
+            self._expire(prefix, oldest.popleft())
             total -= 1
 
     def _figures(self, topic: str) -> TopicFigures:
@@ -248,10 +303,35 @@ class TopicSpace:
             kept = self._kept[rule.prefix]
             if rule.max_age:
                 cutoff = wall - rule.max_age
-                while kept and kept[0].ts < cutoff:
-                    kept.popleft()
+                while kept and kept.first().ts < cutoff:
+                    self._expire(rule.prefix, kept.popleft())
             while rule.max_count and len(kept) > rule.max_count:
-                kept.popleft()
+                self._expire(rule.prefix, kept.popleft())
+
+    def _expire(self, prefix: str, event: Event) -> None:
+        if event.seq > self._expired.get(prefix, 0):
+            self._expired[prefix] = event.seq
+
+    def expired_above(self, prefixes: Sequence[str], seq: int) -> int:
+        """The highest event number retention removed from a rule that covers topics
+        under ``prefixes`` (none: all), when it is above ``seq``; else 0. Events of
+        such a rule numbered up to it are gone: a subscriber asking from ``seq``
+        may have missed some (the rule may also cover other topics)."""
+        expired = self.store.expired_upto() if self.store is not None else self._expired
+        if not expired:
+            return 0
+        top = max((expired.get(r.prefix, 0) for r in self._rules_under(prefixes)), default=0)
+        return top if top > seq else 0
+
+    def _rules_under(self, prefixes: Sequence[str]) -> list[Rule]:
+        """The rules that cover a topic under one of ``prefixes``: the rule each
+        prefix falls under, and the rules of longer prefixes within it."""
+        prefixes = [p for p in prefixes if p]
+        if not prefixes:
+            return list(self.rules)
+        found = {self.rule_for(p) for p in prefixes}
+        found.update(r for r in self.rules if any(r.prefix.startswith(p) for p in prefixes))
+        return list(found)
 
     # ---- reading --------------------------------------------------------------------
 
@@ -268,9 +348,8 @@ class TopicSpace:
 
     def _since(self, prefixes: Sequence[str], seq: int, limit: int) -> Iterable[Event]:
         if self.store is None:
-            kept = [e for k in self._kept.values() for e in k if e.seq > seq]
-            kept.sort(key=lambda e: e.seq)
-            return (e for e in kept if matches(e.topic, prefixes))
+            merged = heapq.merge(*(k.after(seq) for k in self._kept.values()), key=_seq_of)
+            return (e for e in merged if matches(e.topic, prefixes))
         return self._since_stored(prefixes, seq, limit)
 
     def _since_stored(self, prefixes: Sequence[str], seq: int, limit: int) -> Iterator[Event]:
@@ -291,7 +370,7 @@ class TopicSpace:
         """The last ``n`` kept events of ``topic``, oldest first."""
         if self.store is None:
             kept = self._kept[self.rule_for(topic).prefix]
-            found = [e for e in reversed(kept) if e.topic == topic][:n]
+            found = [e for e in kept.newest_first() if e.topic == topic][:n]
             return found[::-1]
         pending = [e for e in self.unsaved if e.topic == topic][-n:]
         stored = self.store.latest_events(topic, n - len(pending)) if n > len(pending) else []

@@ -48,11 +48,20 @@ MAX_FIELD = 1024  # producer, timestamp, uuid, content type
 CONTENT_TYPES = (MSGPACK, JSON, "application/octet-stream")
 
 
+# emq's own: a fourth SYNCSTART frame asking to be told of expired events; the
+# answer then starts with ``SYNCEXPIRED, subtrees, first, last`` when retention
+# deleted events in that range of a rule covering the subtrees (never sent to a
+# client that did not ask: the released bus has no such command)
+NOTIFY_EXPIRED = b"notify-expired"
+SYNCEXPIRED = b"SYNCEXPIRED"
+
+
 @dataclass(frozen=True, slots=True)
 class SyncStart:
     spec: bytes  # as received: SYNCEND sends it back
     subtrees: tuple[str, ...]
     seq: int
+    notify_expired: bool = False  # emq's client: tell it of expired events
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +99,11 @@ _second: list[Any] = [None, b""]  # the last whole second encoded, and its text 
 def encode_ts(ts: float) -> bytes:
     """``Date.toISOString()``'s form: milliseconds and ``Z``. Every event goes out
     with one, so the text of the current second is kept (formatting a datetime
-    was an eighth of the broker's time per event)."""
+    was an eighth of the broker's time per event). A time outside 1970 .. 9999
+    (an event kept before PUBs' times were checked) goes out clamped: a kept
+    event is always servable."""
+    if not 0.0 <= ts < MAX_TS:  # (NaN too)
+        ts = MAX_TS - 1.0 if ts > 0 else 0.0
     frac, whole = math.modf(ts)  # rounded as datetime.fromtimestamp rounds
     micro = round(frac * 1_000_000)
     sec = int(whole)
@@ -215,13 +228,13 @@ def check_msgpack(data: bytes) -> None:
 def decode_syncstart(frames: Sequence[bytes]) -> SyncStart:
     if not frames or frames[0] != SYNCSTART:
         raise ProtocolError("expected SYNCSTART on the snapshot port")
-    if len(frames) > 3:
+    if len(frames) > 4 or (len(frames) == 4 and frames[3] != NOTIFY_EXPIRED):
         raise ProtocolError(f"SYNCSTART has {len(frames)} frames, expected 2 or 3")
     spec = frames[1] if len(frames) > 1 else b""
     if len(spec) > MAX_SPEC:
         raise ProtocolError(f"subtree spec of {len(spec)} bytes is too long")
     seq = decode_seq(frames[2]) if len(frames) > 2 else 0
-    return SyncStart(spec, parse_subtrees(spec), seq)
+    return SyncStart(spec, parse_subtrees(spec), seq, len(frames) == 4)
 
 
 def parse_subtrees(spec: bytes) -> tuple[str, ...]:
@@ -250,6 +263,10 @@ def event_frames(event: Event, data: bytes) -> list[bytes]:
 
 def sync(event: Event, data: bytes) -> list[bytes]:
     return [SYNC, *event_frames(event, data)]
+
+
+def syncexpired(spec: bytes, first: int, last: int) -> list[bytes]:
+    return [SYNCEXPIRED, spec, encode_seq(first), encode_seq(last)]
 
 
 def syncend(spec: bytes, seq: int) -> list[bytes]:
@@ -287,7 +304,10 @@ def decode_pub(frames: Sequence[bytes]) -> Pub:
             raise ProtocolError(f"unknown content type {ctype[:64]!r}")
     if ctype == MSGPACK:
         check_msgpack(data)
-    return Pub(topic, producer_id, decode_ts(ts), decode_uuid(uuid), bytes(data), ctype)
+    when = decode_ts(ts)
+    if when is not None and not 0.0 <= when < MAX_TS:  # it could not be sent again
+        raise ProtocolError(f"event timestamp {bytes(ts[:32])!r} is outside 1970 .. 9999")
+    return Pub(topic, producer_id, when, decode_uuid(uuid), bytes(data), ctype)
 
 
 def pub(
@@ -317,7 +337,8 @@ def pub_frames(
 
 
 def syncstart(subtrees: Sequence[str], seq: int) -> list[bytes]:
-    return [SYNCSTART, ",".join(subtrees).encode(), encode_seq(seq)]
+    """emq's own SYNCSTART: it asks to be told of expired events."""
+    return [SYNCSTART, ",".join(subtrees).encode(), encode_seq(seq), NOTIFY_EXPIRED]
 
 
 def decode_event(frames: Sequence[bytes]) -> Event:
@@ -339,12 +360,14 @@ def decode_event(frames: Sequence[bytes]) -> Event:
         raise ProtocolError("topic or producer id is not UTF-8") from None
 
 
-def decode_snapshot(frames: Sequence[bytes]) -> Event | int:
-    """A SYNC's event, or a SYNCEND's sequence."""
+def decode_snapshot(frames: Sequence[bytes]) -> Event | int | tuple[int, int]:
+    """A SYNC's event, a SYNCEND's sequence, or a SYNCEXPIRED's range."""
     if frames and frames[0] == SYNC:
         return decode_event(frames[1:])
     if len(frames) == 3 and frames[0] == SYNCEND:
         return decode_seq(frames[2])
+    if len(frames) == 4 and frames[0] == SYNCEXPIRED:
+        return decode_seq(frames[2]), decode_seq(frames[3])
     raise ProtocolError(
         f"expected SYNC or SYNCEND, not {bytes(frames[0][:16]) if frames else b''!r}"
     )
@@ -467,3 +490,75 @@ def decode_pubs(frames: Sequence[bytes]) -> Pubs:
             check_msgpack(data)
         events.append((float(ts), uuid, data))
     return Pubs(topic, producer_id, ctype, events)
+
+
+# ---- emq's confirmed publish (``emq.publish``, ``emq.publish_many``) -------------------
+#
+# On the collector, beside the Event BUS PUB (never answered, as its document has
+# it): ``PUBC, batch id, topic, content type, producer, packed`` is a publish batch
+# (as ``pubs``) with an id, increasing per connection. The broker answers once per
+# loop turn and connection, after the turn's events are numbered and written to the
+# journal: ``PUBOK, id`` confirms every batch up to that id; ``PUBNO, first id,
+# last id, reason`` refuses those batches (a malformed one, or a journal that failed
+# to keep them). The first frames are not UTF-8, so never a PUB's topic.
+
+PUBC = b"\xffEMQPUBC"
+PUBOK = b"\xffEMQOK"
+PUBNO = b"\xffEMQNO"
+MAX_REASON = 512
+
+
+def confirmed_pubs(
+    batch_id: int, topic: bytes, content_type: str, producer: bytes, flat: list[Any]
+) -> list[bytes]:
+    """A publish batch of ``flat`` (``ts, uuid, data`` per event) to be confirmed."""
+    return [
+        PUBC,
+        b"%d" % batch_id,
+        topic,
+        (content_type or MSGPACK).encode(),
+        producer,
+        _packb(flat),
+    ]
+
+
+def decode_batch_id(raw: bytes) -> int:
+    if not raw.isdigit() or len(raw) > 20:
+        raise ProtocolError(f"bad publish batch id {bytes(raw[:32])!r}: expected ASCII decimal")
+    return int(raw)
+
+
+def decode_confirmed_pubs(frames: Sequence[bytes]) -> tuple[int, Pubs]:
+    """A publish batch to confirm: its id and its events (``decode_pubs``). Raises
+    ``ProtocolError``; the id is read first, so a refusal can name it."""
+    if len(frames) != 6 or frames[0] != PUBC:
+        raise ProtocolError(
+            "expected a confirmed publish batch: PUBC, id, topic, type, producer, events"
+        )
+    batch_id = decode_batch_id(frames[1])
+    return batch_id, decode_pubs([PUBS, *frames[2:]])
+
+
+def pub_confirmed(upto: int) -> list[bytes]:
+    return [PUBOK, b"%d" % upto]
+
+
+def pub_refused(first: int, last: int, reason: str) -> list[bytes]:
+    return [PUBNO, b"%d" % first, b"%d" % last, reason.encode("utf-8", "replace")[:MAX_REASON]]
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    ok: bool
+    first: int  # PUBOK: 0 (every batch up to ``last``)
+    last: int
+    reason: str
+
+
+def decode_confirmation(frames: Sequence[bytes]) -> Confirmation:
+    if len(frames) == 2 and frames[0] == PUBOK:
+        return Confirmation(True, 0, decode_batch_id(frames[1]), "")
+    if len(frames) == 4 and frames[0] == PUBNO:
+        reason = bytes(frames[3]).decode("utf-8", "replace")
+        return Confirmation(False, decode_batch_id(frames[1]), decode_batch_id(frames[2]), reason)
+    raise ProtocolError("expected a publish confirmation (PUBOK or PUBNO)", frames)

@@ -12,7 +12,7 @@ import zmq
 from django.db import transaction
 
 import emq_django as emq
-from emq_django.broker.ports.eventbus import EventBusPort
+from emq_django.broker.ports import eventbus as eventbus_port
 from emq_django.broker.topics import MSGPACK
 from emq_django.protocol import eventbus
 from tests.eventbus_client import BusClient
@@ -180,19 +180,23 @@ def test_publish_on_commit_publishes_after_the_commit_and_never_on_rollback(
             emq.publish_on_commit("", 1, url=url)  # refused at once, not at commit time
 
 
-def test_a_long_replay_comes_in_pages_and_subscribe_reads_them_all(
-    start_broker: Callable[..., Broker],
+def test_a_long_replay_goes_out_over_several_turns_and_ends_at_the_bus_sequence(
+    start_broker: Callable[..., Broker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A replay is sent a few SYNCs a loop turn; the client sees one answer, whose
+    SYNCEND carries the bus's sequence when it asked (no pages to know of)."""
+    monkeypatch.setattr(eventbus_port, "REPLAY_TURN", 3)
+    monkeypatch.setattr(eventbus_port, "REPLAY_SHARE", 3)
     broker = start_broker()
-    port = next(p for p in broker.server.ports if isinstance(p, EventBusPort))
-    port.max_sync = 3  # set before any SYNCSTART; read by the broker thread only after
     producer = bus(broker)
     for i in range(7):
         producer.publish("/page/x", i)
-    wait_seq(broker, 7)
+    producer.publish("/other/x", "not under /page/")
+    wait_seq(broker, 8)
     client = bus(broker)
     events, upto = client.sync("/page/", since=0)
-    assert [e.seq for e in events] == [1, 2, 3] and upto == 3  # a page
+    assert [e.seq for e in events] == list(range(1, 8)) and upto == 8
+    assert figures(broker)["replays_done"] == 1 and figures(broker)["replays"] == 0
     s = broker.server.settings
     with emq.subscribe(
         "/page/",
@@ -286,3 +290,31 @@ def test_publish_carries_text_and_refuses_what_the_bus_cannot_carry(
         got = [sub.next(timeout=10.0) for _ in range(2)]
     assert [e.data if e else None for e in got] == ["plain words", "<p>caf\u00e9</p>"]
     assert figures(broker).get("malformed", 0) == 0
+
+
+def test_a_confirmed_publish_batch_is_answered_after_the_commit_or_refused_with_its_reason(
+    start_broker: Callable[..., Broker],
+) -> None:
+    """emq's confirmed publish batches: PUBOK up to the last batch id once the
+    events are numbered and journaled; a malformed one gets PUBNO with the reason,
+    which ``publish`` raises as ``PublishUnconfirmed`` (nothing refused in silence)."""
+    from emq_django.publish_confirm import Unconfirmed
+
+    broker = start_broker()
+    s = broker.server.settings
+    collector = broker.socket(zmq.DEALER, s.BUS_COLLECT_BIND)
+    good = [1.0, b"", msgpack.packb(1)]
+    collector.send_multipart(eventbus.confirmed_pubs(1, b"/c/x", MSGPACK, b"p", good * 2))
+    collector.send_multipart(eventbus.confirmed_pubs(2, b"/c/x", MSGPACK, b"p", good))
+    answers = []
+    while not answers or answers[-1].last < 2:
+        assert collector.poll(10_000), "no confirmation"
+        answers.append(eventbus.decode_confirmation(collector.recv_multipart()))
+    assert all(a.ok for a in answers) and last_seq(broker) == 3  # committed before the answer
+    pending = Unconfirmed()
+    pending.sent(1)
+    bad = eventbus.confirmed_pubs(pending.last_id, b"/c/x", MSGPACK, b"p", [1.0, b"", b"\xc1"])
+    collector.send_multipart(bad)
+    with pytest.raises(emq.PublishUnconfirmed, match="not MessagePack") as raised:
+        pending.wait(collector, 0, 10.0)
+    assert raised.value.count == 1 and last_seq(broker) == 3

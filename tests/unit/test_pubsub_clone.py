@@ -25,7 +25,8 @@ def seqs(events: list[Event]) -> list[int]:
 def test_snapshot_then_live_each_event_once_in_order() -> None:
     state = CloneState(["/a/"], since=0)
     assert state.needs_sync(0.0, 0.0, 1.0)
-    assert state.syncstart(0.0) == [b"SYNCSTART", b"/a/", b"0"]
+    # emq's own fourth frame: tell it of events retention deleted (SYNCEXPIRED)
+    assert state.syncstart(0.0) == [b"SYNCSTART", b"/a/", b"0", b"notify-expired"]
     assert state.on_live(live(3)) == []  # held while syncing
     out = state.on_snapshot(sync(1)) + state.on_snapshot(sync(2))
     out += state.on_snapshot(eventbus.syncend(b"/a/", 2))  # 3 came after the snapshot
@@ -164,3 +165,15 @@ def test_events_that_follow_on_are_yielded_while_a_snapshot_answer_is_awaited() 
     out += state.on_snapshot(eventbus.syncend(b"/a/", 7))
     assert seqs(out) == [7, 8] and state.last == 8  # 3 and 4 it had; 6 is elsewhere
     assert state.from_snapshot == 1 and state.gaps == 0
+
+
+def test_a_syncexpired_above_last_is_queued_as_expired_and_moves_last() -> None:
+    from emq_django.exceptions import EventsExpired
+    from emq_django.pubsub import CloneState, Expired
+
+    state = CloneState(["/a/"], 0)
+    state.syncstart(0.0)
+    (gone,) = state.on_snapshot([b"SYNCEXPIRED", b"/a/", b"1", b"40"])
+    assert isinstance(gone, Expired) and (gone.first, gone.last) == (1, 40)
+    assert state.last == 40 and isinstance(gone.error(), EventsExpired)
+    assert state.on_snapshot([b"SYNCEXPIRED", b"/a/", b"1", b"30"]) == []  # nothing new

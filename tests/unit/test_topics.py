@@ -233,3 +233,31 @@ def test_journal_retention_by_age_takes_the_oldest_and_a_producer_behind_in_time
     assert kept[0] == [6, 7, 8, 9, 10, 11, 12]  # 1-2 from the start, 3-5 by the sweep
     assert 10 in kept[1] and 10 not in kept[2]  # the sweep went on: 6-8, then 9-11
     assert kept[-1] == [6, 7, 8, 9, 11, 12] and late == 10
+
+
+def test_a_kept_event_with_a_timestamp_out_of_range_is_still_servable() -> None:
+    """An event stored before timestamps were checked (a journal written by an
+    older broker) must not stop a snapshot: its time is sent clamped."""
+    from emq_django.broker.topics import Event
+    from emq_django.protocol import eventbus
+
+    for ts in (1e23, -1e23, float("inf"), float("nan")):
+        frames = eventbus.sync(Event(1, "/t", b"\x01", "p", b"", ts), b"\x01")
+        assert frames[4].endswith(b"Z")
+
+
+def test_in_memory_retention_records_what_it_deleted_for_the_rules_under_a_prefix() -> None:
+    """Without a journal: what retention removed (by count) is told to a replay
+    asking from below it, for the rules that cover the prefixes asked for."""
+    from emq_django.broker.topics import TopicSpace
+
+    topics = TopicSpace({"/a/": {"max_count": 2}, "": {"max_count": 100}})
+    for i in range(5):
+        topics.add("/a/x", b"%d" % i, "p", "", (), b"", 1.0, 1.0)
+    topics.add("/b/x", b"b", "p", "", (), b"", 1.0, 1.0)
+    assert [e.seq for e in topics.since([], 0)] == [4, 5, 6]
+    assert topics.expired_above(["/a/"], 0) == 3  # 1..3 deleted from rule /a/
+    assert topics.expired_above([""], 1) == 3
+    assert topics.expired_above(["/a/"], 3) == 0  # nothing it still needs
+    assert topics.expired_above(["/b/"], 0) == 0  # rule "" deleted nothing
+    assert [e.seq for e in topics.since(["/a/"], 4, limit=1)] == [5]

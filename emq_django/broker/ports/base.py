@@ -43,6 +43,12 @@ ERROR_LOG_BUDGET = 100  # malformed messages logged per port, then every 10,000t
 # one message from a socket: (identity, frames, now) -> frames to send straight back
 Handler = Callable[[bytes, Sequence[bytes], float], "list[bytes] | None"]
 
+# what a paced send (``Port.pump``) returns: the message left, the peer's pipe is
+# full (nothing of it left: try again later), or the peer is gone
+SENT, FULL, GONE = 0, 1, 2
+# a paced send: (socket spec name, whole frames, the identity first on a ROUTER)
+PacedSend = Callable[[str, "list[bytes]"], int]
+
 
 @dataclass(frozen=True, slots=True)
 class SocketSpec:
@@ -71,6 +77,11 @@ class Port(ABC):
     acknowledges = True
     # the roles admitted on the port's socket (when the broker runs CURVE)
     roles: tuple[str, ...] = ()
+    # its sockets (spec names) that bring events into the topic space: the server
+    # reads them after the others in each round, since a round takes at most
+    # TURN_EVENTS events and a socket read after that reads nothing (a flood of
+    # events read first starved the job and monitor sockets for its whole length)
+    event_sockets: tuple[str, ...] = ()
     # jobs beyond one per message that the messages read in this drain carried
     # (eMQP REQUESTS): the server counts them towards its per-socket CHUNK
     carried = 0
@@ -125,6 +136,12 @@ class Port(ABC):
         """The port's timer is due: the (socket spec name, whole frames, the routing
         identity first on a ROUTER) to send. Called at or after ``next_timer``."""
         return []
+
+    def pump(self, now: float, send: PacedSend) -> None:  # noqa: B027 (most ports need nothing)
+        """Send what the port paces itself (a snapshot replay, a bounded part of it
+        per loop turn), one message at a time through ``send``, which says whether
+        it left (``SENT``), met the peer's full pipe (``FULL``) or a gone peer
+        (``GONE``). Called every loop turn when ``next_timer`` is due."""
 
     # ---- topics (broker/topics.py) ---------------------------------------------
 

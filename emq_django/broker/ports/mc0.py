@@ -85,6 +85,7 @@ class Session:
 
 class Mc0Port(Port):
     name = "mc0"
+    event_sockets = ("mc0",)  # PUTs: read after the job sockets in a round
     # with CURVE (EMQ_CURVE_SECRET_KEY): a key with either role may connect; PUT
     # needs publisher, SUB subscriber (``authorize``)
     roles = (PUBLISHER, SUBSCRIBER)

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from emq_django.exceptions import EventsExpired
 from emq_django.pubsub import Received, subscribe
 
 
@@ -46,12 +47,15 @@ class Command(BaseCommand):
             snapshot_url=opts["snapshot"],
             publish_url=opts["publisher"],
         ) as events:
-            try:
-                for event in events:
-                    self.stdout.write(show(event))
-                    self.stdout.flush()
-                    n += 1
-                    if opts["count"] and n >= opts["count"]:
-                        return
-            except KeyboardInterrupt:
-                return
+            while True:
+                try:
+                    for event in events:
+                        self.stdout.write(show(event))
+                        self.stdout.flush()
+                        n += 1
+                        if opts["count"] and n >= opts["count"]:
+                            return
+                except EventsExpired as exc:  # said, and the tail goes on after them
+                    self.stderr.write(f"emq_tail: {exc}")
+                except KeyboardInterrupt:
+                    return
