@@ -1,4 +1,4 @@
-# Targets are the commands README.md names.  GNU make.
+# Targets are the commands README.md and docs/ name.  GNU make.
 SHELL := /bin/bash
 
 VENV   := .venv
@@ -20,7 +20,7 @@ DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py
 DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
 
-.PHONY: help venv browser test test-dj6 faults lint format typecheck demo bench clean distclean
+.PHONY: help venv browser test test-dj6 faults lint format typecheck docs demo bench clean distclean
 
 help:
 	@echo "make demo       broker + job manager + scheduler + admin + sample producer"
@@ -31,6 +31,7 @@ help:
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff format + ruff check --fix"
 	@echo "make typecheck  mypy"
+	@echo "make docs       the docs site (MkDocs), warnings as errors, into site/"
 	@echo "make bench      benchmark against Celery, Dramatiq, Huey, RQ and a raw ZeroMQ forwarder"
 	@echo "make clean      caches and build output (distclean: also .venv and db.sqlite3)"
 
@@ -104,6 +105,11 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy emq_django
 
+# The docs site; make test builds it too (tests/unit/test_docs.py), and runs the
+# docs' code examples (tests/unit/test_docs_examples.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # One supervisor process (scripts/demo.py): its children die with it, whatever kills it.
 demo: $(STAMP)
 	@$(PY) scripts/demo.py
@@ -113,7 +119,7 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
