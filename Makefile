@@ -20,13 +20,14 @@ DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py
 DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
 
-.PHONY: help venv browser test test-dj6 faults lint format typecheck docs demo bench clean distclean
+.PHONY: help venv browser test test-dj6 test-pythons faults lint format typecheck docs demo bench clean distclean
 
 help:
 	@echo "make demo       broker + job manager + scheduler + admin + sample producer"
 	@echo "                (http://127.0.0.1:8000/admin/); logs in var/log/demo/"
 	@echo "make test       unit, integration and end-to-end tests (fault injection included),"
-	@echo "                then the Django Tasks API tests on Django 6.0 when Python >= 3.12 exists"
+	@echo "                then the Django Tasks API tests on Django 6.0 when Python >= 3.12 exists,"
+	@echo "                and the unit and integration tests on each other Python of 3.11-3.13 found"
 	@echo "make faults     the fault-injection suite alone, with its reports"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff format + ruff check --fix"
@@ -75,6 +76,7 @@ browser:
 test: $(INTEROP) browser
 	EMQ_REQUIRE_BROWSER=1 $(PY) -m pytest tests $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-dj6
+	@$(MAKE) --no-print-directory test-pythons
 
 # The Django Tasks API tests on Django 6.0, or a message saying why they were skipped.
 test-dj6:
@@ -90,6 +92,38 @@ $(STAMP6): pyproject.toml
 	$(PY6) -m pip install --upgrade pip
 	$(PY6) -m pip install -e '.[dev]' 'Django>=6.0,<6.1'
 	touch $@
+
+# Python 3.11, 3.12 and 3.13 (pyproject.toml): the full suite runs on .venv's Python
+# (above); the unit and integration tests run on each other one found, as python3.X
+# or under pyenv, in .venv-py3.X, or a message says it was skipped.
+PYTHONS := 3.11 3.12 3.13
+find_python = for p in python$(1) $(HOME)/.pyenv/versions/$(1).*/bin/python$(1); do \
+	"$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(1)")' 2>/dev/null \
+	&& { command -v "$$p"; break; }; done
+
+test-pythons: $(STAMP)
+	@main=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	for v in $(PYTHONS); do \
+	  [ "$$v" = "$$main" ] && continue; \
+	  py=$$($(call find_python,$$v)); \
+	  if [ -z "$$py" ]; then \
+	    echo "make test: no Python $$v found, so its unit and integration run was skipped"; continue; \
+	  fi; \
+	  $(MAKE) --no-print-directory PYV=$$v PYV_PYTHON=$$py .venv-py$$v/.stamp || exit 1; \
+	  echo "make test: unit and integration tests on Python $$v ($$py)"; \
+	  .venv-py$$v/bin/python -m pytest tests/unit tests/integration $(PYTEST_ARGS) || exit 1; \
+	done
+
+# Without the analytics extra when it does not install there: its tests then skip,
+# saying so (pytest.importorskip("pyspark")).
+.venv-py%/.stamp: pyproject.toml
+	@echo "make: setting up .venv-py$* with $(PYV_PYTHON) (first run: a few minutes)..."
+	@test -x .venv-py$*/bin/python || $(PYV_PYTHON) -m venv .venv-py$*
+	@PIP_DISABLE_PIP_VERSION_CHECK=1 .venv-py$*/bin/python -m pip install -qq --upgrade pip
+	@PIP_DISABLE_PIP_VERSION_CHECK=1 .venv-py$*/bin/python -m pip install -qq -e '.[dev,analytics]' 'Django>=5.2,<5.3' \
+	  || { echo "make: the analytics extra does not install on Python $*: its tests will skip"; \
+	       PIP_DISABLE_PIP_VERSION_CHECK=1 .venv-py$*/bin/python -m pip install -qq -e '.[dev]' 'Django>=5.2,<5.3'; }
+	@touch $@
 
 faults: $(INTEROP)
 	$(PY) -m pytest tests/faults -v -s $(PYTEST_ARGS)
@@ -123,4 +157,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(VENV6) db.sqlite3
+	rm -rf $(VENV) $(VENV6) .venv-py3.* db.sqlite3
