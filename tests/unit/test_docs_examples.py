@@ -35,6 +35,9 @@ def test_the_page_s_examples_run(page: str, settings: object) -> None:
     settings.EMQ_EAGER = True  # type: ignore[attr-defined]
     module = "docs_example_" + page.removesuffix(".md").replace("/", "_").replace("-", "_")
     namespace: dict[str, object] = {"__name__": module, **_SETTINGS_NAMESPACE}
+    for example in _BY_PAGE[page]:
+        if example.requires:
+            pytest.importorskip(example.requires, reason=f"docs/{page} imports it")
     try:
         for example in _BY_PAGE[page]:
             if not example.skip:
@@ -66,8 +69,10 @@ def test_the_reader_sees_skip_and_setup_comments(tmp_path: Path) -> None:
         "```python\na = 1\n```\n"
         "<!-- docs-test: skip: needs a running broker -->\n```python\nb = 2\n```\n"
         "<!-- docs-test: setup\nc = 3\n-->\n  ```python\n  d = c\n  ```\n"
+        "<!-- docs-test: requires: eventmq -->\n```python\nimport eventmq\n```\n"
     )
-    first, second, third = page_examples(page, tmp_path)
+    first, second, third, fourth = page_examples(page, tmp_path)
     assert (first.skip, first.code) == ("", "a = 1\n")
     assert second.skip == "needs a running broker"
     assert ("c = 3" in third.setup, third.code, third.skip) == (True, "d = c\n", "")
+    assert (fourth.requires, third.requires) == ("eventmq", "")
