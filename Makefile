@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.stamp
 
 # Directories that exist right now; ruff refuses paths that do not.
-LINT_PATHS := $(wildcard emq_django tests project bench)
+LINT_PATHS := $(wildcard emq_django tests project bench docs)
 
 PYTEST_ARGS ?=
 
