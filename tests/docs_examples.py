@@ -26,7 +26,7 @@ _TOKEN = re.compile(
 
 @dataclass(frozen=True)
 class Example:
-    page: str  # relative to docs/
+    page: str  # relative to the root it was read from (the repository's, in all_examples)
     line: int  # of the opening fence
     code: str
     skip: str  # the reason it is not run; '' runs it
@@ -60,4 +60,7 @@ def page_examples(path: Path, root: Path = DOCS) -> list[Example]:
 
 
 def all_examples() -> list[Example]:
-    return [ex for path in sorted(DOCS.rglob("*.md")) for ex in page_examples(path)]
+    """The examples of README.md and of every page under docs/ (pages named from the
+    repository's root)."""
+    pages = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return [ex for path in pages for ex in page_examples(path, REPO)]

@@ -1,5 +1,5 @@
-"""Every python example of the docs runs (docs/internals/docs.md says how they are
-marked): one test per page, its blocks in order in one namespace, under EMQ_EAGER,
+"""Every python example of the docs and of README.md runs (docs/internals/docs.md says
+how they are marked): one test per page, its blocks in order in one namespace, under EMQ_EAGER,
 with the example project's settings and its database."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _SETTINGS_NAMESPACE = {"INSTALLED_APPS": [], "BASE_DIR": Path("/srv/mysite")}
 
 
 def _run(example: Example, namespace: dict[str, object]) -> None:
-    where = f"docs/{example.page}:{example.line}"
+    where = f"{example.page}:{example.line}"
     if example.setup:
         exec(compile(example.setup, f"{where} (setup)", "exec"), namespace)
     exec(compile(example.code, where, "exec"), namespace)
@@ -33,11 +33,11 @@ def _run(example: Example, namespace: dict[str, object]) -> None:
 )
 def test_the_page_s_examples_run(page: str, settings: object) -> None:
     settings.EMQ_EAGER = True  # type: ignore[attr-defined]
-    module = "docs_example_" + page.removesuffix(".md").replace("/", "_").replace("-", "_")
+    module = "example_" + page.removesuffix(".md").replace("/", "_").replace("-", "_")
     namespace: dict[str, object] = {"__name__": module, **_SETTINGS_NAMESPACE}
     for example in _BY_PAGE[page]:
         if example.requires:
-            pytest.importorskip(example.requires, reason=f"docs/{page} imports it")
+            pytest.importorskip(example.requires, reason=f"{page} imports it")
     try:
         for example in _BY_PAGE[page]:
             if not example.skip:
