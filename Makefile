@@ -1,4 +1,4 @@
-# Targets are the commands README.md names.  GNU make.
+# Targets are the commands README.md and docs/ name.  GNU make.
 SHELL := /bin/bash
 
 VENV   := .venv
@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.stamp
 
 # Directories that exist right now; ruff refuses paths that do not.
-LINT_PATHS := $(wildcard emq_django tests project bench)
+LINT_PATHS := $(wildcard emq_django tests project bench docs)
 
 PYTEST_ARGS ?=
 
@@ -20,17 +20,19 @@ DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py
 DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
 
-.PHONY: help venv browser test test-dj6 faults lint format typecheck demo bench clean distclean
+.PHONY: help venv browser test test-dj6 test-pythons faults lint format typecheck docs demo bench clean distclean
 
 help:
 	@echo "make demo       broker + job manager + scheduler + admin + sample producer"
 	@echo "                (http://127.0.0.1:8000/admin/); logs in var/log/demo/"
 	@echo "make test       unit, integration and end-to-end tests (fault injection included),"
-	@echo "                then the Django Tasks API tests on Django 6.0 when Python >= 3.12 exists"
+	@echo "                then the Django Tasks API tests on Django 6.0 when Python >= 3.12 exists,"
+	@echo "                and the unit and integration tests on each other Python of 3.11-3.13 found"
 	@echo "make faults     the fault-injection suite alone, with its reports"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff format + ruff check --fix"
 	@echo "make typecheck  mypy"
+	@echo "make docs       the docs site (MkDocs), warnings as errors, into site/"
 	@echo "make bench      benchmark against Celery, Dramatiq, Huey, RQ and a raw ZeroMQ forwarder"
 	@echo "make clean      caches and build output (distclean: also .venv and db.sqlite3)"
 
@@ -74,6 +76,7 @@ browser:
 test: $(INTEROP) browser
 	EMQ_REQUIRE_BROWSER=1 $(PY) -m pytest tests $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-dj6
+	@$(MAKE) --no-print-directory test-pythons
 
 # The Django Tasks API tests on Django 6.0, or a message saying why they were skipped.
 test-dj6:
@@ -90,6 +93,38 @@ $(STAMP6): pyproject.toml
 	$(PY6) -m pip install -e '.[dev]' 'Django>=6.0,<6.1'
 	touch $@
 
+# Python 3.11, 3.12 and 3.13 (pyproject.toml): the full suite runs on .venv's Python
+# (above); the unit and integration tests run on each other one found, as python3.X
+# or under pyenv, in .venv-py3.X, or a message says it was skipped.
+PYTHONS := 3.11 3.12 3.13
+find_python = for p in python$(1) $(HOME)/.pyenv/versions/$(1).*/bin/python$(1); do \
+	"$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(1)")' 2>/dev/null \
+	&& { command -v "$$p"; break; }; done
+
+test-pythons: $(STAMP)
+	@main=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	for v in $(PYTHONS); do \
+	  [ "$$v" = "$$main" ] && continue; \
+	  py=$$($(call find_python,$$v)); \
+	  if [ -z "$$py" ]; then \
+	    echo "make test: no Python $$v found, so its unit and integration run was skipped"; continue; \
+	  fi; \
+	  $(MAKE) --no-print-directory PYV=$$v PYV_PYTHON=$$py .venv-py$$v/.stamp || exit 1; \
+	  echo "make test: unit and integration tests on Python $$v ($$py)"; \
+	  .venv-py$$v/bin/python -m pytest tests/unit tests/integration $(PYTEST_ARGS) || exit 1; \
+	done
+
+# Without the analytics extra when it does not install there: its tests then skip,
+# saying so (pytest.importorskip("pyspark")).
+.venv-py%/.stamp: pyproject.toml
+	@echo "make: setting up .venv-py$* with $(PYV_PYTHON) (first run: a few minutes)..."
+	@test -x .venv-py$*/bin/python || $(PYV_PYTHON) -m venv .venv-py$*
+	@PIP_DISABLE_PIP_VERSION_CHECK=1 .venv-py$*/bin/python -m pip install -qq --upgrade pip
+	@PIP_DISABLE_PIP_VERSION_CHECK=1 .venv-py$*/bin/python -m pip install -qq -e '.[dev,analytics]' 'Django>=5.2,<5.3' \
+	  || { echo "make: the analytics extra does not install on Python $*: its tests will skip"; \
+	       PIP_DISABLE_PIP_VERSION_CHECK=1 .venv-py$*/bin/python -m pip install -qq -e '.[dev]' 'Django>=5.2,<5.3'; }
+	@touch $@
+
 faults: $(INTEROP)
 	$(PY) -m pytest tests/faults -v -s $(PYTEST_ARGS)
 
@@ -104,6 +139,11 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy emq_django
 
+# The docs site; make test builds it too (tests/unit/test_docs.py), and runs the
+# docs' code examples (tests/unit/test_docs_examples.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # One supervisor process (scripts/demo.py): its children die with it, whatever kills it.
 demo: $(STAMP)
 	@$(PY) scripts/demo.py
@@ -113,8 +153,8 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(VENV6) db.sqlite3
+	rm -rf $(VENV) $(VENV6) .venv-py3.* db.sqlite3

@@ -1,7 +1,7 @@
 """The spine's drain rate and round trip in two source trees, in alternating pairs.
 
     .venv/bin/python bench/compare_trees.py BEFORE_DIR AFTER_DIR [--pairs 6] [--tasks 20000]
-        [--json bench/s24-NAME.json]
+        [--json bench/results/<benchmark>-<date>-<label>.json]
 
 Each pair runs ``bench/run.py --only emq`` of BEFORE_DIR, then of AFTER_DIR (each
 tree's own code: run.py puts its tree first on PYTHONPATH), so that a machine

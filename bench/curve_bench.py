@@ -2,7 +2,7 @@
 and off, alternating in one run.
 
     .venv/bin/python bench/curve_bench.py [--tasks 10000] [--latency-tasks 500] \
-        [--repeats 3] [--json bench/curve-results.json]
+        [--repeats 3] [--json bench/results/curve-<date>-<label>.json]
 
 Each round runs the same emq setup as ``bench/run.py`` (1 broker, 1 job manager
 with 2 worker processes, the no-op and echo tasks, the completion sink) twice:

@@ -1,7 +1,8 @@
 """The broker's memory with a large backlog, and after it drains (issue 18).
 
     .venv/bin/python bench/memory_backlog.py [--jobs 1000000] [--guaranteed]
-        [--max-pending N] [--managers 1] [--concurrency 4] [--tail 60] [--json out.json]
+        [--max-pending N] [--managers 1] [--concurrency 4] [--tail 60]
+        [--json bench/results/memory-<date>-<label>.json]
 
 Starts the real broker (``manage.py emq_broker``) on private loopback ports with
 the default settings, its journal included, and no job manager. Enqueues

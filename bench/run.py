@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/run.py [--tasks 10000] [--results-tasks 10000]
         [--latency-tasks 1000] [--repeats 3]
-        [--only emq,celery,dramatiq-1t,dramatiq-8t,huey,rq,zmq] [--json bench/results.json]
+        [--only emq,celery,dramatiq-1t,dramatiq-8t,huey,rq,zmq]
+        [--json bench/results/fair-<date>-<label>.json]
 
 See bench/README.md for what is measured and how.
 """
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.procs import PYTHON, REPO, ServerSet, base_env, free_port  # noqa: E402
 from bench.report import ORDER, compare, median_of_runs, summary, table  # noqa: E402
+from bench.results_path import result_path  # noqa: E402
 from bench.systems import CLIENT, STARTERS, emq_available  # noqa: E402
 
 
@@ -45,7 +47,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--only", default=",".join(ORDER), help="comma-separated subset of " + ",".join(ORDER)
     )
-    ap.add_argument("--json", default=os.path.join(REPO, "bench", "results.json"))
+    ap.add_argument(
+        "--json",
+        default=str(result_path("fair")),
+        help="default bench/results/fair-<UTC date>-<UTC time>.json (bench/results_path.py)",
+    )
     ap.add_argument("--celery-backend", choices=["redis", "rpc"], default="redis")
     ap.add_argument("--celery-prefetch", type=int, default=64)
     ap.add_argument("--celery-optimization", choices=["default", "fair"], default="default")

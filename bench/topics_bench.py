@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/topics_bench.py [--events 20000] [--subscribers 10]
         [--rate 1000] [--latency-seconds 5] [--rounds 2]
-        [--only emq,emq-raw,redis,nats,jetstream] [--json bench/topics-results.json]
+        [--only emq,emq-raw,redis,nats,jetstream] [--json bench/results/topics-<date>-<label>.json]
 
 Two figures per system, systems alternating over ``--rounds`` rounds:
 

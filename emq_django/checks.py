@@ -68,7 +68,7 @@ def _missing_app(name: str, needed_for: str, id: str) -> Error:
 
 @register()
 def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """The apps the configured features need (README, "Use it in your project")."""
+    """The apps the configured features need (docs/getting-started.md, "Use it in your project")."""
     from django.conf import settings
 
     errors: list[CheckMessage] = []

@@ -105,7 +105,7 @@ MAX_KEPT_REPLIES = 100_000
 # partials are dropped when ``get()`` takes its REPLY; a result nobody streams keeps
 # at most MAX_PARTIALS_PER_JOB (the oldest go first), and at most MAX_STREAMED_JOBS
 # jobs keep any (the job whose first partial came first goes first). A stream that
-# missed partials this way raises ``PartialsLost`` (README: Streamed results).
+# missed partials this way raises ``PartialsLost`` (docs/features/streaming.md).
 MAX_PARTIALS_PER_JOB = 10_000
 MAX_STREAMED_JOBS = 1_000
 

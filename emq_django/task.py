@@ -140,7 +140,7 @@ class Task(Generic[P, R]):
         acknowledging, the unacknowledged jobs are sent again under the same ids;
         after ``EMQ_ACK_TIMEOUT`` without an ACK it raises ``BatchUnacknowledged``,
         whose ``resend()`` sends exactly those again. Raises ``TypeError`` /
-        ``ValueError`` for arguments the broker would refuse (README: Refusals)."""
+        ``ValueError`` for arguments the broker would refuse (docs: Refusals)."""
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 

@@ -290,7 +290,7 @@ def run(demo: Demo, web_addr: str) -> int:
             "already in use: "
             + ", ".join(busy)
             + ". Another demo or broker runs there: stop it, or move this demo with the "
-            "EMQ_* addresses and WEB_ADDR (README, Settings). `ss -ltnp` shows the owner."
+            "EMQ_* addresses and WEB_ADDR (docs/reference/settings.md). `ss -ltnp` shows the owner."
         )
     demo.say("make demo: migrating the database...")
     demo.run_step("migrate", "migrate", "--noinput", "-v", "0")

@@ -229,7 +229,7 @@ class DatabaseRecorder:
         for r in records:
             result, message, tb = outcome_of(r)
             runtime = r.finished - r.started
-            enqueued = getattr(r, "enqueued", 0.0)  # not in JobRecord yet: see README
+            enqueued = getattr(r, "enqueued", 0.0)  # not in JobRecord yet (docs: admin)
             rows.append(
                 (
                     r.job_id,

@@ -445,9 +445,10 @@ def test_j_broker_killed_during_a_guaranteed_map_then_resent(
     history: History,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The README's recipe: map() raises BatchUnacknowledged naming exactly the jobs
-    that may not have arrived; resend() sends those under the same ids once the
-    broker is back. Nothing is lost, and only jobs in flight at the kill run twice."""
+    """The docs' recipe (features/guarantees.md): map() raises BatchUnacknowledged
+    naming exactly the jobs that may not have arrived; resend() sends those under the
+    same ids once the broker is back. Nothing is lost, and only jobs in flight at the
+    kill run twice."""
     from emq_django.client import get_client, reset_client
     from emq_django.conf import reset_cached_settings
     from emq_django.exceptions import BatchUnacknowledged

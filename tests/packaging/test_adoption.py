@@ -1,6 +1,6 @@
-"""README, "Use it in your project", followed in a fresh project installed from the
-wheel: `check` passes, and names the missing pieces when they are missing;
-`migrate` runs; the README's pytest example runs a task under EMQ_EAGER; and the
+"""The docs' "Use it in your project" (docs/getting-started.md), followed in a fresh
+project installed from the wheel: `check` passes, and names the missing pieces when
+they are missing; `migrate` runs; the page's pytest example runs a task under EMQ_EAGER; and the
 installed `manage.py emq_broker` + `emq_jobmanager` (on free loopback ports) run a
 task sent from `manage.py shell`, whose history row the recorder writes."""
 
@@ -27,7 +27,7 @@ FENCE = re.compile(r"^```[a-z]*\n(.*?)^```\n", re.S | re.M)
 
 def readme_files() -> dict[str, str]:
     """The section's code blocks that start with `# <relative path>`: path -> text."""
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "docs" / "getting-started.md").read_text()
     section = readme.split("## Use it in your project\n", 1)[1].split("\n## ", 1)[0]
     files = {}
     for block in FENCE.findall(section):
@@ -49,7 +49,7 @@ def test_readme_section_names_the_files_a_project_needs() -> None:
 
 
 def make_site(installed_wheel: InstalledWheel, tmp_path: Path) -> Path:
-    """`startproject mysite` + `startapp shop`, then the README's files."""
+    """`startproject mysite` + `startapp shop`, then the page's files."""
     site = tmp_path / "site"
     site.mkdir()
     installed_wheel.run("django-admin", "startproject", "mysite", str(site), cwd=tmp_path)
@@ -202,6 +202,6 @@ def test_a_fresh_project_runs_a_task_on_its_own_broker_and_job_manager(
     outcome = json.loads(line.removeprefix("SENT="))
     if outcome != {"value": 5, "status": "succeeded", "jm": outcome["jm"]} or not outcome["jm"]:
         pytest.fail(f"{outcome}\n{logs}")
-    # the journal went where the README says: BASE_DIR/var, not the current directory
+    # the journal went where the docs say: BASE_DIR/var, not the current directory
     assert (site / "var" / "emq-journal.sqlite3").exists(), sorted(p.name for p in site.iterdir())
     assert all(p.poll() is None for p in processes), logs

@@ -68,7 +68,7 @@ def _cycle() -> list[Any]:
     ],
 )
 def test_same_refusal_as_the_general_encoder(args: tuple[Any, ...]) -> None:
-    with pytest.raises(TypeError) as general:  # the README's promise: TypeError
+    with pytest.raises(TypeError) as general:  # the docs' promise: TypeError
         encode_run_body(PATH, NAME, args, None)
     with pytest.raises(general.type) as fast:
         RunBodyEncoder(PATH, NAME).encode(args, None)
