@@ -50,6 +50,12 @@ MEANINGS: dict[str, str] = {
     "EMQ_BUS_PUBLISH_BIND": "Event BUS publisher (subscribers' SUB)",
     "EMQ_BUS_COLLECT_BIND": "Event BUS collector (producers' PUB)",
     "EMQ_BUS_PUBLISH_HWM": "events queued per subscriber before it misses some",
+    "EMQ_BUS_CONFIRM_TIMEOUT": "seconds `emq.publish` waits for the broker's confirmation "
+    "(window full, `wait_published`, exit) before `PublishUnconfirmed`",
+    "EMQ_BUS_CONFIRM": "`emq.publish`'s default: confirmed batches towards emq's broker; "
+    "`false` (or `publish(..., confirm=False)`) sends the Event BUS document's plain PUB, "
+    "never answered, for a foreign Event BUS server such as event-bus-zeromq "
+    "([Topics](../protocols/topics.md#what-emqs-own-path-promises))",
     "EMQ_BUS_BATCH_BIND": "emq's batch publisher: several events a message in a burst; "
     "`emq.subscribe` reads it when set (`''`: off)",
     "EMQ_BUS_SNAPSHOT_URL": "where `emq.subscribe` asks for snapshots (`''`: the bind address)",
