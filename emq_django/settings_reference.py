@@ -25,6 +25,9 @@ _SHOWN_DEFAULTS = {
     "EMQ_JOURNAL_PATH": "BASE_DIR/var/emq-journal.sqlite3",
     "EMQ_TOPIC_RETENTION": '{"": {"max_age": 604800, "max_count": 100000}}',
     "EMQ_IMPORTS": "empty",
+    # Until fix-lifecycle's conf.EmqSettings.TIME_LIMIT_GRACE is merged: then drop this
+    # line, and the row takes the code's default at its place in the table.
+    "EMQ_TIME_LIMIT_GRACE": "10.0",
 }
 
 MEANINGS: dict[str, str] = {
@@ -50,6 +53,12 @@ MEANINGS: dict[str, str] = {
     "EMQ_BUS_PUBLISH_BIND": "Event BUS publisher (subscribers' SUB)",
     "EMQ_BUS_COLLECT_BIND": "Event BUS collector (producers' PUB)",
     "EMQ_BUS_PUBLISH_HWM": "events queued per subscriber before it misses some",
+    "EMQ_BUS_CONFIRM_TIMEOUT": "seconds `emq.publish` waits for the broker's confirmation "
+    "(window full, `wait_published`, exit) before `PublishUnconfirmed`",
+    "EMQ_BUS_CONFIRM": "`emq.publish`'s default: confirmed batches towards emq's broker; "
+    "`false` (or `publish(..., confirm=False)`) sends the Event BUS document's plain PUB, "
+    "never answered, for a foreign Event BUS server such as event-bus-zeromq "
+    "([Topics](../protocols/topics.md#what-emqs-own-path-promises))",
     "EMQ_BUS_BATCH_BIND": "emq's batch publisher: several events a message in a burst; "
     "`emq.subscribe` reads it when set (`''`: off)",
     "EMQ_BUS_SNAPSHOT_URL": "where `emq.subscribe` asks for snapshots (`''`: the bind address)",
@@ -90,6 +99,11 @@ MEANINGS: dict[str, str] = {
     "EMQ_RETRY_CAP": "the longest retry delay",
     "EMQ_DEDUPE_WINDOW": "seconds a finished job's id is remembered",
     "EMQ_MAX_DEAD_LETTERS": "dead letters kept (the oldest go first)",
+    # EMQ_TIME_LIMIT_GRACE comes with fix-lifecycle (conf.EmqSettings.TIME_LIMIT_GRACE);
+    # its default is in _SHOWN_DEFAULTS until that branch's conf.py declares it.
+    "EMQ_TIME_LIMIT_GRACE": "seconds past a job's `timeout` after which the broker ends "
+    "an unanswered attempt itself (keep it above `EMQ_KILL_GRACE`; "
+    "[Guarantees](../features/guarantees.md))",
     "EMQ_KILL_GRACE": "seconds between SIGTERM and SIGKILL for a cancelled running job "
     "(a time limit kills at once)",
     "EMQ_CURVE_SECRET_KEY": "this process's CURVE secret key (Z85, or a key file's path); "

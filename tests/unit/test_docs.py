@@ -53,3 +53,10 @@ def test_the_docs_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     assert "EMQ_SCHEDULER_POLL" in settings_page  # the generated table is in the page
     commands_page = (tmp_path / "reference" / "commands" / "index.html").read_text()
     assert "usage: manage.py emq_jobmanager" in commands_page
+
+
+def test_every_page_under_docs_is_in_the_nav() -> None:
+    nav = (REPO_ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    docs = REPO_ROOT / "docs"
+    pages = sorted(str(p.relative_to(docs)) for p in docs.rglob("*.md"))
+    assert [page for page in pages if f": {page}\n" not in nav + "\n"] == []

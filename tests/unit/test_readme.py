@@ -25,3 +25,9 @@ def test_the_readme_links_to_the_docs_of_every_feature() -> None:
     text = README.read_text()
     for page in ("getting-started", "tasks", "streaming", "guarantees", "scheduler", "admin"):
         assert re.search(rf"\(docs/(features/)?{page}\.md\)", text), page
+
+
+def test_the_readme_links_to_every_page_of_the_docs_site() -> None:
+    text = README.read_text()
+    pages = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").rglob("*.md"))
+    assert [page for page in pages if f"]({page})" not in text] == []
