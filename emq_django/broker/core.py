@@ -198,6 +198,21 @@ class BrokerCore:
             self.counters["lease_expired"] += 1
             self.worker_result(job.peer, attempt_id, LEASE_EXPIRED, b"", now)
 
+    def stalled(self, seconds: float, now: float) -> None:
+        """The broker's loop was held up for ``seconds`` (SIGSTOP, a VM pause, swap,
+        CPU throttling, a slow disk): it heard nobody then, so that time is not the
+        peers' silence. Their heartbeat clocks and the held attempts' deadlines move
+        on by it; peers that really are gone are dropped a full liveness later."""
+        log.warning(
+            "the broker's loop was held up for %.1f s (paused, swapping or throttled): "
+            "its peers' silence in that time is not held against them",
+            seconds,
+        )
+        for peer in (*self.peers, *self.schedulers):
+            peer.last_seen = min(now, peer.last_seen + seconds)
+        for group in self.held_slots.values():
+            group.deadline += seconds
+
     def begin_shutdown(self) -> None:
         """Goodbye to every peer; in-flight work may still finish."""
         if self.stopping:
@@ -469,6 +484,40 @@ class BrokerCore:
         if client is not None:
             self._ack(client, msgid)
         self.out.append(Beat(peer, now + self._wall_offset))
+        if peer.manager is not None:
+            self._supersede(peer, now)
+
+    def _supersede(self, peer: Peer, now: float) -> None:
+        """``peer`` is one of ours that connected again under a new identity (it
+        heard nothing for a while: a broker stall, a network cut): the same job
+        manager's control connection, or the same worker process (its pid). Its
+        jobs are still its. The old connection goes; a worker process's attempts
+        that it answered (its INFORM lists them, and it sends those answers again
+        on this connection) stay in flight at it, and the others never reached it
+        and go back to their queue uncounted."""
+        if peer.role == ROLE_MANAGER:
+            for former in [p for p in self.peers if p.role == ROLE_MANAGER]:
+                if former.manager == peer.manager and former is not peer:
+                    self._drop_peer(former, now, "connected again", verdict=True)
+            return
+        answered = _attempt_ids(peer.meta.get("answered"))
+        for former in [p for p in self.peers if p is not peer and _same_process(p, peer)]:
+            for attempt_id in [a for a in former.inflight if a in answered]:
+                self._move_attempt(attempt_id, former, peer)
+            self._drop_peer(former, now, "connected again", verdict=True)
+        # dropped already (unreachable, silent) and held under its job manager
+        for group in [g for g in self.held_slots.values() if _same_process(g.slot, peer)]:
+            for attempt_id in [a for a in group.attempts if a in answered]:
+                self._unhold(attempt_id)
+                self._move_attempt(attempt_id, group.manager, peer)
+            self._release_held(group, now)
+
+    def _move_attempt(self, attempt_id: bytes, former: Peer, peer: Peer) -> None:
+        job = self.inflight.get(attempt_id)
+        if job is not None:
+            former.inflight.pop(attempt_id, None)
+            peer.inflight[attempt_id] = None
+            job.peer = peer
 
     def worker_ready(self, peer: Peer, now: float) -> None:
         """One more job may go to ``peer`` (a READY)."""
@@ -1115,6 +1164,23 @@ class BrokerCore:
 
 
 _PARTIAL = Outcome(failed=False)
+
+
+def _same_process(a: Peer, b: Peer) -> bool:
+    """Two connections of one worker process of ours (one run of its job manager)."""
+    return (
+        a.role == ROLE_SLOT
+        and b.role == ROLE_SLOT
+        and a.manager == b.manager
+        and a.meta.get("pid") == b.meta.get("pid")
+    )
+
+
+def _attempt_ids(value: object) -> set[bytes]:
+    """The attempt ids a peer's INFORM lists (``answered``), as bytes."""
+    if not isinstance(value, list):
+        return set()
+    return {a.encode("utf-8", "surrogateescape") for a in value if isinstance(a, str)}
 
 
 def _describe(meta: dict[str, object]) -> str:
