@@ -212,6 +212,10 @@ class BrokerCore:
             peer.last_seen = min(now, peer.last_seen + seconds)
         for group in self.held_slots.values():
             group.deadline += seconds
+        # read what waits first (our peers connected again meanwhile, under new
+        # identities): a heartbeat now would find their old ones unreachable and
+        # drop them, and their jobs with them, before their new INFORMs are read
+        self.next_heartbeat = self.next_expiry_check = now + self.config.heartbeat_interval
 
     def begin_shutdown(self) -> None:
         """Goodbye to every peer; in-flight work may still finish."""

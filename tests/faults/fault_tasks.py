@@ -59,3 +59,10 @@ def late(key: str, seconds: float = 1.5) -> int:
     time.sleep(seconds)
     record("done", key)
     return 7
+
+
+@emq.task(queue="faults")
+def plain(key: str, seconds: float = 0.2) -> str:  # a plain job: at most once, with a reply
+    time.sleep(seconds)
+    record("plain", key)
+    return key

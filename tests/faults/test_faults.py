@@ -13,6 +13,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,17 @@ def start_broker(procs: EmqProcesses, env: dict[str, str], name: str = "broker")
     return broker
 
 
-def start_jm(procs: EmqProcesses, name: str, concurrency: int = 2) -> ManagedProcess:
+def start_jm(
+    procs: EmqProcesses, name: str, concurrency: int = 2, prefetch: int = 1
+) -> ManagedProcess:
     return procs.start(
         "emq_jobmanager",
         "--queues",
         "faults:10",
         "--concurrency",
         str(concurrency),
+        "--prefetch",
+        str(prefetch),
         "--name",
         name,
         name=f"{name}-{time.monotonic_ns()}",
@@ -554,4 +559,62 @@ def test_k_broker_restarted_within_the_ack_timeout_during_a_guaranteed_map(
     verdict = history.verdict()
     report("k", verdict)
     assert verdict.accepted == JOBS
+    assert_clean(verdict)
+
+
+# ---- l. SIGSTOP the broker for 5-10 s under mixed load, then SIGCONT -----------------
+
+
+def test_l_broker_stalled_for_seconds_fails_no_job(
+    emq_processes: EmqProcesses,
+    client: dict[str, str],
+    history: History,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker held up for 5-10 s (a VM pause, swap, throttling): its job managers
+    and worker processes connect again under new identities meanwhile. The broker
+    knows them for the same ones: no job that ran is reported failed, no job that
+    never ran is failed, and no plain (at most once) job runs twice (issue 29)."""
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+    from emq_django.exceptions import EmqError
+    from tests.faults.fault_tasks import plain
+
+    monkeypatch.setenv("EMQ_ACK_TIMEOUT", "30")  # the client waits through the stall
+    reset_cached_settings()
+    reset_client()
+    broker = start_broker(emq_processes, client)
+    for name in ("A", "B"):
+        start_jm(emq_processes, name, prefetch=2)  # jobs sent ahead to each process
+    wait_slots(client, 4)
+    keys = [f"l-{n}" for n in range(JOBS // 2)]
+    sender = threading.Thread(target=send_all, args=(history, keys, 0.01), daemon=True)
+    sender.start()
+    handles = {f"l-plain-{n}": plain.delay(f"l-plain-{n}", 0.2) for n in range(80)}
+    wait_for(lambda: len(history.records("plain")) >= 4, "plain jobs running", 60)
+    stall = random.Random().uniform(5.0, 10.0)
+    start = time.time()
+    os.kill(broker.pid, signal.SIGSTOP)
+    time.sleep(stall)  # the fault itself: the broker stopped this long
+    os.kill(broker.pid, signal.SIGCONT)
+    history.fault(start, time.time())
+    sender.join(timeout=120)
+    assert not sender.is_alive()
+    wait_done(history)
+    failed: dict[str, str] = {}
+    for key, handle in handles.items():
+        try:
+            assert handle.get(timeout=60) == key
+        except EmqError as exc:
+            failed[key] = f"{type(exc).__name__}: {exc}"
+    runs = Counter(r["key"] for r in history.records("plain"))
+    print(f"\n[l] stalled {stall:.1f} s; plain jobs failed: {len(failed)}, ran: {len(runs)}")
+    counters = monitor(client)["counters"]
+    print(f"[l] worker_lost={counters['worker_lost']} requeued={counters['requeued']}")
+    assert failed == {}, f"{len(failed)} plain jobs failed: {sorted(failed.items())[:5]}"
+    assert {k: n for k, n in runs.items() if n > 1} == {}, "a plain job ran twice"
+    assert set(runs) == set(handles)
+    verdict = history.verdict()
+    report("l", verdict)
+    assert verdict.accepted == JOBS // 2
     assert_clean(verdict)
