@@ -629,6 +629,27 @@ class BrokerCore:
         if not peer.inflight:
             self._drop_peer(peer, now, "said goodbye")
 
+    def worker_goodbye(self, peer: Peer, now: float) -> None:
+        """``peer`` said KBYE: the jobs it holds are what it can promise. Ours say
+        goodbye once they have finished, so what is still in flight at it never
+        started: back to its queue, uncounted. EventMQ's job manager says it at
+        once on SIGTERM, then lets its running jobs finish and REPLYs: it gets no
+        more jobs, its attempts stay in flight and their late REPLYs count; if it
+        goes without them (unreachable), each counts as an attempt."""
+        if peer.role != ROLE_PLAIN:
+            self._drop_peer(peer, now, "said KBYE", verdict=True)
+            return
+        peer.draining = True
+        self._set_credit(peer, 0)
+        if not peer.inflight:
+            self._drop_peer(peer, now, "said KBYE")
+        else:
+            log.info(
+                "job manager %s said KBYE; its %d jobs in flight may still finish",
+                show_identity(peer.identity),
+                len(peer.inflight),
+            )
+
     def worker_ended(self, peer: Peer, pid: int, how: str, now: float) -> None:
         """Our job manager (``peer``: its control connection) says its worker process
         ``pid`` ended (``how``: ``exit code 1``), after every answer of that process
@@ -1021,8 +1042,10 @@ class BrokerCore:
                 and peer.manager in self.managers
             ):
                 continue  # busy running a job; its job manager vouches for it
-            if peer.inflight and peer.meta.get("silent_when_busy"):
-                continue  # silent while it works; a dead one is unroutable to heartbeats
+            if peer.inflight and (peer.draining or peer.meta.get("silent_when_busy")):
+                # silent while it works (or finishes, saying goodbye: EventMQ's job
+                # manager beats no more then); a dead one is unroutable to heartbeats
+                continue
             if peer.meta.get("bound"):
                 continue  # the broker's own socket (PZQ's send socket): never silent
             self.counters["peers_expired"] += 1
