@@ -66,3 +66,11 @@ def plain(key: str, seconds: float = 0.2) -> str:  # a plain job: at most once, 
     time.sleep(seconds)
     record("plain", key)
     return key
+
+
+@emq.task(queue="faults", retries=0)
+def once(key: str, seconds: float = 2.0) -> str:  # at most once, with a reply
+    record("start", key)
+    time.sleep(seconds)
+    record("finish", key)
+    return key

@@ -23,7 +23,7 @@ import zmq
 
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.monitor_client import query, status
-from tests.conftest import EmqProcesses, ManagedProcess
+from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 from tests.faults.history import History, assert_clean, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(300)]
@@ -618,3 +618,45 @@ def test_l_broker_stalled_for_seconds_fails_no_job(
     report("l", verdict)
     assert verdict.accepted == JOBS // 2
     assert_clean(verdict)
+
+
+# ---- m. SIGTERM an EventMQ job manager mid-job ------------------------------------
+
+
+def test_m_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """The released EventMQ job manager says KBYE at once on SIGTERM, then lets its
+    running job finish and REPLYs (issue 29, item 4): the job (retries=0) runs once,
+    on it, and its caller gets that run's result, though another job manager waits
+    for work on the same queue."""
+    from tests.e2e.test_eventmq_interop import eventmq_jobmanager_path
+    from tests.faults.fault_tasks import once
+
+    start_broker(emq_processes, client)
+    legacy = emq_processes.start_program(
+        [str(eventmq_jobmanager_path()), "--broker-addr", client["EMQ_WORKER_URL"]],
+        name="eventmq-jobmanager",
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+            ),
+            "EVENTMQ_CONFIG_FILE": "/nonexistent",
+            "EVENTMQ_QUEUES": '[[10, "faults"]]',
+            "EVENTMQ_CONCURRENT_JOBS": "1",
+        },
+    )
+    wait_slots(client, 1)
+    handle = once.delay("m-once", 3.0)
+    wait_for(lambda: history.records("start"), "the job to start on EventMQ's job manager", 30)
+    start_jm(emq_processes, "M")  # a job manager that would take the job if it came back
+    wait_slots(client, 3)
+    history.fault(time.time())
+    emq_processes.send_signal(legacy, signal.SIGTERM)
+    assert handle.get(timeout=30) == "m-once"
+    assert emq_processes.wait_for_exit(legacy, timeout=30) == 0
+    starts = [r["key"] for r in history.records("start")]
+    counters = monitor(client)["counters"]
+    print(f"\n[m] runs: {starts}; stale replies {counters['stale_replies']}")
+    assert starts == ["m-once"]
+    assert counters["stale_replies"] == 0 and counters["requeued"] == 0
