@@ -67,6 +67,10 @@ CANCELLED_OUTCOME = Outcome(failed=True, error=CANCELLED)
 # a lease (a peer's time to answer a delivery) ran out: the attempt failed, and the
 # job goes out again at once; the peer's credit comes back
 LEASE_EXPIRED = Outcome(failed=True, ready=True, error="TimeoutError", retry=0.0)
+TIMEOUT_ERROR = "TimeoutError"
+# an attempt the broker ended past its time limit: a time-out (retried as its job
+# says); its peer's credit does not come back (its worker may be dead or stuck)
+TIMED_OUT = Outcome(failed=True, error=TIMEOUT_ERROR)
 
 COUNTERS = (
     "received",
@@ -98,6 +102,9 @@ COUNTERS = (
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
     "lease_expired",  # deliveries to a leasing peer (PZQ) not answered in time
     "expired",  # jobs older than their queue's max_age when their turn came: dropped
+    # attempts the broker ended itself, over their time limit and its grace with no
+    # answer (an EventMQ job manager whose worker process died or hangs)
+    "time_limits",
     "events_published",  # events numbered and kept in the topic space
     "events_refused",  # events refused: a bad topic
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
@@ -160,6 +167,8 @@ class BrokerCore:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.config.heartbeat_interval
             self._send_heartbeats(now)
+            if self.inflight:
+                self._enforce_time_limits(now)
         if now >= self.next_expiry_check:
             # a quarter interval: a dead peer is noticed within liveness + 1/4 intervals
             self.next_expiry_check = now + self.config.heartbeat_interval / 4
@@ -187,6 +196,57 @@ class BrokerCore:
             self.next_topic_prune,
             self.leases[0][0] if self.leases else float("inf"),
         )
+
+    def _enforce_time_limits(self, now: float) -> None:
+        """End the attempts that have run past their time limit and the grace with no
+        answer (once a heartbeat interval: the attempts in flight, not a timer per
+        job). A worker process of ours runs its attempts one by one, from when the
+        one before ended; anybody else's run from when they were sent."""
+        grace = self.config.time_limit_grace
+        over = []
+        for peer in self.peers:
+            if not peer.inflight or peer.role == ROLE_MANAGER:
+                continue  # (a manager holds the attempts of a lost process: _expire_held)
+            if peer.role == ROLE_SLOT:
+                head = next(iter(peer.inflight))
+                if head != peer.running:
+                    peer.running, peer.running_since = head, now
+                running: Any = ((head, peer.running_since),)
+            else:
+                running = ((a, 0.0) for a in peer.inflight)
+            for attempt_id, since in running:
+                job = self.inflight.get(attempt_id)
+                limit = job.headers.timeout if job is not None else 0.0
+                if (
+                    job is not None
+                    and limit
+                    and now - max(since, job.dispatched_at) > limit + grace
+                ):
+                    over.append(job)
+        for job in over:
+            self._time_out(job, now)
+
+    def _time_out(self, job: Job, now: float) -> None:
+        """The broker ends ``job``'s attempt: over its time limit, and nobody said."""
+        peer = job.peer
+        assert peer is not None
+        limit, grace = job.headers.timeout, self.config.time_limit_grace
+        self.counters["time_limits"] += 1
+        log.warning(
+            "job %s: no answer %g s past its time limit of %g s from job manager %s: "
+            "the broker ends the attempt",
+            show_identity(job.id),
+            grace,
+            limit,
+            show_identity(peer.identity),
+        )
+        self._kill_attempt(job)  # ours: its process goes too (EventMQ's cannot be told)
+        message = (
+            f"job ran longer than its time limit of {limit:g} s, and its job manager had "
+            f"not answered for it {grace:g} s later: the broker ended the attempt"
+        )
+        body = encode_failure(TIMEOUT_ERROR, message, "")
+        self.worker_result(peer, job.attempt_id, TIMED_OUT, body, now)
 
     def _expire_leases(self, now: float) -> None:
         leases = self.leases

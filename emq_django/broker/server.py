@@ -126,6 +126,7 @@ class BrokerServer:
                 dedupe_window=settings.DEDUPE_WINDOW,
                 max_dead_letters=settings.MAX_DEAD_LETTERS,
                 max_body_bytes=settings.MAX_BODY_BYTES,
+                time_limit_grace=settings.TIME_LIMIT_GRACE,
             ),
             clock(),
             trace=bool(settings.TRACE_DIR),

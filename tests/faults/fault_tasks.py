@@ -74,3 +74,10 @@ def once(key: str, seconds: float = 2.0) -> str:  # at most once, with a reply
     time.sleep(seconds)
     record("finish", key)
     return key
+
+
+@emq.task(queue="faults", timeout=3, retries=1)
+def dies_silently(key: str) -> None:
+    """Kills its worker process: an EventMQ job manager sends no REPLY for it."""
+    record("run", key)
+    os._exit(1)

@@ -64,8 +64,13 @@ def client(fault_env: dict[str, str], emq_client_env: dict[str, str]) -> dict[st
     return fault_env
 
 
-def start_broker(procs: EmqProcesses, env: dict[str, str], name: str = "broker") -> ManagedProcess:
-    broker = procs.start("emq_broker", name=name)
+def start_broker(
+    procs: EmqProcesses,
+    env: dict[str, str],
+    name: str = "broker",
+    extra_env: dict[str, str] | None = None,
+) -> ManagedProcess:
+    broker = procs.start("emq_broker", name=name, env=extra_env)
     for key in ("EMQ_MONITOR_BIND", "EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"):
         procs.wait_for_port(port_of(env[key]), proc=broker)
     return broker
@@ -623,19 +628,12 @@ def test_l_broker_stalled_for_seconds_fails_no_job(
 # ---- m. SIGTERM an EventMQ job manager mid-job ------------------------------------
 
 
-def test_m_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
-    emq_processes: EmqProcesses, client: dict[str, str], history: History
-) -> None:
-    """The released EventMQ job manager says KBYE at once on SIGTERM, then lets its
-    running job finish and REPLYs (issue 29, item 4): the job (retries=0) runs once,
-    on it, and its caller gets that run's result, though another job manager waits
-    for work on the same queue."""
+def start_eventmq_jm(procs: EmqProcesses, env: dict[str, str]) -> ManagedProcess:
+    """The released EventMQ 0.3.13 job manager, one worker process, on queue faults."""
     from tests.e2e.test_eventmq_interop import eventmq_jobmanager_path
-    from tests.faults.fault_tasks import once
 
-    start_broker(emq_processes, client)
-    legacy = emq_processes.start_program(
-        [str(eventmq_jobmanager_path()), "--broker-addr", client["EMQ_WORKER_URL"]],
+    legacy = procs.start_program(
+        [str(eventmq_jobmanager_path()), "--broker-addr", env["EMQ_WORKER_URL"]],
         name="eventmq-jobmanager",
         env={
             "PYTHONPATH": os.pathsep.join(
@@ -646,7 +644,21 @@ def test_m_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
             "EVENTMQ_CONCURRENT_JOBS": "1",
         },
     )
-    wait_slots(client, 1)
+    wait_slots(env, 1)
+    return legacy
+
+
+def test_m_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """The released EventMQ job manager says KBYE at once on SIGTERM, then lets its
+    running job finish and REPLYs (issue 29, item 4): the job (retries=0) runs once,
+    on it, and its caller gets that run's result, though another job manager waits
+    for work on the same queue."""
+    from tests.faults.fault_tasks import once
+
+    start_broker(emq_processes, client)
+    legacy = start_eventmq_jm(emq_processes, client)
     handle = once.delay("m-once", 3.0)
     wait_for(lambda: history.records("start"), "the job to start on EventMQ's job manager", 30)
     start_jm(emq_processes, "M")  # a job manager that would take the job if it came back
@@ -660,3 +672,28 @@ def test_m_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
     print(f"\n[m] runs: {starts}; stale replies {counters['stale_replies']}")
     assert starts == ["m-once"]
     assert counters["stale_replies"] == 0 and counters["requeued"] == 0
+
+
+# ---- n. a job whose EventMQ worker process dies: the broker's time limit ---------------
+
+
+def test_n_time_limit_holds_on_an_eventmq_job_manager(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """An EventMQ job manager sends no REPLY for a job whose worker process died and
+    stays connected; the broker ends each attempt past its time limit and the grace
+    (issue 29, item 5): timeout=3, retries=1 runs twice and fails with TimeoutError."""
+    from emq_django.exceptions import TaskFailed
+    from tests.faults.fault_tasks import dies_silently
+
+    start_broker(emq_processes, client, extra_env={"EMQ_TIME_LIMIT_GRACE": "1"})
+    start_eventmq_jm(emq_processes, client)
+    handle = dies_silently.delay("n-dies")
+    with pytest.raises(TaskFailed) as failed:
+        handle.get(timeout=60)
+    runs = [r["key"] for r in history.records("run")]
+    counters = monitor(client)["counters"]
+    print(f"\n[n] runs: {runs}; ended by the broker: {counters['time_limits']}")
+    assert failed.value.type == "TimeoutError"
+    assert "time limit of 3 s" in str(failed.value)
+    assert runs == ["n-dies", "n-dies"] and counters["time_limits"] == 2
