@@ -92,6 +92,9 @@ class Result:
     _value: Any = None
     _error: TaskFailed | None = None
     attempt = 0  # the attempt the last streamed partial result came from
+    # a plain job's: its client's ``broker_changes`` when it was sent (JobLost); None:
+    # a guaranteed job (the broker's journal keeps it), or one not stamped
+    _sent_at_change: int | None = None
     _seq = 0  # ... and its number within that attempt
 
     def __init__(
@@ -184,7 +187,7 @@ class Result:
         # wait_reply takes a REPLY that came already without a poll (the drain that
         # read it, for whichever handle, kept it)
         if not history_installed():
-            self._settle(client.wait_reply(msgid, timeout).body)
+            self._settle(client.wait_reply(msgid, timeout, self._sent_at_change).body)
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         step = HISTORY_FIRST_LOOK
@@ -192,7 +195,7 @@ class Result:
             remaining = None if deadline is None else deadline - time.monotonic()
             wait = step if remaining is None else max(min(step, remaining), 0.0)
             try:
-                self._settle(client.wait_reply(msgid, wait).body)
+                self._settle(client.wait_reply(msgid, wait, self._sent_at_change).body)
                 return
             except ResultTimeout:
                 pass

@@ -102,11 +102,12 @@ class Task(Generic[P, R]):
         client = None if module is None else module._client
         if client is None or module._client_pid != module._pid:
             client = _get_client()
-        if self._pipelined:
+        handle = _new_handle(self._handle)  # SentResult without an __init__ call
+        if self._pipelined:  # a plain job: lost if the broker restarts (JobLost)
+            handle._sent_at_change = client.broker_changes
             msgid = client.send_pipelined(self._queue_bytes, self._flagged, body, head, tail)
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
-        handle = _new_handle(self._handle)  # SentResult without an __init__ call
         handle._msgid = msgid
         return handle
 
@@ -207,8 +208,12 @@ class Task(Generic[P, R]):
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
+        changes = client.broker_changes
         job_id = client.send(queue or self.queue, headers, body, confirm=confirm, job_id=job_id)
-        return Result(job_id, self.name, reply=want_reply, client=client)
+        result = Result(job_id, self.name, reply=want_reply, client=client)
+        if not confirm:  # a plain job: lost if the broker restarts (JobLost)
+            result._sent_at_change = changes
+        return result
 
     def _send_on_commit(
         self,

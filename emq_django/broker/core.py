@@ -140,6 +140,9 @@ class BrokerCore:
         self.tracer = JobTracer() if trace else None
         self.life = JobLifecycle(config, self.counters, self.tracer, seed)
         self.started_at = now
+        # this run of the broker: a client that finds another after connecting again
+        # knows the plain jobs it had are lost (frames.INCARNATION)
+        self.incarnation = uuid4().hex.encode()
         self._wall_offset = 0.0
         self.next_heartbeat = now + config.heartbeat_interval
         self.next_expiry_check = now + config.heartbeat_interval / 4

@@ -697,3 +697,32 @@ def test_n_time_limit_holds_on_an_eventmq_job_manager(
     assert failed.value.type == "TimeoutError"
     assert "time limit of 3 s" in str(failed.value)
     assert runs == ["n-dies", "n-dies"] and counters["time_limits"] == 2
+
+
+# ---- o. a plain job's get() when the broker restarted ----------------------------------
+
+
+def test_o_plain_job_lost_with_the_broker_fails_at_once_with_job_lost(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """A plain job (in the broker's memory only) dies with its broker: once the
+    client has connected again, to a new incarnation, its get() raises JobLost
+    rather than waiting out its timeout (issue 29, item 10)."""
+    from emq_django.exceptions import TaskFailed
+    from tests.faults.fault_tasks import plain
+
+    broker = start_broker(emq_processes, client)
+    start_jm(emq_processes, "O")
+    wait_slots(client, 2)
+    handle = plain.delay("o-lost", 5.0)
+    wait_for(lambda: monitor(client)["counters"]["dispatched"] >= 1, "the job to run", 15)
+    os.kill(broker.pid, signal.SIGKILL)
+    broker.popen.wait(timeout=10)
+    start_broker(emq_processes, client, name="broker-2")  # same ports: a new incarnation
+    with pytest.raises(TaskFailed) as lost:  # not ResultTimeout after 30 s
+        handle.get(timeout=30)
+    print(f"\n[o] {lost.value}")
+    assert lost.value.type == "emq_django.exceptions.JobLost"
+    assert "restarted" in str(lost.value) and "guarantee=True" in str(lost.value)
+    # the client goes on with the new broker
+    assert plain.delay("o-after", 0.0).get(timeout=30) == "o-after"
