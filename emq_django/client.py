@@ -175,6 +175,8 @@ class Client:
         # before a change, and acknowledged by then, is lost (JobLost)
         self.broker_changes = 0
         self._incarnation = b""
+        # how its ACKs' msgids start: MARK and the incarnation (none known yet: no match)
+        self._ack_head = _MARK + b"?"
         self._handshakes = 0
         self._unacked_at_change: frozenset[bytes] = frozenset()
         _clients.add(self)
@@ -755,6 +757,7 @@ class Client:
                 self.url,
             )
         self._incarnation = incarnation
+        self._ack_head = _MARK + incarnation
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -955,8 +958,8 @@ class Client:
                 self._confirmed = True
                 if not self._coalesce and frames[3].startswith(_MARK):
                     self._coalesce = True  # our broker: it reads REQUESTS
-                if len(frames[3]) == _ACK_ID_LENGTH:
-                    self._ack_from(frames[3])
+                if len(frames[3]) == _ACK_ID_LENGTH and not frames[3].startswith(self._ack_head):
+                    self._ack_from(frames[3])  # our broker's, from another incarnation
                 ack_msgid = frames[4]
                 if pending.pop(ack_msgid, None) is not None or not (
                     self._sent or _SEP in ack_msgid
@@ -984,7 +987,7 @@ class Client:
         self._confirmed = True
         if not self._coalesce and frames[3].startswith(_MARK):
             self._coalesce = True
-        if len(frames[3]) == _ACK_ID_LENGTH:
+        if len(frames[3]) == _ACK_ID_LENGTH and not frames[3].startswith(self._ack_head):
             self._ack_from(frames[3])
         self._settle()
         pending = self._pending

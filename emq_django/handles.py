@@ -255,8 +255,14 @@ class SentResult(Result):
         return self._msgid
 
     @classmethod
-    def for_task(cls, task_name: str, reply: bool) -> type[SentResult]:
-        return type("Result", (cls,), {"task_name": task_name, "reply": reply, "_client": None})
+    def for_task(cls, task_name: str, reply: bool, plain: bool = False) -> type[SentResult]:
+        """``plain``: the task's jobs are not guaranteed: their handles count as sent
+        before the client's first broker change (``_sent_at_change`` 0; ``delay()``
+        sets it on the instance only after a change)."""
+        attributes = {"task_name": task_name, "reply": reply, "_client": None}
+        if plain:
+            attributes["_sent_at_change"] = 0
+        return type("Result", (cls,), attributes)
 
 
 class StoredResult(Result):

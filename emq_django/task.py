@@ -71,7 +71,7 @@ class Task(Generic[P, R]):
         empty = self._body.encode()
         q = self._queue_bytes
         self._empty = (empty, record_head(ID_CHARS, q, flagged, empty), q + flagged + empty)
-        self._handle = SentResult.for_task(self.name, reply)
+        self._handle = SentResult.for_task(self.name, reply, plain=not guarantee)
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -103,8 +103,10 @@ class Task(Generic[P, R]):
         if client is None or module._client_pid != module._pid:
             client = _get_client()
         handle = _new_handle(self._handle)  # SentResult without an __init__ call
-        if self._pipelined:  # a plain job: lost if the broker restarts (JobLost)
-            handle._sent_at_change = client.broker_changes
+        changes = client.broker_changes  # a plain job is lost if it changes (JobLost)
+        if changes and not self.guarantee:  # (0, the class's, until a broker restart)
+            handle._sent_at_change = changes
+        if self._pipelined:
             msgid = client.send_pipelined(self._queue_bytes, self._flagged, body, head, tail)
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
