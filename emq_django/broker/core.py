@@ -1105,7 +1105,9 @@ class BrokerCore:
                 and peer.manager in self.managers
             ):
                 continue  # busy running a job; its job manager vouches for it
-            if peer.inflight and (peer.draining or peer.meta.get("silent_when_busy")):
+            if peer.inflight and (
+                peer.meta.get("silent_when_busy") or (peer.draining and peer.role == ROLE_PLAIN)
+            ):
                 # silent while it works (or finishes, saying goodbye: EventMQ's job
                 # manager beats no more then); a dead one is unroutable to heartbeats
                 continue
