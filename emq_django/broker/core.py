@@ -740,9 +740,15 @@ class BrokerCore:
         self._drop_peer(peer, now, why, verdict=verdict)
 
     def peer_unreachable(self, peer: Peer, now: float) -> None:
-        """The port could not route to ``peer``: it is gone."""
+        """The port could not route to ``peer``: it is gone. The control connection
+        of our job manager goes at the next expiry check, not at once: with it go
+        its worker processes, and after a broker stall the same job manager's new
+        connection may be waiting to be read (it replaces the old one then)."""
         self.counters["unroutable"] += 1
         if peer in self.peers:
+            if peer.role == ROLE_MANAGER:
+                peer.unreachable = True
+                return
             log.warning("job manager %s is unreachable; dropping it", show_identity(peer.identity))
             self._drop_peer(peer, now, "unreachable")
         elif self.schedulers.pop(peer, None) is not None:
@@ -1092,12 +1098,16 @@ class BrokerCore:
         expired = [
             p
             for p in self.peers
-            if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit)
+            if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit) or p.unreachable
         ]
         expired.sort(key=lambda p: p.role == ROLE_SLOT)  # managers first: they vouch for slots
         for peer in expired:
             if peer not in self.peers:
                 continue  # went with its job manager
+            if peer.unreachable:
+                log.warning("job manager %s is unreachable; dropping it", peer.manager)
+                self._drop_peer(peer, now, "unreachable")
+                continue
             if (
                 peer.role == ROLE_SLOT
                 and peer.inflight

@@ -88,6 +88,9 @@ class Peer:
     trace_name: str | None = None  # its "jm" in the trace log, once known
     port: Port | None = None  # the port it came in by: what is said to it goes out there
     gone: bool = False  # dropped by the core
+    # a control connection of ours found unreachable: dropped at the next expiry
+    # check, unless the same job manager's new connection has replaced it by then
+    unreachable: bool = False
     # a worker process of ours runs its attempts one by one: the one it runs (the
     # first in ``inflight``) and since when, as the broker's time limits see it
     running: bytes = b""

@@ -104,3 +104,32 @@ def test_another_process_of_the_same_slot_takes_nothing_of_the_old_one() -> None
     inform(core, b"slot0-new", meta={**slot_meta(0), "pid": 999, "answered": ["j1#1"]})
     assert b"slot0" in core.peers
     assert all(core.inflight[a].peer.identity == b"slot0" for a in (b"j1#1", b"j2#1"))
+
+
+def test_a_control_connection_found_unreachable_waits_for_its_successor() -> None:
+    """After a stall the broker may find the job manager's old control connection
+    unreachable before it reads the new one's INFORM (a backlog of several turns):
+    its worker processes, alive, are not dropped with it."""
+    from tests.emqp_machine import BACKEND
+
+    core = make_stalled_core()
+    core.peer_unreachable(BACKEND, b"mgr", 0.5)
+    assert b"slot0" in core.peers and core.counters["worker_lost"] == 0
+    inform(core, b"mgr-again", meta=MANAGER, now=0.6)  # read in the next turn
+    for now in (0.75, 1.0, 1.5):
+        tick(core, now, keep_alive=(b"mgr-again", b"slot1"))
+    assert b"mgr" not in core.peers and b"slot0" in core.peers
+    assert core.counters["worker_lost"] == 0 and len(core.inflight) == 3
+
+
+def test_a_control_connection_unreachable_for_good_goes_with_its_processes() -> None:
+    from tests.emqp_machine import BACKEND
+
+    core = make_stalled_core()
+    core.peer_unreachable(BACKEND, b"mgr", 0.5)  # the job manager died
+    out = []
+    for now in (0.75, 1.0):
+        out += tick(core, now, keep_alive=(b"slot1",))
+    assert b"mgr" not in core.peers and b"slot0" not in core.peers
+    assert core.counters["worker_lost"] == 3  # at most once, nobody to say: lost
+    assert sorted(replies_to(out)) == [b"j1", b"j2", b"j3"]
