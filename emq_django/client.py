@@ -60,6 +60,7 @@ _SNDMORE = wire.SNDMORE
 _NOBLOCK = wire.NOBLOCK
 _MORE_NOBLOCK = _SNDMORE | _NOBLOCK
 _POLLIN = wire._POLLIN
+_ACK_ID_LENGTH = B.ACK_ID_LENGTH  # the msgid of our broker's ACK, naming its incarnation
 _monotonic = time.monotonic
 _PROTOCOL = F.PROTOCOL
 _encode_request = F.encode_request
@@ -182,6 +183,15 @@ class Client:
         self._noreply: deque[bytes] = deque(maxlen=2 * window + COALESCE_JOBS)
         self._refused: list[tuple[str, str, str]] = []
         self._refused_count = 0
+        # the broker's incarnation (a fresh one each time it starts), asked on each new
+        # connection; ``broker_changes`` counts the times it changed: a plain job sent
+        # before a change, and acknowledged by then, is lost (JobLost)
+        self.broker_changes = 0
+        self._incarnation = b""
+        # how its ACKs' msgids start: MARK and the incarnation (none known yet: no match)
+        self._ack_head = _MARK + b"?"
+        self._handshakes = 0
+        self._unacked_at_change: frozenset[bytes] = frozenset()
         _clients.add(self)
 
     # ---- sending ------------------------------------------------------------
@@ -704,10 +714,14 @@ class Client:
                 reply = self._take_reply(msgid)
             return reply
 
-    def wait_reply(self, msgid: bytes, timeout: float | None) -> F.Reply:
+    def wait_reply(
+        self, msgid: bytes, timeout: float | None, sent_at_change: int | None = None
+    ) -> F.Reply:
         """The REPLY to job ``msgid``; raises ``ResultTimeout``, ``JobRefused``, or
         ``BrokerUnavailable`` once a send has waited over ``ack_timeout`` for its ACK
-        (the broker is gone: the job may never have been taken).
+        (the broker is gone: the job may never have been taken). ``sent_at_change``:
+        a plain job's ``broker_changes`` when it was sent; raises ``JobLost`` once the
+        broker it was acknowledged by is known to have been replaced by another.
 
         Every wait reads all the messages waiting, for every job: a REPLY that came
         meanwhile waits in ``_replies`` for its own ``get()``, which then costs no
@@ -727,6 +741,8 @@ class Client:
                 reply = self._take_reply(msgid)
                 if reply is not None:
                     return reply
+                if sent_at_change is not None and self.broker_changes > sent_at_change:
+                    self._check_lost(msgid)
                 remaining = None if deadline is None else deadline - _monotonic()
                 if remaining is not None and remaining <= 0:
                     raise ResultTimeout(f"no result for job {msgid.decode()} within {timeout} s")
@@ -741,6 +757,53 @@ class Client:
                         self._check_handshake()
                     if self._pending or self._sent:
                         self._check_overdue()
+
+    def _check_lost(self, msgid: bytes) -> None:
+        """Raise ``JobLost`` if the plain job ``msgid``, sent before the broker's
+        incarnation changed, had been acknowledged by then: the broker that took it
+        is gone, and its successor never had it (one not acknowledged then may have
+        reached the new one, or ``ack_timeout`` says it did not)."""
+        from emq_django.exceptions import JobLost
+
+        if msgid in self._unacked_at_change or msgid in self._pending:
+            return
+        raise JobLost(
+            JobLost.TYPE,
+            f"job {msgid.decode(errors='replace')} was a plain job (not guaranteed) that "
+            f"the broker at {self.url} had accepted, and that broker has restarted since "
+            "(a new incarnation): it kept the job in memory only, so the job is lost and "
+            "may or may not have run. Send it again if it must run; jobs that must "
+            "survive a broker restart are sent with guarantee=True",
+        )
+
+    def _ask_incarnation(self, sock: zmq.Socket[Any]) -> None:
+        """Ask the broker for its incarnation (a HEARTBEAT, which it answers with one
+        naming it): on each new connection."""
+        try:
+            wire.send(sock, F.encode_heartbeat(self._ids(), time.time()))
+        except zmq.Again:
+            pass  # full: the next connection asks again, or ACK timeouts say more
+
+    def _ack_from(self, ack_id: bytes) -> None:
+        """Our broker's ACK names its incarnation (``B.ack_id``): note a change."""
+        incarnation = B.ack_incarnation(ack_id)
+        if incarnation is not None and incarnation != self._incarnation:
+            self._note_incarnation(incarnation)
+
+    def _note_incarnation(self, incarnation: bytes) -> None:
+        """The broker said which incarnation it is. Another than before: the plain
+        jobs acknowledged until now are lost (``_check_lost``)."""
+        if self._incarnation and incarnation != self._incarnation:
+            self._settle()
+            self._unacked_at_change = frozenset(self._pending)
+            self.broker_changes += 1
+            log.warning(
+                "the broker at %s restarted (a new incarnation): the plain jobs it had "
+                "accepted are lost, and their get() raises JobLost",
+                self.url,
+            )
+        self._incarnation = incarnation
+        self._ack_head = _MARK + incarnation
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -821,6 +884,7 @@ class Client:
             self._sock, self._watch = transport.connect_watched(
                 context, zmq.DEALER, self.url, options, role="client"
             )
+            self._handshakes = 0
         return self._sock
 
     def _reset(self) -> None:
@@ -868,6 +932,11 @@ class Client:
         except HandshakeRefused:
             self._reset()
             raise
+        if watch.handshakes > max(self._handshakes, 1) and self._sock is not None:
+            # connected again: the same broker? (the first connection's says so in
+            # its ACKs; a client waiting for a result sends nothing to be ACKed)
+            self._ask_incarnation(self._sock)
+        self._handshakes = watch.handshakes
 
     def _poll(self, sock: zmq.Socket[Any], timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a message on ``sock``; True when one waits.
@@ -935,6 +1004,8 @@ class Client:
                 self._confirmed = True
                 if not self._coalesce and frames[3].startswith(_MARK):
                     self._coalesce = True  # our broker: it reads REQUESTS
+                if len(frames[3]) == _ACK_ID_LENGTH and not frames[3].startswith(self._ack_head):
+                    self._ack_from(frames[3])  # our broker's, from another incarnation
                 ack_msgid = frames[4]
                 if pending.pop(ack_msgid, None) is not None or not (
                     self._sent or _SEP in ack_msgid
@@ -962,6 +1033,8 @@ class Client:
         self._confirmed = True
         if not self._coalesce and frames[3].startswith(_MARK):
             self._coalesce = True
+        if len(frames[3]) == _ACK_ID_LENGTH and not frames[3].startswith(self._ack_head):
+            self._ack_from(frames[3])
         self._settle()
         pending = self._pending
         for ack_msgid in acked:
@@ -1027,6 +1100,8 @@ class Client:
                 self._answered.append(cmd.ack_msgid)
         elif type(cmd) is F.Reply:
             self._keep_reply(cmd)
+        elif type(cmd) is F.Heartbeat and cmd.msgid.startswith(F.INCARNATION):
+            self._note_incarnation(cmd.msgid[len(F.INCARNATION) :])
         elif type(cmd) is F.Partial:
             self._keep_partial(cmd)
         elif type(cmd) is F.Error:

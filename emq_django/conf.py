@@ -91,6 +91,10 @@ class EmqSettings:
     DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
     MAX_DEAD_LETTERS: int = 100_000
     KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a cancelled running job
+    # seconds past a job's time limit after which the broker ends the attempt itself
+    # when nobody answered for it (an EventMQ job manager never does); keep it above
+    # the job managers' EMQ_KILL_GRACE
+    TIME_LIMIT_GRACE: float = 10.0
     # CURVE (emq_django/security): this process's secret key (Z85 or a key file); '':
     # plain text. The broker's public key, for clients. The public key is derived.
     CURVE_SECRET_KEY: str = ""
@@ -188,6 +192,11 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_JOURNAL_SYNC must be 'normal' or 'full'")
     if s.RETRY_BASE < 0 or s.RETRY_CAP < s.RETRY_BASE:
         raise ImproperlyConfigured("EMQ_RETRY_BASE must be >= 0 and <= EMQ_RETRY_CAP")
+    if s.TIME_LIMIT_GRACE <= 0:
+        raise ImproperlyConfigured(
+            "EMQ_TIME_LIMIT_GRACE must be > 0 seconds (and above EMQ_KILL_GRACE, which "
+            "our job managers take to kill a job over its time limit)"
+        )
     if s.MAX_BODY_BYTES < 1:
         raise ImproperlyConfigured("EMQ_MAX_BODY_BYTES must be >= 1")
     if s.PREFETCH < 1:

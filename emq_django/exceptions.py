@@ -150,6 +150,16 @@ class Cancelled(TaskFailed):
     TYPE = "emq_django.exceptions.Cancelled"
 
 
+class JobLost(TaskFailed):
+    """A plain job (not guaranteed) that the broker had accepted is gone with it: the
+    client, connected again, found a broker that restarted (a new incarnation),
+    which keeps no plain job of the one before. Raised by its ``get()`` at once.
+    It may or may not have run; send jobs that must survive a broker restart with
+    ``guarantee=True``."""
+
+    TYPE = "emq_django.exceptions.JobLost"
+
+
 class ResultTimeout(EmqError, TimeoutError):
     """No result arrived within the timeout given to ``Result.get()``."""
 

@@ -92,6 +92,9 @@ class Result:
     _value: Any = None
     _error: TaskFailed | None = None
     attempt = 0  # the attempt the last streamed partial result came from
+    # a plain job's: its client's ``broker_changes`` when it was sent (JobLost); None:
+    # a guaranteed job (the broker's journal keeps it), or one not stamped
+    _sent_at_change: int | None = None
     _seq = 0  # ... and its number within that attempt
 
     def __init__(
@@ -185,7 +188,7 @@ class Result:
         # read it, for whichever handle, kept it)
         # (a client without the attribute, a stand-in for Client, may be recorded)
         if not history_installed() or not getattr(client, "records_history", True):
-            self._settle(client.wait_reply(msgid, timeout).body)
+            self._settle(client.wait_reply(msgid, timeout, self._sent_at_change).body)
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         step = HISTORY_FIRST_LOOK
@@ -193,7 +196,7 @@ class Result:
             remaining = None if deadline is None else deadline - time.monotonic()
             wait = step if remaining is None else max(min(step, remaining), 0.0)
             try:
-                self._settle(client.wait_reply(msgid, wait).body)
+                self._settle(client.wait_reply(msgid, wait, self._sent_at_change).body)
                 return
             except ResultTimeout:
                 pass
@@ -253,8 +256,14 @@ class SentResult(Result):
         return self._msgid
 
     @classmethod
-    def for_task(cls, task_name: str, reply: bool) -> type[SentResult]:
-        return type("Result", (cls,), {"task_name": task_name, "reply": reply, "_client": None})
+    def for_task(cls, task_name: str, reply: bool, plain: bool = False) -> type[SentResult]:
+        """``plain``: the task's jobs are not guaranteed: their handles count as sent
+        before the client's first broker change (``_sent_at_change`` 0; ``delay()``
+        sets it on the instance only after a change)."""
+        attributes = {"task_name": task_name, "reply": reply, "_client": None}
+        if plain:
+            attributes["_sent_at_change"] = 0
+        return type("Result", (cls,), attributes)
 
 
 class StoredResult(Result):

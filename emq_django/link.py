@@ -53,6 +53,7 @@ class BrokerLink:
         heartbeat_interval: float,
         heartbeat_liveness: int,
         on_connect: Callable[[], None] | None = None,
+        more_meta: Callable[[], dict[str, Any]] | None = None,
         identity: Callable[[], bytes] | None = None,
         curve: CurveKeys | None | str = FROM_SETTINGS,
     ) -> None:
@@ -64,6 +65,7 @@ class BrokerLink:
         self.interval = heartbeat_interval
         self.silence_limit = heartbeat_interval * heartbeat_liveness
         self.on_connect = on_connect  # e.g. a worker sending its READYs again
+        self.more_meta = more_meta  # what each INFORM adds to ``meta`` (computed then)
         self.sock: zmq.Socket[Any] | None = None
         self.watch: HandshakeWatch | None = None  # the socket's handshakes
         self.last_recv = self.last_send = 0.0
@@ -83,7 +85,8 @@ class BrokerLink:
             self.context, zmq.DEALER, self.url, options, role=self.peer_type
         )
         self.last_recv = time.monotonic()
-        self.send(F.Inform(self.new_id(), self.queues, self.peer_type, self.meta).encode())
+        meta = {**self.meta, **self.more_meta()} if self.more_meta is not None else self.meta
+        self.send(F.Inform(self.new_id(), self.queues, self.peer_type, meta).encode())
         if self.on_connect is not None:
             self.on_connect()
 

@@ -25,9 +25,6 @@ _SHOWN_DEFAULTS = {
     "EMQ_JOURNAL_PATH": "BASE_DIR/var/emq-journal.sqlite3",
     "EMQ_TOPIC_RETENTION": '{"": {"max_age": 604800, "max_count": 100000}}',
     "EMQ_IMPORTS": "empty",
-    # Until fix-lifecycle's conf.EmqSettings.TIME_LIMIT_GRACE is merged: then drop this
-    # line, and the row takes the code's default at its place in the table.
-    "EMQ_TIME_LIMIT_GRACE": "10.0",
 }
 
 MEANINGS: dict[str, str] = {
@@ -99,8 +96,6 @@ MEANINGS: dict[str, str] = {
     "EMQ_RETRY_CAP": "the longest retry delay",
     "EMQ_DEDUPE_WINDOW": "seconds a finished job's id is remembered",
     "EMQ_MAX_DEAD_LETTERS": "dead letters kept (the oldest go first)",
-    # EMQ_TIME_LIMIT_GRACE comes with fix-lifecycle (conf.EmqSettings.TIME_LIMIT_GRACE);
-    # its default is in _SHOWN_DEFAULTS until that branch's conf.py declares it.
     "EMQ_TIME_LIMIT_GRACE": "seconds past a job's `timeout` after which the broker ends "
     "an unanswered attempt itself (keep it above `EMQ_KILL_GRACE`; "
     "[Guarantees](../features/guarantees.md))",

@@ -83,7 +83,7 @@ class Task(Generic[P, R]):
         empty = self._body.encode()
         q = self._queue_bytes
         self._empty = (empty, record_head(ID_CHARS, q, flagged, empty), q + flagged + empty)
-        self._handle = SentResult.for_task(self.name, reply)
+        self._handle = SentResult.for_task(self.name, reply, plain=not guarantee)
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -114,13 +114,16 @@ class Task(Generic[P, R]):
         client = None if module is None else module._client
         if client is None or module._client_pid != module._pid:
             client = _get_client()
+        handle = _new_handle(self._handle)  # SentResult without an __init__ call
+        changes = client.broker_changes  # a plain job is lost if it changes (JobLost)
+        if changes and not self.guarantee:  # (0, the class's, until a broker restart)
+            handle._sent_at_change = changes
         if self._pipelined:
             msgid = client.send_pipelined(
                 self._queue_bytes, self._flagged, body, head, tail, not self.reply
             )
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
-        handle = _new_handle(self._handle)  # SentResult without an __init__ call
         handle._msgid = msgid
         return handle
 
@@ -238,6 +241,7 @@ class Task(Generic[P, R]):
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
+        changes = client.broker_changes
         job_id = client.send(
             queue or self.queue,
             headers,
@@ -246,7 +250,10 @@ class Task(Generic[P, R]):
             job_id=job_id,
             noreply=not want_reply,
         )
-        return Result(job_id, self.name, reply=want_reply, client=client)
+        result = Result(job_id, self.name, reply=want_reply, client=client)
+        if not confirm:  # a plain job: lost if the broker restarts (JobLost)
+            result._sent_at_change = changes
+        return result
 
     def _send_on_commit(
         self,

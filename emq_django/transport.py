@@ -142,6 +142,7 @@ class HandshakeWatch:
         "public",
         "role",
         "succeeded",
+        "handshakes",
         "quiet_failures",
         "unreached",
         "sock",
@@ -165,6 +166,7 @@ class HandshakeWatch:
         self.server_from = curve.server_from if curve is not None else ""
         self.role = role  # the role the port admits, for the message ('' : any key)
         self.succeeded = False  # a handshake has succeeded (since the last failure)
+        self.handshakes = 0  # handshakes that succeeded: one per connection (or again)
         self.quiet_failures = 0  # NO_DETAIL failures in a row
         # a connection attempt failed before any handshake (with CONNECT_RETRIED in
         # ``events``): nobody listens at ``url`` now
@@ -210,6 +212,7 @@ class HandshakeWatch:
             event, value = struct.unpack("=HI", frames[0])
             if event == _SUCCEEDED:
                 self.succeeded = True
+                self.handshakes += 1
                 self.quiet_failures = 0
             elif event == _AUTH:
                 self.succeeded = False

@@ -68,6 +68,10 @@ CANCELLED_UNSTARTED = encode_failure(CANCELLED, "the job was cancelled before it
 # a lease (a peer's time to answer a delivery) ran out: the attempt failed, and the
 # job goes out again at once; the peer's credit comes back
 LEASE_EXPIRED = Outcome(failed=True, ready=True, error="TimeoutError", retry=0.0)
+TIMEOUT_ERROR = "TimeoutError"
+# an attempt the broker ended past its time limit: a time-out (retried as its job
+# says); its peer's credit does not come back (its worker may be dead or stuck)
+TIMED_OUT = Outcome(failed=True, error=TIMEOUT_ERROR)
 
 COUNTERS = (
     "received",
@@ -99,6 +103,9 @@ COUNTERS = (
     "dropped_malformed",  # too broken to answer: no msgid, or a command nobody awaits
     "lease_expired",  # deliveries to a leasing peer (PZQ) not answered in time
     "expired",  # jobs older than their queue's max_age when their turn came: dropped
+    # attempts the broker ended itself, over their time limit and its grace with no
+    # answer (an EventMQ job manager whose worker process died or hangs)
+    "time_limits",
     "events_published",  # events numbered and kept in the topic space
     "events_refused",  # events refused: a bad topic
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
@@ -134,6 +141,9 @@ class BrokerCore:
         self.tracer = JobTracer() if trace else None
         self.life = JobLifecycle(config, self.counters, self.tracer, seed)
         self.started_at = now
+        # this run of the broker: a client that finds another after connecting again
+        # knows the plain jobs it had are lost (frames.INCARNATION)
+        self.incarnation = uuid4().hex.encode()
         self._wall_offset = 0.0
         self.next_heartbeat = now + config.heartbeat_interval
         self.next_expiry_check = now + config.heartbeat_interval / 4
@@ -161,6 +171,8 @@ class BrokerCore:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.config.heartbeat_interval
             self._send_heartbeats(now)
+            if self.inflight:
+                self._enforce_time_limits(now)
         if now >= self.next_expiry_check:
             # a quarter interval: a dead peer is noticed within liveness + 1/4 intervals
             self.next_expiry_check = now + self.config.heartbeat_interval / 4
@@ -189,6 +201,57 @@ class BrokerCore:
             self.leases[0][0] if self.leases else float("inf"),
         )
 
+    def _enforce_time_limits(self, now: float) -> None:
+        """End the attempts that have run past their time limit and the grace with no
+        answer (once a heartbeat interval: the attempts in flight, not a timer per
+        job). A worker process of ours runs its attempts one by one, from when the
+        one before ended; anybody else's run from when they were sent."""
+        grace = self.config.time_limit_grace
+        over = []
+        for peer in self.peers:
+            if not peer.inflight or peer.role == ROLE_MANAGER:
+                continue  # (a manager holds the attempts of a lost process: _expire_held)
+            if peer.role == ROLE_SLOT:
+                head = next(iter(peer.inflight))
+                if head != peer.running:
+                    peer.running, peer.running_since = head, now
+                running: Any = ((head, peer.running_since),)
+            else:
+                running = ((a, 0.0) for a in peer.inflight)
+            for attempt_id, since in running:
+                job = self.inflight.get(attempt_id)
+                limit = job.headers.timeout if job is not None else 0.0
+                if (
+                    job is not None
+                    and limit
+                    and now - max(since, job.dispatched_at) > limit + grace
+                ):
+                    over.append(job)
+        for job in over:
+            self._time_out(job, now)
+
+    def _time_out(self, job: Job, now: float) -> None:
+        """The broker ends ``job``'s attempt: over its time limit, and nobody said."""
+        peer = job.peer
+        assert peer is not None
+        limit, grace = job.headers.timeout, self.config.time_limit_grace
+        self.counters["time_limits"] += 1
+        log.warning(
+            "job %s: no answer %g s past its time limit of %g s from job manager %s: "
+            "the broker ends the attempt",
+            show_identity(job.id),
+            grace,
+            limit,
+            show_identity(peer.identity),
+        )
+        self._kill_attempt(job)  # ours: its process goes too (EventMQ's cannot be told)
+        message = (
+            f"job ran longer than its time limit of {limit:g} s, and its job manager had "
+            f"not answered for it {grace:g} s later: the broker ended the attempt"
+        )
+        body = encode_failure(TIMEOUT_ERROR, message, "")
+        self.worker_result(peer, job.attempt_id, TIMED_OUT, body, now)
+
     def _expire_leases(self, now: float) -> None:
         leases = self.leases
         while leases and now >= leases[0][0]:
@@ -198,6 +261,25 @@ class BrokerCore:
                 continue  # answered already
             self.counters["lease_expired"] += 1
             self.worker_result(job.peer, attempt_id, LEASE_EXPIRED, b"", now)
+
+    def stalled(self, seconds: float, now: float) -> None:
+        """The broker's loop was held up for ``seconds`` (SIGSTOP, a VM pause, swap,
+        CPU throttling, a slow disk): it heard nobody then, so that time is not the
+        peers' silence. Their heartbeat clocks and the held attempts' deadlines move
+        on by it; peers that really are gone are dropped a full liveness later."""
+        log.warning(
+            "the broker's loop was held up for %.1f s (paused, swapping or throttled): "
+            "its peers' silence in that time is not held against them",
+            seconds,
+        )
+        for peer in (*self.peers, *self.schedulers):
+            peer.last_seen = min(now, peer.last_seen + seconds)
+        for group in self.held_slots.values():
+            group.deadline += seconds
+        # read what waits first (our peers connected again meanwhile, under new
+        # identities): a heartbeat now would find their old ones unreachable and
+        # drop them, and their jobs with them, before their new INFORMs are read
+        self.next_heartbeat = self.next_expiry_check = now + self.config.heartbeat_interval
 
     def begin_shutdown(self) -> None:
         """Goodbye to every peer; in-flight work may still finish."""
@@ -470,6 +552,40 @@ class BrokerCore:
         if client is not None:
             self._ack(client, msgid)
         self.out.append(Beat(peer, now + self._wall_offset))
+        if peer.manager is not None:
+            self._supersede(peer, now)
+
+    def _supersede(self, peer: Peer, now: float) -> None:
+        """``peer`` is one of ours that connected again under a new identity (it
+        heard nothing for a while: a broker stall, a network cut): the same job
+        manager's control connection, or the same worker process (its pid). Its
+        jobs are still its. The old connection goes; a worker process's attempts
+        that it answered (its INFORM lists them, and it sends those answers again
+        on this connection) stay in flight at it, and the others never reached it
+        and go back to their queue uncounted."""
+        if peer.role == ROLE_MANAGER:
+            for former in [p for p in self.peers if p.role == ROLE_MANAGER]:
+                if former.manager == peer.manager and former is not peer:
+                    self._drop_peer(former, now, "connected again", verdict=True)
+            return
+        answered = _attempt_ids(peer.meta.get("answered"))
+        for former in [p for p in self.peers if p is not peer and _same_process(p, peer)]:
+            for attempt_id in [a for a in former.inflight if a in answered]:
+                self._move_attempt(attempt_id, former, peer)
+            self._drop_peer(former, now, "connected again", verdict=True)
+        # dropped already (unreachable, silent) and held under its job manager
+        for group in [g for g in self.held_slots.values() if _same_process(g.slot, peer)]:
+            for attempt_id in [a for a in group.attempts if a in answered]:
+                self._unhold(attempt_id)
+                self._move_attempt(attempt_id, group.manager, peer)
+            self._release_held(group, now)
+
+    def _move_attempt(self, attempt_id: bytes, former: Peer, peer: Peer) -> None:
+        job = self.inflight.get(attempt_id)
+        if job is not None:
+            former.inflight.pop(attempt_id, None)
+            peer.inflight[attempt_id] = None
+            job.peer = peer
 
     def worker_ready(self, peer: Peer, now: float) -> None:
         """One more job may go to ``peer`` (a READY)."""
@@ -577,6 +693,27 @@ class BrokerCore:
         if not peer.inflight:
             self._drop_peer(peer, now, "said goodbye")
 
+    def worker_goodbye(self, peer: Peer, now: float) -> None:
+        """``peer`` said KBYE: the jobs it holds are what it can promise. Ours say
+        goodbye once they have finished, so what is still in flight at it never
+        started: back to its queue, uncounted. EventMQ's job manager says it at
+        once on SIGTERM, then lets its running jobs finish and REPLYs: it gets no
+        more jobs, its attempts stay in flight and their late REPLYs count; if it
+        goes without them (unreachable), each counts as an attempt."""
+        if peer.role != ROLE_PLAIN:
+            self._drop_peer(peer, now, "said KBYE", verdict=True)
+            return
+        peer.draining = True
+        self._set_credit(peer, 0)
+        if not peer.inflight:
+            self._drop_peer(peer, now, "said KBYE")
+        else:
+            log.info(
+                "job manager %s said KBYE; its %d jobs in flight may still finish",
+                show_identity(peer.identity),
+                len(peer.inflight),
+            )
+
     def worker_ended(self, peer: Peer, pid: int, how: str, now: float) -> None:
         """Our job manager (``peer``: its control connection) says its worker process
         ``pid`` ended (``how``: ``exit code 1``), after every answer of that process
@@ -604,9 +741,15 @@ class BrokerCore:
         self._drop_peer(peer, now, why, verdict=verdict)
 
     def peer_unreachable(self, peer: Peer, now: float) -> None:
-        """The port could not route to ``peer``: it is gone."""
+        """The port could not route to ``peer``: it is gone. The control connection
+        of our job manager goes at the next expiry check, not at once: with it go
+        its worker processes, and after a broker stall the same job manager's new
+        connection may be waiting to be read (it replaces the old one then)."""
         self.counters["unroutable"] += 1
         if peer in self.peers:
+            if peer.role == ROLE_MANAGER:
+                peer.unreachable = True
+                return
             log.warning("job manager %s is unreachable; dropping it", show_identity(peer.identity))
             self._drop_peer(peer, now, "unreachable")
         elif self.schedulers.pop(peer, None) is not None:
@@ -957,12 +1100,16 @@ class BrokerCore:
         expired = [
             p
             for p in self.peers
-            if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit)
+            if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit) or p.unreachable
         ]
         expired.sort(key=lambda p: p.role == ROLE_SLOT)  # managers first: they vouch for slots
         for peer in expired:
             if peer not in self.peers:
                 continue  # went with its job manager
+            if peer.unreachable:
+                log.warning("job manager %s is unreachable; dropping it", peer.manager)
+                self._drop_peer(peer, now, "unreachable")
+                continue
             if (
                 peer.role == ROLE_SLOT
                 and peer.inflight
@@ -970,8 +1117,12 @@ class BrokerCore:
                 and peer.manager in self.managers
             ):
                 continue  # busy running a job; its job manager vouches for it
-            if peer.inflight and peer.meta.get("silent_when_busy"):
-                continue  # silent while it works; a dead one is unroutable to heartbeats
+            if peer.inflight and (
+                peer.meta.get("silent_when_busy") or (peer.draining and peer.role == ROLE_PLAIN)
+            ):
+                # silent while it works (or finishes, saying goodbye: EventMQ's job
+                # manager beats no more then); a dead one is unroutable to heartbeats
+                continue
             if peer.meta.get("bound"):
                 continue  # the broker's own socket (PZQ's send socket): never silent
             self.counters["peers_expired"] += 1
@@ -1117,6 +1268,23 @@ class BrokerCore:
 
 
 _PARTIAL = Outcome(failed=False)
+
+
+def _same_process(a: Peer, b: Peer) -> bool:
+    """Two connections of one worker process of ours (one run of its job manager)."""
+    return (
+        a.role == ROLE_SLOT
+        and b.role == ROLE_SLOT
+        and a.manager == b.manager
+        and a.meta.get("pid") == b.meta.get("pid")
+    )
+
+
+def _attempt_ids(value: object) -> set[bytes]:
+    """The attempt ids a peer's INFORM lists (``answered``), as bytes."""
+    if not isinstance(value, list):
+        return set()
+    return {a.encode("utf-8", "surrogateescape") for a in value if isinstance(a, str)}
 
 
 def _describe(meta: dict[str, object]) -> str:

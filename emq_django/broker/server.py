@@ -342,8 +342,12 @@ class BrokerServer:
         watch = self.turns
         watch.watch_gc()
         watch.begin()
+        slept_at, allowed = self.clock(), 0.0  # the last poll: when, and for how long
         while True:
             now = self.clock()
+            held_up = now - slept_at - allowed  # past the poll's time-out: held up
+            if held_up > core.config.heartbeat_interval:
+                core.stalled(held_up, now)
             if self._shutdown_requests and not core.stopping:
                 log.info(
                     "shutting down: goodbye sent to every peer; waiting up to %.0f s for "
@@ -380,6 +384,7 @@ class BrokerServer:
                     wake = min(wake, self._trace_due)  # lines wait: write them when due
                 timeout = int(max(0.0, wake - self.clock()) * 1000) + 1
             watch.end()
+            slept_at, allowed = self.clock(), timeout / 1000
             signalled = poller.poll(timeout)
             watch.begin()
             if not signalled and not ready:

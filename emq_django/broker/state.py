@@ -41,6 +41,10 @@ class BrokerConfig:
     dedupe_window: float = 600.0
     max_dead_letters: int = 100_000
     max_body_bytes: int = 64 * 1024 * 1024
+    # seconds past a job's time limit (its ``timeout`` header) after which the broker
+    # ends a running attempt itself, whoever runs it: our job managers kill the
+    # process at the limit and answer (EMQ_KILL_GRACE later at most); EventMQ's never
+    time_limit_grace: float = 10.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> BrokerConfig:
@@ -56,6 +60,7 @@ class BrokerConfig:
             dedupe_window=settings.DEDUPE_WINDOW,
             max_dead_letters=settings.MAX_DEAD_LETTERS,
             max_body_bytes=settings.MAX_BODY_BYTES,
+            time_limit_grace=settings.TIME_LIMIT_GRACE,
         )
 
 
@@ -103,6 +108,13 @@ class Peer:
     trace_name: str | None = None  # its "jm" in the trace log, once known
     port: Port | None = None  # the port it came in by: what is said to it goes out there
     gone: bool = False  # dropped by the core
+    # a control connection of ours found unreachable: dropped at the next expiry
+    # check, unless the same job manager's new connection has replaced it by then
+    unreachable: bool = False
+    # a worker process of ours runs its attempts one by one: the one it runs (the
+    # first in ``inflight``) and since when, as the broker's time limits see it
+    running: bytes = b""
+    running_since: float = 0.0
     # seconds it has to answer each delivery, else the attempt failed (PZQ's ack
     # time-out); 0: no limit
     lease: float = 0.0

@@ -25,6 +25,26 @@ REQUESTS = b"REQUESTS"
 # ``acks`` starts with this: such a client may send REQUESTS from then on. Other
 # peers read an ACK's own msgid as an opaque id (EventMQ's never get these ACKs).
 MARK = b"requests:"
+# our broker's ACK msgid to such a client: MARK, its incarnation (32 hex digits, a
+# fresh one each time it starts), '.', a fresh id: a client finds a restarted broker
+# in its first ACK (its plain jobs are lost: client.JobLost)
+INCARNATION_CHARS = 32
+ACK_ID_LENGTH = len(MARK) + INCARNATION_CHARS + 1 + 32
+
+
+def ack_id(incarnation: bytes, new_id: bytes) -> bytes:
+    """The msgid of our broker's ACK to a client that reads several per ACK."""
+    return MARK + incarnation + b"." + new_id
+
+
+def ack_incarnation(ack_id: bytes) -> bytes | None:
+    """The incarnation an ACK's msgid names (``ack_id``), None if it names none."""
+    at = len(MARK) + INCARNATION_CHARS
+    if len(ack_id) != ACK_ID_LENGTH or ack_id[at : at + 1] != b"." or not ack_id.startswith(MARK):
+        return None
+    return ack_id[len(MARK) : at]
+
+
 PACK_SEPARATOR = b"\n"  # between the msgids of a packed ACK
 MAX_JOBS = 1024  # in one REQUESTS message; more is malformed
 HEAD = struct.Struct(">BBHI")

@@ -775,6 +775,16 @@ def encode_heartbeat(msgid: bytes, wall: float) -> list[bytes]:
     return [b"", PROTOCOL, HEARTBEAT, msgid, b"%.6f" % wall]
 
 
+# Extension: our broker answers a client's HEARTBEAT with a HEARTBEAT whose msgid is
+# this mark and the broker's incarnation (a fresh one each time it starts). Our client
+# asks on each new connection: a new incarnation has lost the plain jobs it had.
+INCARNATION = b"incarnation:"
+
+
+def encode_incarnation(incarnation: bytes, wall: float) -> list[bytes]:
+    return encode_heartbeat(INCARNATION + incarnation, wall)
+
+
 def encode_ready(msgid: bytes) -> list[bytes]:
     return [b"", PROTOCOL, READY, msgid]
 

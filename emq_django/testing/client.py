@@ -45,6 +45,7 @@ class MemoryClient:
     """This process's client while an ``InMemoryBroker`` is installed."""
 
     records_history = False  # no job manager records its jobs: get() asks only here
+    broker_changes = 0  # the in-memory broker never restarts: no JobLost
 
     def __init__(self, broker: Broker, ref: ClientRef) -> None:
         self.broker = broker
@@ -200,7 +201,9 @@ class MemoryClient:
 
     poll_reply = take_reply
 
-    def wait_reply(self, msgid: bytes, timeout: float | None) -> F.Reply:
+    def wait_reply(
+        self, msgid: bytes, timeout: float | None, sent_at_change: int | None = None
+    ) -> F.Reply:
         """The job's REPLY; ``ResultTimeout`` at once when it is not in once what is
         ready has run (nothing else can happen until the test moves the clock)."""
         reply = self.take_reply(msgid)

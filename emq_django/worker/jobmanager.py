@@ -32,7 +32,7 @@ from emq_django.worker.recorder_process import (
     recorder_endpoint,
 )
 from emq_django.worker.recording import load_recorder
-from emq_django.worker.slots import SlotTable
+from emq_django.worker.slots import SlotTable, answers_again
 
 log = logging.getLogger(__name__)
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
@@ -41,10 +41,6 @@ CANCELLED = "emq_django.exceptions.Cancelled"
 PR_SET_PDEATHSIG = 1
 RECORDER_RESPAWN_DELAY = 1.0  # seconds between restarts of a recorder process that died
 RECORDER_STOP_WAIT = 30.0  # seconds a stopping recorder process gets to write its backlog
-# a dead process's answers sent this long before its death are sent again (the broker
-# drops those it has): older ones reached the broker, unless it read nothing from
-# that process for this long
-RESEND_WINDOW = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,21 +468,13 @@ class JobManager:
         may have died in its socket's queue) and those it had not sent (it held
         them to send several in one message), without the credit they gave back:
         that credit was the dead process's. Returns their attempt ids."""
-        recent = self.table.recent(slot, since=time.monotonic() - RESEND_WINDOW)
+        recent = answers_again(self.table, slot)
         held = self.table.held(slot)
         self.table.forget_recent(slot)
         self.table.release(slot)
         assert self.link is not None
         for ref, status, body in recent:
-            if body is None:  # too large to keep: the job ran, its answer is lost
-                body = encode_failure(
-                    WORKER_LOST,
-                    "the job ran, but its worker process died, maybe before its answer "
-                    "reached the broker (an answer this large is not kept to send again)",
-                    "",
-                )
-                status = F.status_frame(True, WORKER_LOST)
-            self.link.send(F.encode_reply(self.link.new_id(), body, ref, F.without_ready(status)))
+            self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
         for ref, status, body in held:
             self.link.send(F.encode_reply(self.link.new_id(), body, ref, F.without_ready(status)))
         if held:

@@ -41,7 +41,7 @@ from emq_django.worker.execution import (
 )
 from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.recorder_process import RecordForwarder
-from emq_django.worker.slots import SlotTable
+from emq_django.worker.slots import SlotTable, answers_again
 
 log = logging.getLogger(__name__)
 CANCELLED = Cancelled.TYPE
@@ -112,6 +112,7 @@ class SlotWorker:
             heartbeat_interval=config.heartbeat_interval,
             heartbeat_liveness=config.heartbeat_liveness,
             on_connect=self._on_connect,
+            more_meta=self._answered,
         )
         self.stopping = False
         # a job overran its time limit or was cancelled: this process is being killed;
@@ -183,9 +184,21 @@ class SlotWorker:
             self.context.term()
         return 0
 
+    def _answered(self) -> dict[str, Any]:
+        """For an INFORM: the jobs whose answers this process sent last or holds
+        (``answered``). Connecting again (the broker was silent: a stall, a cut),
+        it sends them again on the new connection: the broker keeps those jobs in
+        flight at it, and gives the others back to their queue (they died unread
+        with the old socket)."""
+        refs = [ref for ref, _, _ in answers_again(self.table, self.config.slot)]
+        refs += [ref for _, ref, _ in self._held]
+        return {"answered": [r.decode("utf-8", "surrogateescape") for r in refs]} if refs else {}
+
     def _on_connect(self) -> None:
         self.credit = 0  # a fresh connection: the broker owes us nothing
         self.batching = False  # until this broker's ACK says otherwise
+        for ref, status, body in answers_again(self.table, self.config.slot):
+            self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
         # answers held for the old connection go out on the new one (the broker
         # takes them from a peer of the same job manager), without their credit:
         # that was the old connection's

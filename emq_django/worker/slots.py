@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import mmap
 import struct
+import time
 from typing import NamedTuple
+
+from emq_django.protocol import frames as F
+from emq_django.protocol.body import encode_failure
 
 # started (monotonic), timeout, retries, lengths of attempt id, queue, task, body, flags
 _HEADER = struct.Struct("=ddiHHHHB")
@@ -48,6 +52,11 @@ NOT_KEPT = 0xFFFF
 # written by the job manager, read by every process before it starts a job
 CANCELS = 64
 _CANCEL_RECORD = 1 + MAX_ATTEMPT_ID
+# a process's answers sent this long ago or less are sent again when it may have lost
+# them (it died, or connected again): older ones reached the broker, unless it read
+# nothing from that process for this long (the broker drops those it has)
+RESEND_WINDOW = 60.0
+WORKER_LOST = "emq_django.exceptions.WorkerLost"
 
 
 class Running(NamedTuple):
@@ -265,3 +274,22 @@ class SlotTable:
             bool(flags & CANCELLED),
             raw[t_end:],
         )
+
+
+def answers_again(table: SlotTable, slot: int) -> list[tuple[bytes, bytes, bytes]]:
+    """(ref, status, body) of the answers the slot's process sent last, to send
+    again without their credit: one whose body was too large to keep goes as a
+    WorkerLost failure (the job ran; its answer may be lost)."""
+    out = []
+    for ref, status, body in table.recent(slot, since=time.monotonic() - RESEND_WINDOW):
+        if body is None:
+            body = encode_failure(
+                WORKER_LOST,
+                "the job ran, but its answer may not have reached the broker (its worker "
+                "process died or connected again; an answer this large is not kept to "
+                "send again)",
+                "",
+            )
+            status = F.status_frame(True, WORKER_LOST)
+        out.append((ref, F.without_ready(status), body))
+    return out

@@ -79,3 +79,25 @@ def cleans_up(key: str, seconds: float = 20.0) -> None:
         record("cleanup", key)
         raise
     record("done", key)
+
+
+@emq.task(queue="faults")
+def plain(key: str, seconds: float = 0.2) -> str:  # a plain job: at most once, with a reply
+    time.sleep(seconds)
+    record("plain", key)
+    return key
+
+
+@emq.task(queue="faults", retries=0)
+def once(key: str, seconds: float = 2.0) -> str:  # at most once, with a reply
+    record("start", key)
+    time.sleep(seconds)
+    record("finish", key)
+    return key
+
+
+@emq.task(queue="faults", timeout=3, retries=1)
+def dies_silently(key: str) -> None:
+    """Kills its worker process: an EventMQ job manager sends no REPLY for it."""
+    record("run", key)
+    os._exit(1)

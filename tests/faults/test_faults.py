@@ -13,6 +13,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import zmq
 
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.monitor_client import query, status
-from tests.conftest import EmqProcesses, ManagedProcess
+from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 from tests.faults.history import History, assert_clean, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(300)]
@@ -63,15 +64,24 @@ def client(fault_env: dict[str, str], emq_client_env: dict[str, str]) -> dict[st
     return fault_env
 
 
-def start_broker(procs: EmqProcesses, env: dict[str, str], name: str = "broker") -> ManagedProcess:
-    broker = procs.start("emq_broker", name=name)
+def start_broker(
+    procs: EmqProcesses,
+    env: dict[str, str],
+    name: str = "broker",
+    extra_env: dict[str, str] | None = None,
+) -> ManagedProcess:
+    broker = procs.start("emq_broker", name=name, env=extra_env)
     for key in ("EMQ_MONITOR_BIND", "EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"):
         procs.wait_for_port(port_of(env[key]), proc=broker)
     return broker
 
 
 def start_jm(
-    procs: EmqProcesses, name: str, concurrency: int = 2, env: dict[str, str] | None = None
+    procs: EmqProcesses,
+    name: str,
+    concurrency: int = 2,
+    prefetch: int = 1,
+    env: dict[str, str] | None = None,
 ) -> ManagedProcess:
     return procs.start(
         "emq_jobmanager",
@@ -79,6 +89,8 @@ def start_jm(
         "faults:10",
         "--concurrency",
         str(concurrency),
+        "--prefetch",
+        str(prefetch),
         "--name",
         name,
         env=env,
@@ -631,7 +643,7 @@ def test_m_hard_time_limit_kills_at_once_and_reports_at_the_limit(
     assert history.records("done") == []  # so it never ran on to its end
 
 
-def test_m_soft_time_limit_raises_inside_the_task(
+def test_n_soft_time_limit_raises_inside_the_task(
     emq_processes: EmqProcesses, client: dict[str, str], history: History
 ) -> None:
     from emq_django.exceptions import TaskFailed
@@ -653,3 +665,164 @@ def test_m_soft_time_limit_raises_inside_the_task(
     wait_for(lambda: "m-next" in history.completions(), "a job after the soft limit", 15)
     (after,) = [r for r in history.records("run") if r["key"] == "m-next"]
     assert after["pid"] == run["pid"]
+
+
+# ---- l. SIGSTOP the broker for 5-10 s under mixed load, then SIGCONT -----------------
+
+
+def test_p_broker_stalled_for_seconds_fails_no_job(
+    emq_processes: EmqProcesses,
+    client: dict[str, str],
+    history: History,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker held up for 5-10 s (a VM pause, swap, throttling): its job managers
+    and worker processes connect again under new identities meanwhile. The broker
+    knows them for the same ones: no job that ran is reported failed, no job that
+    never ran is failed, and no plain (at most once) job runs twice (issue 29)."""
+    from emq_django.client import reset_client
+    from emq_django.conf import reset_cached_settings
+    from emq_django.exceptions import EmqError
+    from tests.faults.fault_tasks import plain
+
+    monkeypatch.setenv("EMQ_ACK_TIMEOUT", "30")  # the client waits through the stall
+    reset_cached_settings()
+    reset_client()
+    broker = start_broker(emq_processes, client)
+    for name in ("A", "B"):
+        start_jm(emq_processes, name, prefetch=2)  # jobs sent ahead to each process
+    wait_slots(client, 4)
+    keys = [f"l-{n}" for n in range(JOBS // 2)]
+    sender = threading.Thread(target=send_all, args=(history, keys, 0.01), daemon=True)
+    sender.start()
+    handles = {f"l-plain-{n}": plain.delay(f"l-plain-{n}", 0.2) for n in range(80)}
+    wait_for(lambda: len(history.records("plain")) >= 4, "plain jobs running", 60)
+    stall = random.Random().uniform(5.0, 10.0)
+    start = time.time()
+    os.kill(broker.pid, signal.SIGSTOP)
+    time.sleep(stall)  # the fault itself: the broker stopped this long
+    os.kill(broker.pid, signal.SIGCONT)
+    history.fault(start, time.time())
+    sender.join(timeout=120)
+    assert not sender.is_alive()
+    wait_done(history)
+    failed: dict[str, str] = {}
+    for key, handle in handles.items():
+        try:
+            assert handle.get(timeout=60) == key
+        except EmqError as exc:
+            failed[key] = f"{type(exc).__name__}: {exc}"
+    runs = Counter(r["key"] for r in history.records("plain"))
+    print(f"\n[l] stalled {stall:.1f} s; plain jobs failed: {len(failed)}, ran: {len(runs)}")
+    counters = monitor(client)["counters"]
+    print(f"[l] worker_lost={counters['worker_lost']} requeued={counters['requeued']}")
+    assert failed == {}, f"{len(failed)} plain jobs failed: {sorted(failed.items())[:5]}"
+    assert {k: n for k, n in runs.items() if n > 1} == {}, "a plain job ran twice"
+    assert set(runs) == set(handles)
+    verdict = history.verdict()
+    report("l", verdict)
+    assert verdict.accepted == JOBS // 2
+    assert_clean(verdict)
+
+
+# ---- m. SIGTERM an EventMQ job manager mid-job ------------------------------------
+
+
+def start_eventmq_jm(procs: EmqProcesses, env: dict[str, str]) -> ManagedProcess:
+    """The released EventMQ 0.3.13 job manager, one worker process, on queue faults."""
+    from tests.e2e.test_eventmq_interop import eventmq_jobmanager_path
+
+    legacy = procs.start_program(
+        [str(eventmq_jobmanager_path()), "--broker-addr", env["EMQ_WORKER_URL"]],
+        name="eventmq-jobmanager",
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+            ),
+            "EVENTMQ_CONFIG_FILE": "/nonexistent",
+            "EVENTMQ_QUEUES": '[[10, "faults"]]',
+            "EVENTMQ_CONCURRENT_JOBS": "1",
+        },
+    )
+    wait_slots(env, 1)
+    return legacy
+
+
+def test_q_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """The released EventMQ job manager says KBYE at once on SIGTERM, then lets its
+    running job finish and REPLYs (issue 29, item 4): the job (retries=0) runs once,
+    on it, and its caller gets that run's result, though another job manager waits
+    for work on the same queue."""
+    from tests.faults.fault_tasks import once
+
+    start_broker(emq_processes, client)
+    legacy = start_eventmq_jm(emq_processes, client)
+    handle = once.delay("m-once", 3.0)
+    wait_for(lambda: history.records("start"), "the job to start on EventMQ's job manager", 30)
+    start_jm(emq_processes, "M")  # a job manager that would take the job if it came back
+    wait_slots(client, 3)
+    history.fault(time.time())
+    emq_processes.send_signal(legacy, signal.SIGTERM)
+    assert handle.get(timeout=30) == "m-once"
+    assert emq_processes.wait_for_exit(legacy, timeout=30) == 0
+    starts = [r["key"] for r in history.records("start")]
+    counters = monitor(client)["counters"]
+    print(f"\n[m] runs: {starts}; stale replies {counters['stale_replies']}")
+    assert starts == ["m-once"]
+    assert counters["stale_replies"] == 0 and counters["requeued"] == 0
+
+
+# ---- n. a job whose EventMQ worker process dies: the broker's time limit ---------------
+
+
+def test_r_time_limit_holds_on_an_eventmq_job_manager(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """An EventMQ job manager sends no REPLY for a job whose worker process died and
+    stays connected; the broker ends each attempt past its time limit and the grace
+    (issue 29, item 5): timeout=3, retries=1 runs twice and fails with TimeoutError."""
+    from emq_django.exceptions import TaskFailed
+    from tests.faults.fault_tasks import dies_silently
+
+    start_broker(emq_processes, client, extra_env={"EMQ_TIME_LIMIT_GRACE": "1"})
+    start_eventmq_jm(emq_processes, client)
+    handle = dies_silently.delay("n-dies")
+    with pytest.raises(TaskFailed) as failed:
+        handle.get(timeout=60)
+    runs = [r["key"] for r in history.records("run")]
+    counters = monitor(client)["counters"]
+    print(f"\n[n] runs: {runs}; ended by the broker: {counters['time_limits']}")
+    assert failed.value.type == "TimeoutError"
+    assert "time limit of 3 s" in str(failed.value)
+    assert runs == ["n-dies", "n-dies"] and counters["time_limits"] == 2
+
+
+# ---- o. a plain job's get() when the broker restarted ----------------------------------
+
+
+def test_s_plain_job_lost_with_the_broker_fails_at_once_with_job_lost(
+    emq_processes: EmqProcesses, client: dict[str, str], history: History
+) -> None:
+    """A plain job (in the broker's memory only) dies with its broker: once the
+    client has connected again, to a new incarnation, its get() raises JobLost
+    rather than waiting out its timeout (issue 29, item 10)."""
+    from emq_django.exceptions import TaskFailed
+    from tests.faults.fault_tasks import plain
+
+    broker = start_broker(emq_processes, client)
+    start_jm(emq_processes, "O")
+    wait_slots(client, 2)
+    handle = plain.delay("o-lost", 5.0)
+    wait_for(lambda: monitor(client)["counters"]["dispatched"] >= 1, "the job to run", 15)
+    os.kill(broker.pid, signal.SIGKILL)
+    broker.popen.wait(timeout=10)
+    start_broker(emq_processes, client, name="broker-2")  # same ports: a new incarnation
+    with pytest.raises(TaskFailed) as lost:  # not ResultTimeout after 30 s
+        handle.get(timeout=30)
+    print(f"\n[o] {lost.value}")
+    assert lost.value.type == "emq_django.exceptions.JobLost"
+    assert "restarted" in str(lost.value) and "guarantee=True" in str(lost.value)
+    # the client goes on with the new broker
+    assert plain.delay("o-after", 0.0).get(timeout=30) == "o-after"

@@ -149,7 +149,9 @@ def test_emq_result_reads_the_history(recorder: DatabaseRecorder) -> None:
 class LostReplies:
     """A client whose REPLY never comes (the sending process restarted)."""
 
-    def wait_reply(self, msgid: bytes, timeout: float | None) -> Any:
+    def wait_reply(
+        self, msgid: bytes, timeout: float | None, sent_at_change: int | None = None
+    ) -> Any:
         time.sleep(min(timeout or 0, 0.05))
         raise ResultTimeout("no reply")
 
@@ -211,6 +213,8 @@ def test_arguments_are_masked_unless_asked(
 
 
 class FakeClient:
+    broker_changes = 0  # the broker never restarted (Client.broker_changes)
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes]] = []
 

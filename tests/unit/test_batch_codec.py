@@ -95,3 +95,13 @@ def test_packed_ack_names_every_msgid_in_one_frame_unless_one_holds_a_newline() 
     assert frames is not None and frames[2] == b"ACK"
     assert frames[4].split(B.PACK_SEPARATOR) == [b"m1", b"m2", b"m3"]
     assert B.encode_packed_ack(b"a-2", [b"m1", b"bad\nid"]) is None
+
+
+def test_an_ack_id_names_the_broker_incarnation_and_others_name_none() -> None:
+    from emq_django.protocol.batch import MARK, ack_id, ack_incarnation
+
+    incarnation = b"0123456789abcdef0123456789abcdef"
+    ack = ack_id(incarnation, b"f" * 32)
+    assert ack.startswith(MARK) and ack_incarnation(ack) == incarnation
+    assert ack_incarnation(MARK + b"f" * 32) is None  # a broker from before
+    assert ack_incarnation(b"x" * len(ack)) is None

@@ -499,14 +499,53 @@ def test_idle_worker_disconnect_is_dropped_at_once() -> None:
 
 
 @pytest.mark.parametrize("command", [b"KBYE", b"KBAI"])
-def test_worker_kbye_drops_it_and_requeues_its_jobs(command: bytes) -> None:
+def test_our_worker_process_kbye_drops_it_and_requeues_its_jobs(command: bytes) -> None:
     core = make_core()
-    inform(core, b"w")
+    inform(core, b"mgr", meta=MANAGER)
+    inform(core, b"w", meta=slot_meta(0))
     ready(core, b"w")
     request(core, b"client", b"j")
     core.on_backend(b"w", [b"", P, command, b"bye"], 1.0)
     assert b"w" not in core.peers
     assert [j.id for j in core.queues["default"].pending] == [b"j"]
+
+
+@pytest.mark.parametrize("command", [b"KBYE", b"KBAI"])
+def test_eventmq_job_manager_kbye_lets_its_jobs_finish_and_takes_their_replies(
+    command: bytes,
+) -> None:
+    """EventMQ's job manager says KBYE at once on SIGTERM, then finishes its jobs
+    and REPLYs (issue 29, item 4): an at-most-once job must not run again."""
+    core = make_core()
+    inform(core, b"w")
+    ready(core, b"w")
+    request(core, b"client", b"j", headers=b"reply-requested")
+    inform(core, b"other")
+    ready(core, b"other")
+    core.on_backend(b"w", [b"", P, command, b"bye"], 1.0)
+    out = take(core)
+    assert not requests_to(out, b"other") and not core.queues["default"].pending
+    assert b"w" in core.peers and core.queues["default"].pick() is core.peers[b"other"]
+    for now in (5.0, 10.0, 20.0):  # it beats no more while it finishes: still waited for
+        tick(core, now, keep_alive=(b"other",))
+    out = reply(core, b"w", b"j#1", now=20.5)
+    (answer,) = [c for c in sent_to(out, FRONTEND, b"client") if isinstance(c, Reply)]
+    assert answer.body == b'{"value": 3}'
+    assert b"w" not in core.peers  # its last job done: gone
+    assert core.counters["stale_replies"] == 0 and core.counters["requeued"] == 0
+
+
+def test_eventmq_job_manager_gone_after_kbye_counts_its_jobs_as_attempts() -> None:
+    core = make_core()
+    inform(core, b"w")
+    ready(core, b"w")
+    request(core, b"client", b"j", headers=b"reply-requested")
+    core.on_backend(b"w", [b"", P, b"KBYE", b"bye"], 1.0)
+    core.peer_unreachable(BACKEND, b"w", 2.0)  # it exited without a REPLY
+    out = take(core)
+    (answer,) = [c for c in sent_to(out, FRONTEND, b"client") if isinstance(c, Reply)]
+    assert json.loads(answer.body)["error"]["type"] == "emq_django.exceptions.WorkerLost"
+    assert core.counters["worker_lost"] == 1 and core.counters["requeued"] == 0
 
 
 def test_stale_reply_is_counted_and_ignored() -> None:

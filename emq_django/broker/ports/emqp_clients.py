@@ -26,7 +26,7 @@ from emq_django.broker.state import Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
-from emq_django.protocol.batch import MARK, REQUESTS, decode_jobs, encode_packed_ack
+from emq_django.protocol.batch import REQUESTS, ack_id, decode_jobs, encode_packed_ack
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
 from emq_django.security.roles import CLIENT, SCHEDULER
 from emq_django.transport import SocketOptions
@@ -87,7 +87,7 @@ class EmqpClientPort(Port):
                 scheduler = self.schedulers.get(identity)
                 if scheduler is not None:  # any command from a scheduler shows it is alive
                     scheduler.last_seen = now
-            handler(self, identity, cmd, now)
+            return handler(self, identity, cmd, now)
         except ProtocolError as exc:
             self.malformed(identity, exc, frames)
         return None
@@ -162,8 +162,13 @@ class EmqpClientPort(Port):
         self.schedulers[identity] = peer
         self.core.scheduler_join(peer, self.client(identity), cmd.msgid, now)
 
-    def _heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> None:
-        pass  # a scheduler's last_seen is updated for every command
+    def _heartbeat(self, identity: bytes, cmd: F.Heartbeat, now: float) -> list[bytes] | None:
+        """A scheduler's last_seen is updated for every command. A client's HEARTBEAT
+        (our client sends one on each new connection) is answered with this broker's
+        incarnation: a new one has lost the plain jobs the one before had."""
+        if identity in self.schedulers:
+            return None
+        return F.encode_incarnation(self.core.incarnation, now + self.core.wall_offset)
 
     def _goodbye(self, identity: bytes, cmd: F.Command, now: float) -> None:
         peer = self.schedulers.get(identity)
@@ -201,14 +206,16 @@ class EmqpClientPort(Port):
     def encode_acks(self, msgids: list[bytes], packed: bool = False) -> list[bytes]:
         """One ACK for ``msgids``, to a client that reads several per ACK (``acks``);
         ``packed``: one that sent REQUESTS, which reads them in one frame."""
-        # MARK: this broker reads REQUESTS (several jobs a message) from such a client
+        # MARK: this broker reads REQUESTS (several jobs a message) from such a client;
+        # then its incarnation: the client finds a restarted broker (protocol/batch.py)
+        ack = ack_id(self.core.incarnation, self.new_id())
         if len(msgids) == 1:
-            return _encode_ack(MARK + self.new_id(), msgids[0])
+            return _encode_ack(ack, msgids[0])
         if packed:
-            frames = encode_packed_ack(MARK + self.new_id(), msgids)
+            frames = encode_packed_ack(ack, msgids)
             if frames is not None:
                 return frames
-        return F.encode_acks(MARK + self.new_id(), msgids)
+        return F.encode_acks(ack, msgids)
 
     def _answer(self, effect: Answer) -> list[bytes] | None:
         if not effect.final:  # the core sends these only to clients that asked (``stream``)
@@ -220,7 +227,7 @@ class EmqpClientPort(Port):
         return F.encode_reply(self.new_id(), effect.body, effect.job.id, status)
 
 
-_Handler = Callable[[EmqpClientPort, bytes, Any, float], None]
+_Handler = Callable[[EmqpClientPort, bytes, Any, float], list[bytes] | None]
 _HANDLERS: dict[type, _Handler] = {
     F.Request: EmqpClientPort._request,
     F.Schedule: EmqpClientPort._schedule,

@@ -182,8 +182,7 @@ class EmqpWorkerPort(Port):
         self.core.worker_disconnect(peer, now)
 
     def _kbye(self, peer: Peer, cmd: F.Kbye, now: float) -> None:
-        # a goodbye with jobs in flight gives them back: they go to their queue uncounted
-        self.core.worker_gone(peer, now, "said KBYE", verdict=True)
+        self.core.worker_goodbye(peer, now)
 
     def _ignore(self, peer: Peer, cmd: F.Command, now: float) -> None:
         pass
