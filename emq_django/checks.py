@@ -7,7 +7,6 @@ Registered by every emq app's ``ready()``, so that one installed without
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Info, Warning, register
@@ -69,7 +68,6 @@ def _missing_app(name: str, needed_for: str, id: str) -> Error:
 @register()
 def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The apps the configured features need (docs/getting-started.md, "Use it in your project")."""
-    from django.conf import settings
 
     errors: list[CheckMessage] = []
     if not _installed("emq_django"):
@@ -81,7 +79,7 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 "emq.E002",
             )
         )
-    if getattr(settings, "EMQ_RECORDER", "") == DATABASE_RECORDER or _env_recorder():
+    if _setting("RECORDER") == DATABASE_RECORDER:
         if not _installed("emq_django.results"):
             errors.append(
                 _missing_app(
@@ -113,13 +111,7 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 
 def _curve_server() -> bool:
-    from django.conf import settings
-
-    return bool(getattr(settings, "EMQ_CURVE_SECRET_KEY", "") or _env("EMQ_CURVE_SECRET_KEY"))
-
-
-def _env_recorder() -> bool:
-    return os.environ.get("EMQ_RECORDER", "") == DATABASE_RECORDER
+    return bool(_setting("CURVE_SECRET_KEY"))
 
 
 def _periodic_declared() -> bool:
@@ -150,7 +142,7 @@ def check_urls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         pass
     except Exception:  # a urls.py that does not import is Django's own check to report
         return []
-    token = getattr(settings, "EMQ_METRICS_TOKEN", "") or _env("EMQ_METRICS_TOKEN")
+    token = _setting("METRICS_TOKEN")
     reason = "EMQ_METRICS_TOKEN is set, but" if token else "emq_django.results is installed;"
     message = f"{reason} the Prometheus endpoint /emq/metrics is not routed."
     hint = f"Add {METRICS_INCLUDE} to your urls.py (from django.urls import include)."
@@ -159,5 +151,12 @@ def check_urls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return [Info(message, hint=hint, id="emq.I001")]
 
 
-def _env(name: str) -> str:
-    return os.environ.get(name, "")
+def _setting(name: str) -> Any:
+    """One setting through the registry; a bad value is check_settings' error, not this
+    check's: it counts as unset here."""
+    from emq_django.conf import read
+
+    try:
+        return read(name)
+    except ImproperlyConfigured:
+        return ""

@@ -1,111 +1,31 @@
-"""Typed settings, read when accessed.
+"""Settings, read through one reader and validated in one place.
 
-Each ``EMQ_*`` value comes from the Django settings module if it defines it, else
-from the environment (through django-environ), else from a default that runs on
-one machine: loopback addresses and EventMQ's ports.
+Every ``EMQ_*`` setting is declared once, in ``settings_registry.EmqSettings`` (name,
+type, default, meaning, section, check); rules that tie several settings together
+are in ``_validate`` here. Each value comes from the Django settings module if it
+defines it, else from the environment (through django-environ), else from its
+default, which runs on one machine: loopback addresses and EventMQ's ports.
+
+``get_settings()`` reads them all (the broker, job managers, commands);
+``read(name)`` reads one (the optional apps: results, scheduler, analytics).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from emq_django.settings_registry import SECTIONS, EmqSettings
+
+__all__ = ["SECTIONS", "EmqSettings", "get_settings", "read", "cached_settings"]
+
 _env = environ.Env()
-
-
-@dataclass(frozen=True, slots=True)
-class EmqSettings:
-    BROKER_URL: str = "tcp://127.0.0.1:47291"  # client -> broker frontend
-    WORKER_URL: str = "tcp://127.0.0.1:47290"  # job manager -> broker backend
-    MONITOR_URL: str = "tcp://127.0.0.1:47293"  # admin/status -> monitor channel
-    FRONTEND_BIND: str = "tcp://127.0.0.1:47291"
-    BACKEND_BIND: str = "tcp://127.0.0.1:47290"
-    MONITOR_BIND: str = "tcp://127.0.0.1:47293"
-    MDP_BIND: str = "tcp://127.0.0.1:5555"  # Majordomo clients and workers; '' turns it off
-    PZQ_RECEIVE_BIND: str = "tcp://127.0.0.1:11131"  # PZQ producers; '' turns PZQ off
-    PZQ_SEND_BIND: str = "tcp://127.0.0.1:11132"  # PZQ consumers connect a ROUTER here
-    PZQ_MONITOR_BIND: str = "tcp://127.0.0.1:11133"  # PZQ's MONITOR; '' leaves it out
-    # plain text on a non-loopback bind, on purpose (broker/exposure.py); else CURVE
-    ALLOW_PLAINTEXT: bool = False
-    PZQ_QUEUE: str = "pzq"  # the emq queue PZQ messages live in
-    PZQ_ACK_TIMEOUT: float = 5.0  # seconds a consumer has to ack a delivery
-    PZQ_MAX_DELIVERIES: int = 10  # then the message goes to the dead letters
-    PZQ_MAX_INFLIGHT: int = 1000  # deliveries not yet acked, over all consumers
-    PZQ_MAX_AGE: float = 0.0  # seconds a message may wait; older ones expire (0: never)
-    # the Event BUS port (snapshot ROUTER, publisher PUB, collector ROUTER); an empty
-    # BUS_SNAPSHOT_BIND turns the port off
-    BUS_SNAPSHOT_BIND: str = "tcp://127.0.0.1:5556"
-    BUS_PUBLISH_BIND: str = "tcp://127.0.0.1:5557"
-    BUS_COLLECT_BIND: str = "tcp://127.0.0.1:5558"
-    BUS_PUBLISH_HWM: int = 10_000  # events queued per subscriber; then it misses some
-    # emq's batch publisher (several events a message; emq.subscribe reads it); '': off
-    BUS_BATCH_BIND: str = ""
-    # seconds emq.publish waits for the broker's confirmation when it must (its
-    # window is full, wait_published(), exit) before it raises PublishUnconfirmed
-    BUS_CONFIRM_TIMEOUT: float = 30.0
-    # emq.publish's default: confirmed batches (emq's broker) or the document's plain
-    # PUB, never answered (a foreign Event BUS server such as event-bus-zeromq)
-    BUS_CONFIRM: bool = True
-    # where clients (emq.publish, emq.subscribe, emq_tail) connect; '': the bind address
-    BUS_SNAPSHOT_URL: str = ""
-    BUS_PUBLISH_URL: str = ""
-    BUS_COLLECT_URL: str = ""
-    BUS_BATCH_URL: str = ""
-    # topic retention by prefix: {"/orders/": {"max_age": 86400, "max_count": 100000}}
-    # (a dict or its JSON); "" is the catch-all (default 7 days, 100,000 events)
-    TOPIC_RETENTION: dict[str, Any] = field(default_factory=dict)
-    MC0_BIND: str = "tcp://127.0.0.1:61616"  # MCollective 0MQ connectors; '' turns it off
-    HEARTBEAT_INTERVAL: float = 1.0
-    HEARTBEAT_LIVENESS: int = 3
-    ACK_TIMEOUT: float = 5.0
-    ACK_WINDOW: int = 1000
-    MONITOR_TIMEOUT: float = 2.0
-    EAGER: bool = False
-    IMPORTS: tuple[str, ...] = ()
-    MAX_PENDING: int = 100_000
-    DEFAULT_QUEUE: str = "default"
-    PREFETCH: int = 64  # the most; each worker process adapts below it (worker/credit.py)
-    SHUTDOWN_GRACE: float = 30.0
-    RECORDER: str = ""  # dotted path of a JobRecorder class (worker/recording.py)
-    RECORD_INTERVAL: float = 0.2  # a worker process passes its records on at least this often
-    RECORD_BATCH: int = 2000  # ... or as soon as it holds this many
-    RECORD_BUFFER: int = 50_000  # records a worker process keeps while the recorder lags
-    # the recorder process's CPU priority: idle (only CPU time nothing else wants),
-    # normal, or a nice value 1-19 (worker/recorder_process.py)
-    RECORDER_PRIORITY: str = "idle"
-    RECORDER_MAX_DELAY: float = 10.0  # the longest writing waits for a busy machine
-    TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
-    # guaranteed jobs; '' turns the journal off; unset: default_journal_path()
-    JOURNAL_PATH: str = "emq-journal.sqlite3"
-    JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
-    MAX_QUEUE_BYTES: int = 256 * 1024 * 1024  # bodies waiting in memory, per queue
-    MAX_BODY_BYTES: int = 64 * 1024 * 1024  # one job's body; the broker refuses bigger ones
-    RETRY_BASE: float = 1.0  # first retry after about this many seconds, then doubling
-    RETRY_CAP: float = 300.0
-    DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
-    MAX_DEAD_LETTERS: int = 100_000
-    KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a cancelled running job
-    # seconds past a job's time limit after which the broker ends the attempt itself
-    # when nobody answered for it (an EventMQ job manager never does); keep it above
-    # the job managers' EMQ_KILL_GRACE
-    TIME_LIMIT_GRACE: float = 10.0
-    # CURVE (emq_django/security): this process's secret key (Z85 or a key file); '':
-    # plain text. The broker's public key, for clients. The public key is derived.
-    CURVE_SECRET_KEY: str = ""
-    CURVE_SERVER_KEY: str = ""
-    CURVE_PUBLIC_KEY: str = ""
-    KEYS_RELOAD: float = 5.0  # seconds between the broker's reloads of the allowed keys
-    # the allocator the broker runs with (PYTHONMALLOC; '' or pymalloc: Python's own): it
-    # re-executes itself with it at start, unless PYTHONMALLOC is set. glibc's malloc
-    # gives a drained backlog's memory back; pymalloc keeps arenas a few objects pin
-    # (broker/memory.py)
-    BROKER_PYTHONMALLOC: str = "malloc"
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:
@@ -132,23 +52,57 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
         raise ImproperlyConfigured(f"EMQ_{name} has a bad value {value!r}: {exc}") from exc
 
 
-def get_settings(**overrides: Any) -> EmqSettings:
-    """Read the settings now; ``overrides`` win (used by commands' options)."""
+_FIELDS: dict[str, Field[Any]] = {f.name: f for f in fields(EmqSettings)}
+
+
+def setting_fields(section: str | None = None) -> list[Field[Any]]:
+    """The declared settings (of one section), in the order they are declared."""
+    return [f for f in _FIELDS.values() if section is None or f.metadata["section"] == section]
+
+
+def default_of(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    assert f.default_factory is not MISSING
+    return f.default_factory()
+
+
+def _read(f: Field[Any], override: Any = None) -> tuple[bool, Any]:
+    """(whether it was set, its value): the override, else Django's settings, else the
+    environment; a set value is coerced to the field's type and checked."""
     from django.conf import settings as django_settings
 
+    key = f"EMQ_{f.name}"
+    if override is not None:
+        raw = override
+    elif django_settings.configured and hasattr(django_settings, key):
+        raw = getattr(django_settings, key)
+    elif key in os.environ:
+        raw = _env.str(key)
+    else:
+        return False, default_of(f)
+    value = _coerce(f.name, f.type, raw)
+    check = f.metadata["check"]
+    problem = check(value) if check is not None else None
+    if problem:
+        raise ImproperlyConfigured(f"{key}={value!r}: {problem}")
+    return True, value
+
+
+def read(name: str) -> Any:
+    """One setting's value now (``name`` without ``EMQ_``); raises ``ImproperlyConfigured``
+    for a bad value."""
+    return _read(_FIELDS[name])[1]
+
+
+def get_settings(**overrides: Any) -> EmqSettings:
+    """Read the settings now; ``overrides`` win (used by commands' options).
+    Raises ``ImproperlyConfigured`` for a bad value."""
     values: dict[str, Any] = {}
-    configured = django_settings.configured
-    for f in fields(EmqSettings):
-        key = f"EMQ_{f.name}"
-        if f.name.lower() in overrides and overrides[f.name.lower()] is not None:
-            raw = overrides[f.name.lower()]
-        elif configured and hasattr(django_settings, key):
-            raw = getattr(django_settings, key)
-        elif key in os.environ:
-            raw = _env.str(key)
-        else:
-            continue
-        values[f.name] = _coerce(f.name, f.type, raw)
+    for f in _FIELDS.values():
+        found, value = _read(f, overrides.get(f.name.lower()))
+        if found:
+            values[f.name] = value
     if "JOURNAL_PATH" not in values:
         values["JOURNAL_PATH"] = default_journal_path()
     result = EmqSettings(**values)

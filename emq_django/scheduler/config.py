@@ -1,16 +1,15 @@
-"""The scheduler's settings, read when accessed (Django settings, then the
-environment, then the default), as ``emq_django.conf`` reads the others."""
+"""The scheduler's settings, read when accessed through the settings registry
+(``emq_django.conf``: Django settings, then the environment, then the default)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from emq_django.conf import get_settings
+from emq_django.conf import get_settings, read
 from emq_django.scheduler.timing import CATCH_UP_ONCE, CATCH_UP_POLICIES
 
 
@@ -30,15 +29,6 @@ class SchedulerConfig:
         return dt.timedelta(seconds=self.grace)
 
 
-def _setting(name: str, default: Any) -> Any:
-    from django.conf import settings
-
-    key = f"EMQ_SCHEDULER_{name}"
-    if settings.configured and hasattr(settings, key):
-        return getattr(settings, key)
-    return os.environ.get(key, default)
-
-
 def load_config(**overrides: Any) -> SchedulerConfig:
     """The scheduler's config; ``overrides`` (command options) win when not None.
     Raises ``ImproperlyConfigured`` for a bad value."""
@@ -48,9 +38,9 @@ def load_config(**overrides: Any) -> SchedulerConfig:
         "heartbeat_interval": emq.HEARTBEAT_INTERVAL,
         "heartbeat_liveness": emq.HEARTBEAT_LIVENESS,
         "ack_timeout": emq.ACK_TIMEOUT,
-        "catch_up": str(_setting("CATCH_UP", CATCH_UP_ONCE)),
-        "poll_interval": _setting("POLL", 0.5),
-        "grace": _setting("GRACE", 1.0),
+        "catch_up": read("SCHEDULER_CATCH_UP"),
+        "poll_interval": read("SCHEDULER_POLL"),
+        "grace": read("SCHEDULER_GRACE"),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
