@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from emq_django.exceptions import (
-    Cancelled,
     PartialsLost,
     ResultTimeout,
     ResultUnavailable,
@@ -353,8 +352,7 @@ def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
         return None, TaskFailed("ProtocolError", f"reply body is not JSON: {body[:100]!r}")
     if isinstance(data, dict) and "error" in data and isinstance(data["error"], dict):
         err = data["error"]
-        cls = Cancelled if err.get("type") == Cancelled.TYPE else TaskFailed
-        return None, cls(
+        return None, TaskFailed.from_remote(
             str(err.get("type", "Exception")),
             str(err.get("message", "")),
             str(err.get("traceback", "")),
