@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from emq_django.protocol.events import parse_retention
 from emq_django.settings_registry import SECTIONS, EmqSettings
 
 __all__ = ["SECTIONS", "EmqSettings", "get_settings", "read", "cached_settings"]
@@ -107,7 +109,21 @@ def get_settings(**overrides: Any) -> EmqSettings:
         values["JOURNAL_PATH"] = default_journal_path()
     result = EmqSettings(**values)
     _validate(result)
+    for validate in _validators:
+        validate(result)
     return result
+
+
+# Checks of the settings that need a higher layer (CURVE keys read from their files):
+# registered by the apps' ready() (apps.py), so that this module imports nothing above.
+_validators: list[Callable[[EmqSettings], object]] = []
+
+
+def add_validator(validate: Callable[[EmqSettings], object]) -> None:
+    """Run ``validate(settings)`` in every ``get_settings()``; it raises
+    ``ImproperlyConfigured``."""
+    if validate not in _validators:
+        _validators.append(validate)
 
 
 def default_journal_path() -> str:
@@ -159,12 +175,6 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(
             "EMQ_RECORD_INTERVAL must be >= 0, EMQ_RECORD_BATCH and EMQ_RECORD_BUFFER >= 1"
         )
-    from emq_django.worker.recorder_process import parse_priority
-
-    try:
-        parse_priority(s.RECORDER_PRIORITY)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"EMQ_RECORDER_PRIORITY: {exc}") from None
     for name in (
         "BROKER_URL",
         "WORKER_URL",
@@ -190,14 +200,11 @@ def _validate(s: EmqSettings) -> None:
     if s.KEYS_RELOAD <= 0:
         raise ImproperlyConfigured("EMQ_KEYS_RELOAD must be > 0 seconds")
     if s.CURVE_SECRET_KEY or s.CURVE_SERVER_KEY or s.CURVE_PUBLIC_KEY:
-        from emq_django.security.keys import process_keys
-
         if not s.CURVE_SECRET_KEY:
             raise ImproperlyConfigured(
                 "EMQ_CURVE_SERVER_KEY/EMQ_CURVE_PUBLIC_KEY are set but EMQ_CURVE_SECRET_KEY "
                 "is not: CURVE needs this process's own secret key"
             )
-        process_keys(s)  # a bad key or file is an error now, not at the first socket
     if s.PZQ_MAX_AGE < 0:
         raise ImproperlyConfigured("EMQ_PZQ_MAX_AGE must be >= 0 seconds (0: no limit)")
     if s.PZQ_RECEIVE_BIND and not s.PZQ_SEND_BIND:
@@ -205,8 +212,6 @@ def _validate(s: EmqSettings) -> None:
             "EMQ_PZQ_SEND_BIND is empty but EMQ_PZQ_RECEIVE_BIND is set: PZQ needs both "
             "(an empty EMQ_PZQ_RECEIVE_BIND turns PZQ off)"
         )
-    from emq_django.broker.topics import parse_retention
-
     try:
         parse_retention(s.TOPIC_RETENTION)
     except (TypeError, ValueError) as exc:

@@ -65,6 +65,26 @@ def _catch_up(value: str) -> str | None:
     return None if value in CATCH_UP_POLICIES else f"use one of {', '.join(CATCH_UP_POLICIES)}"
 
 
+def parse_priority(text: str) -> int | None:
+    """``EMQ_RECORDER_PRIORITY`` -> a nice value (0 for "normal"), or None for "idle"."""
+    value = text.strip().lower()
+    if value == "idle":
+        return None
+    if value == "normal":
+        return 0
+    if value.isdigit() and 1 <= int(value) <= 19:
+        return int(value)
+    raise ValueError(f"give idle, normal or a nice value from 1 to 19, not {text!r}")
+
+
+def _priority(value: str) -> str | None:
+    try:
+        parse_priority(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class EmqSettings:
     BROKER_URL: str = setting(
@@ -223,6 +243,7 @@ class EmqSettings:
         "the recorder process's CPU priority: `idle` (`SCHED_IDLE`), `normal`, or a nice value "
         "1-19",
         section="worker",
+        check=_priority,
     )
     RECORDER_MAX_DELAY: float = setting(
         10.0,
