@@ -7,6 +7,7 @@ Registered by every emq app's ``ready()``, so that one installed without
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sized
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Info, Warning, register
@@ -114,17 +115,28 @@ def _curve_server() -> bool:
     return bool(_setting("CURVE_SECRET_KEY"))
 
 
+# Each returns what the tasks modules declare for an app that may be missing (the
+# scheduler's ``@emq.periodic``); registered by the emq app's ready() (apps.py), so
+# that this module imports no app.
+_periodic_probes: list[Callable[[], Sized]] = []
+
+
+def add_periodic_probe(declared: Callable[[], Sized]) -> None:
+    if declared not in _periodic_probes:
+        _periodic_probes.append(declared)
+
+
 def _periodic_declared() -> bool:
     """Whether any ``@emq.periodic`` is declared in the apps' ``tasks`` modules."""
     from django.utils.module_loading import autodiscover_modules
 
-    from emq_django.scheduler.api import declared
-
+    if not _periodic_probes:
+        return False
     try:
         autodiscover_modules("tasks")
     except Exception:  # a broken tasks module is the job manager's error to report
         pass
-    return bool(declared())
+    return any(len(declared()) for declared in _periodic_probes)
 
 
 @register(deploy=False)
