@@ -486,7 +486,16 @@ class RecorderProcess:
             try:
                 recorder.record(record)
             except Exception:
-                log.exception("the job recorder failed on job %s", record.job_id)
+                log.exception(
+                    "the job recorder failed on job %s",
+                    record.job_id,
+                    extra={
+                        "job_id": record.job_id,
+                        "attempt": record.attempt,
+                        "queue": record.queue,
+                        "task": record.task,
+                    },
+                )
 
     @staticmethod
     def _flush(recorder: JobRecorder | None) -> None:

@@ -15,6 +15,10 @@ from typing import Any, NamedTuple, Protocol
 
 from django.utils.module_loading import import_string
 
+from emq_django.ids import split_attempt
+
+__all__ = ["split_attempt", "load_recorder"]
+
 log = logging.getLogger(__name__)
 
 
@@ -78,14 +82,6 @@ def will_retry(record: JobRecord) -> bool:
     if record.error_type == RETRY and not limit:
         limit = RETRY_REQUESTED_LIMIT
     return record.attempt <= limit
-
-
-def split_attempt(attempt_id: bytes) -> tuple[str, int]:
-    """``b"<job id>#2"`` -> ("<job id>", 2); an id without ``#`` is attempt 1."""
-    job_id, sep, number = attempt_id.rpartition(b"#")
-    if not sep or not number.isdigit():
-        return attempt_id.decode("utf-8", "replace"), 1
-    return job_id.decode("utf-8", "replace"), int(number)
 
 
 def load_recorder(path: str) -> JobRecorder | None:
