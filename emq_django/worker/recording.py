@@ -15,9 +15,10 @@ from typing import Any, NamedTuple, Protocol
 
 from django.utils.module_loading import import_string
 
+from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, retry_limit
 from emq_django.ids import split_attempt
 
-__all__ = ["split_attempt", "load_recorder"]
+__all__ = ["RETRY_REQUESTED_LIMIT", "load_recorder", "split_attempt"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,6 @@ def close_recorder(recorder: JobRecorder | None) -> None:
 
 CANCELLED = "emq_django.exceptions.Cancelled"
 RETRY = "emq_django.exceptions.Retry"
-RETRY_REQUESTED_LIMIT = 3  # as the broker's (lifecycle.RETRY_REQUESTED_LIMIT)
 
 
 def will_retry(record: JobRecord) -> bool:
@@ -78,10 +78,7 @@ def will_retry(record: JobRecord) -> bool:
     job the larger number of deaths it survives)."""
     if not record.failed or record.error_type == CANCELLED:
         return False
-    limit = record.retry_count
-    if record.error_type == RETRY and not limit:
-        limit = RETRY_REQUESTED_LIMIT
-    return record.attempt <= limit
+    return record.attempt <= retry_limit(record.retry_count, record.error_type == RETRY)
 
 
 def load_recorder(path: str) -> JobRecorder | None:
