@@ -21,6 +21,7 @@ def test_job_fields_split_the_attempt_from_the_job_id() -> None:
     assert tuple(job_fields("x")) == JOB_FIELDS
 
 
+@pytest.mark.django_db  # execute() closes old connections around the job
 def test_a_refused_job_is_logged_with_its_fields(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="emq_django"):
         outcome = execute(b"not json", b"job-1#2")

@@ -58,3 +58,9 @@ def test_one_reader_checks_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMQ_SCHEDULER_CATCH_UP", "sometimes")
     with pytest.raises(ImproperlyConfigured, match="use one of once, none, all"):
         load_config()
+
+
+def test_a_command_option_is_checked_as_the_setting_it_overrides() -> None:
+    with pytest.raises(ImproperlyConfigured, match="EMQ_SCHEDULER_POLL"):
+        load_config(poll_interval=5)
+    assert load_config(catch_up="all", poll_interval="1.5").poll_interval == 1.5
