@@ -23,6 +23,7 @@ from emq_django.exceptions import (
     SoftTimeLimitExceeded,
     TaskFailed,
     TaskNotFound,
+    WorkerLost,
 )
 from emq_django.handles import Result, result
 from emq_django.pubsub import (
@@ -58,6 +59,7 @@ __all__ = [
     "Task",
     "TaskFailed",
     "TaskNotFound",
+    "WorkerLost",
     "asubscribe",
     "partial",
     "periodic",

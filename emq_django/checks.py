@@ -7,7 +7,7 @@ Registered by every emq app's ``ready()``, so that one installed without
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable, Sized
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Info, Warning, register
@@ -69,7 +69,6 @@ def _missing_app(name: str, needed_for: str, id: str) -> Error:
 @register()
 def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The apps the configured features need (docs/getting-started.md, "Use it in your project")."""
-    from django.conf import settings
 
     errors: list[CheckMessage] = []
     if not _installed("emq_django"):
@@ -81,7 +80,7 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 "emq.E002",
             )
         )
-    if getattr(settings, "EMQ_RECORDER", "") == DATABASE_RECORDER or _env_recorder():
+    if _setting("RECORDER") == DATABASE_RECORDER:
         if not _installed("emq_django.results"):
             errors.append(
                 _missing_app(
@@ -113,26 +112,31 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 
 def _curve_server() -> bool:
-    from django.conf import settings
-
-    return bool(getattr(settings, "EMQ_CURVE_SECRET_KEY", "") or _env("EMQ_CURVE_SECRET_KEY"))
+    return bool(_setting("CURVE_SECRET_KEY"))
 
 
-def _env_recorder() -> bool:
-    return os.environ.get("EMQ_RECORDER", "") == DATABASE_RECORDER
+# Each returns what the tasks modules declare for an app that may be missing (the
+# scheduler's ``@emq.periodic``); registered by the emq app's ready() (apps.py), so
+# that this module imports no app.
+_periodic_probes: list[Callable[[], Sized]] = []
+
+
+def add_periodic_probe(declared: Callable[[], Sized]) -> None:
+    if declared not in _periodic_probes:
+        _periodic_probes.append(declared)
 
 
 def _periodic_declared() -> bool:
     """Whether any ``@emq.periodic`` is declared in the apps' ``tasks`` modules."""
     from django.utils.module_loading import autodiscover_modules
 
-    from emq_django.scheduler.api import declared
-
+    if not _periodic_probes:
+        return False
     try:
         autodiscover_modules("tasks")
     except Exception:  # a broken tasks module is the job manager's error to report
         pass
-    return bool(declared())
+    return any(len(declared()) for declared in _periodic_probes)
 
 
 @register(deploy=False)
@@ -150,7 +154,7 @@ def check_urls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         pass
     except Exception:  # a urls.py that does not import is Django's own check to report
         return []
-    token = getattr(settings, "EMQ_METRICS_TOKEN", "") or _env("EMQ_METRICS_TOKEN")
+    token = _setting("METRICS_TOKEN")
     reason = "EMQ_METRICS_TOKEN is set, but" if token else "emq_django.results is installed;"
     message = f"{reason} the Prometheus endpoint /emq/metrics is not routed."
     hint = f"Add {METRICS_INCLUDE} to your urls.py (from django.urls import include)."
@@ -159,5 +163,12 @@ def check_urls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return [Info(message, hint=hint, id="emq.I001")]
 
 
-def _env(name: str) -> str:
-    return os.environ.get(name, "")
+def _setting(name: str) -> Any:
+    """One setting through the registry; a bad value is check_settings' error, not this
+    check's: it counts as unset here."""
+    from emq_django.conf import read
+
+    try:
+        return read(name)
+    except ImproperlyConfigured:
+        return ""

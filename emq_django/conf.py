@@ -1,111 +1,33 @@
-"""Typed settings, read when accessed.
+"""Settings, read through one reader and validated in one place.
 
-Each ``EMQ_*`` value comes from the Django settings module if it defines it, else
-from the environment (through django-environ), else from a default that runs on
-one machine: loopback addresses and EventMQ's ports.
+Every ``EMQ_*`` setting is declared once, in ``settings_registry.EmqSettings`` (name,
+type, default, meaning, section, check); rules that tie several settings together
+are in ``_validate`` here. Each value comes from the Django settings module if it
+defines it, else from the environment (through django-environ), else from its
+default, which runs on one machine: loopback addresses and EventMQ's ports.
+
+``get_settings()`` reads them all (the broker, job managers, commands);
+``read(name)`` reads one (the optional apps: results, scheduler, analytics).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from emq_django.protocol.events import parse_retention
+from emq_django.settings_registry import SECTIONS, EmqSettings
+
+__all__ = ["SECTIONS", "EmqSettings", "get_settings", "read", "cached_settings"]
+
 _env = environ.Env()
-
-
-@dataclass(frozen=True, slots=True)
-class EmqSettings:
-    BROKER_URL: str = "tcp://127.0.0.1:47291"  # client -> broker frontend
-    WORKER_URL: str = "tcp://127.0.0.1:47290"  # job manager -> broker backend
-    MONITOR_URL: str = "tcp://127.0.0.1:47293"  # admin/status -> monitor channel
-    FRONTEND_BIND: str = "tcp://127.0.0.1:47291"
-    BACKEND_BIND: str = "tcp://127.0.0.1:47290"
-    MONITOR_BIND: str = "tcp://127.0.0.1:47293"
-    MDP_BIND: str = "tcp://127.0.0.1:5555"  # Majordomo clients and workers; '' turns it off
-    PZQ_RECEIVE_BIND: str = "tcp://127.0.0.1:11131"  # PZQ producers; '' turns PZQ off
-    PZQ_SEND_BIND: str = "tcp://127.0.0.1:11132"  # PZQ consumers connect a ROUTER here
-    PZQ_MONITOR_BIND: str = "tcp://127.0.0.1:11133"  # PZQ's MONITOR; '' leaves it out
-    # plain text on a non-loopback bind, on purpose (broker/exposure.py); else CURVE
-    ALLOW_PLAINTEXT: bool = False
-    PZQ_QUEUE: str = "pzq"  # the emq queue PZQ messages live in
-    PZQ_ACK_TIMEOUT: float = 5.0  # seconds a consumer has to ack a delivery
-    PZQ_MAX_DELIVERIES: int = 10  # then the message goes to the dead letters
-    PZQ_MAX_INFLIGHT: int = 1000  # deliveries not yet acked, over all consumers
-    PZQ_MAX_AGE: float = 0.0  # seconds a message may wait; older ones expire (0: never)
-    # the Event BUS port (snapshot ROUTER, publisher PUB, collector ROUTER); an empty
-    # BUS_SNAPSHOT_BIND turns the port off
-    BUS_SNAPSHOT_BIND: str = "tcp://127.0.0.1:5556"
-    BUS_PUBLISH_BIND: str = "tcp://127.0.0.1:5557"
-    BUS_COLLECT_BIND: str = "tcp://127.0.0.1:5558"
-    BUS_PUBLISH_HWM: int = 10_000  # events queued per subscriber; then it misses some
-    # emq's batch publisher (several events a message; emq.subscribe reads it); '': off
-    BUS_BATCH_BIND: str = ""
-    # seconds emq.publish waits for the broker's confirmation when it must (its
-    # window is full, wait_published(), exit) before it raises PublishUnconfirmed
-    BUS_CONFIRM_TIMEOUT: float = 30.0
-    # emq.publish's default: confirmed batches (emq's broker) or the document's plain
-    # PUB, never answered (a foreign Event BUS server such as event-bus-zeromq)
-    BUS_CONFIRM: bool = True
-    # where clients (emq.publish, emq.subscribe, emq_tail) connect; '': the bind address
-    BUS_SNAPSHOT_URL: str = ""
-    BUS_PUBLISH_URL: str = ""
-    BUS_COLLECT_URL: str = ""
-    BUS_BATCH_URL: str = ""
-    # topic retention by prefix: {"/orders/": {"max_age": 86400, "max_count": 100000}}
-    # (a dict or its JSON); "" is the catch-all (default 7 days, 100,000 events)
-    TOPIC_RETENTION: dict[str, Any] = field(default_factory=dict)
-    MC0_BIND: str = "tcp://127.0.0.1:61616"  # MCollective 0MQ connectors; '' turns it off
-    HEARTBEAT_INTERVAL: float = 1.0
-    HEARTBEAT_LIVENESS: int = 3
-    ACK_TIMEOUT: float = 5.0
-    ACK_WINDOW: int = 1000
-    MONITOR_TIMEOUT: float = 2.0
-    EAGER: bool = False
-    IMPORTS: tuple[str, ...] = ()
-    MAX_PENDING: int = 100_000
-    DEFAULT_QUEUE: str = "default"
-    PREFETCH: int = 64  # the most; each worker process adapts below it (worker/credit.py)
-    SHUTDOWN_GRACE: float = 30.0
-    RECORDER: str = ""  # dotted path of a JobRecorder class (worker/recording.py)
-    RECORD_INTERVAL: float = 0.2  # a worker process passes its records on at least this often
-    RECORD_BATCH: int = 2000  # ... or as soon as it holds this many
-    RECORD_BUFFER: int = 50_000  # records a worker process keeps while the recorder lags
-    # the recorder process's CPU priority: idle (only CPU time nothing else wants),
-    # normal, or a nice value 1-19 (worker/recorder_process.py)
-    RECORDER_PRIORITY: str = "idle"
-    RECORDER_MAX_DELAY: float = 10.0  # the longest writing waits for a busy machine
-    TRACE_DIR: str = ""  # where the broker writes its trace of job state changes
-    # guaranteed jobs; '' turns the journal off; unset: default_journal_path()
-    JOURNAL_PATH: str = "emq-journal.sqlite3"
-    JOURNAL_SYNC: str = "normal"  # normal: survives a process crash; full: also power loss
-    MAX_QUEUE_BYTES: int = 256 * 1024 * 1024  # bodies waiting in memory, per queue
-    MAX_BODY_BYTES: int = 64 * 1024 * 1024  # one job's body; the broker refuses bigger ones
-    RETRY_BASE: float = 1.0  # first retry after about this many seconds, then doubling
-    RETRY_CAP: float = 300.0
-    DEDUPE_WINDOW: float = 600.0  # seconds a finished job's id is remembered
-    MAX_DEAD_LETTERS: int = 100_000
-    KILL_GRACE: float = 3.0  # seconds between SIGTERM and SIGKILL for a cancelled running job
-    # seconds past a job's time limit after which the broker ends the attempt itself
-    # when nobody answered for it (an EventMQ job manager never does); keep it above
-    # the job managers' EMQ_KILL_GRACE
-    TIME_LIMIT_GRACE: float = 10.0
-    # CURVE (emq_django/security): this process's secret key (Z85 or a key file); '':
-    # plain text. The broker's public key, for clients. The public key is derived.
-    CURVE_SECRET_KEY: str = ""
-    CURVE_SERVER_KEY: str = ""
-    CURVE_PUBLIC_KEY: str = ""
-    KEYS_RELOAD: float = 5.0  # seconds between the broker's reloads of the allowed keys
-    # the allocator the broker runs with (PYTHONMALLOC; '' or pymalloc: Python's own): it
-    # re-executes itself with it at start, unless PYTHONMALLOC is set. glibc's malloc
-    # gives a drained backlog's memory back; pymalloc keeps arenas a few objects pin
-    # (broker/memory.py)
-    BROKER_PYTHONMALLOC: str = "malloc"
 
 
 def _coerce(name: str, kind: Any, value: Any) -> Any:
@@ -132,28 +54,76 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
         raise ImproperlyConfigured(f"EMQ_{name} has a bad value {value!r}: {exc}") from exc
 
 
-def get_settings(**overrides: Any) -> EmqSettings:
-    """Read the settings now; ``overrides`` win (used by commands' options)."""
+_FIELDS: dict[str, Field[Any]] = {f.name: f for f in fields(EmqSettings)}
+
+
+def setting_fields(section: str | None = None) -> list[Field[Any]]:
+    """The declared settings (of one section), in the order they are declared."""
+    return [f for f in _FIELDS.values() if section is None or f.metadata["section"] == section]
+
+
+def default_of(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    assert f.default_factory is not MISSING
+    return f.default_factory()
+
+
+def _read(f: Field[Any], override: Any = None) -> tuple[bool, Any]:
+    """(whether it was set, its value): the override, else Django's settings, else the
+    environment; a set value is coerced to the field's type and checked."""
     from django.conf import settings as django_settings
 
+    key = f"EMQ_{f.name}"
+    if override is not None:
+        raw = override
+    elif django_settings.configured and hasattr(django_settings, key):
+        raw = getattr(django_settings, key)
+    elif key in os.environ:
+        raw = _env.str(key)
+    else:
+        return False, default_of(f)
+    value = _coerce(f.name, f.type, raw)
+    check = f.metadata["check"]
+    problem = check(value) if check is not None else None
+    if problem:
+        raise ImproperlyConfigured(f"{key}={value!r}: {problem}")
+    return True, value
+
+
+def read(name: str) -> Any:
+    """One setting's value now (``name`` without ``EMQ_``); raises ``ImproperlyConfigured``
+    for a bad value."""
+    return _read(_FIELDS[name])[1]
+
+
+def get_settings(**overrides: Any) -> EmqSettings:
+    """Read the settings now; ``overrides`` win (used by commands' options).
+    Raises ``ImproperlyConfigured`` for a bad value."""
     values: dict[str, Any] = {}
-    configured = django_settings.configured
-    for f in fields(EmqSettings):
-        key = f"EMQ_{f.name}"
-        if f.name.lower() in overrides and overrides[f.name.lower()] is not None:
-            raw = overrides[f.name.lower()]
-        elif configured and hasattr(django_settings, key):
-            raw = getattr(django_settings, key)
-        elif key in os.environ:
-            raw = _env.str(key)
-        else:
-            continue
-        values[f.name] = _coerce(f.name, f.type, raw)
+    for f in _FIELDS.values():
+        found, value = _read(f, overrides.get(f.name.lower()))
+        if found:
+            values[f.name] = value
     if "JOURNAL_PATH" not in values:
         values["JOURNAL_PATH"] = default_journal_path()
     result = EmqSettings(**values)
     _validate(result)
+    for validate in _validators:
+        validate(result)
     return result
+
+
+# Checks of the settings that need a higher layer (CURVE keys read from their files):
+# registered by the apps' ready() (apps.py), so that this module imports nothing above.
+_validators: list[Callable[[EmqSettings], object]] = []
+
+
+def add_validator(validate: Callable[[EmqSettings], object]) -> None:
+    """Run ``validate(settings)`` in every ``get_settings()``; it raises
+    ``ImproperlyConfigured``."""
+    if validate not in _validators:
+        _validators.append(validate)
 
 
 def default_journal_path() -> str:
@@ -205,12 +175,6 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(
             "EMQ_RECORD_INTERVAL must be >= 0, EMQ_RECORD_BATCH and EMQ_RECORD_BUFFER >= 1"
         )
-    from emq_django.worker.recorder_process import parse_priority
-
-    try:
-        parse_priority(s.RECORDER_PRIORITY)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"EMQ_RECORDER_PRIORITY: {exc}") from None
     for name in (
         "BROKER_URL",
         "WORKER_URL",
@@ -236,14 +200,11 @@ def _validate(s: EmqSettings) -> None:
     if s.KEYS_RELOAD <= 0:
         raise ImproperlyConfigured("EMQ_KEYS_RELOAD must be > 0 seconds")
     if s.CURVE_SECRET_KEY or s.CURVE_SERVER_KEY or s.CURVE_PUBLIC_KEY:
-        from emq_django.security.keys import process_keys
-
         if not s.CURVE_SECRET_KEY:
             raise ImproperlyConfigured(
                 "EMQ_CURVE_SERVER_KEY/EMQ_CURVE_PUBLIC_KEY are set but EMQ_CURVE_SECRET_KEY "
                 "is not: CURVE needs this process's own secret key"
             )
-        process_keys(s)  # a bad key or file is an error now, not at the first socket
     if s.PZQ_MAX_AGE < 0:
         raise ImproperlyConfigured("EMQ_PZQ_MAX_AGE must be >= 0 seconds (0: no limit)")
     if s.PZQ_RECEIVE_BIND and not s.PZQ_SEND_BIND:
@@ -251,8 +212,6 @@ def _validate(s: EmqSettings) -> None:
             "EMQ_PZQ_SEND_BIND is empty but EMQ_PZQ_RECEIVE_BIND is set: PZQ needs both "
             "(an empty EMQ_PZQ_RECEIVE_BIND turns PZQ off)"
         )
-    from emq_django.broker.topics import parse_retention
-
     try:
         parse_retention(s.TOPIC_RETENTION)
     except (TypeError, ValueError) as exc:

@@ -142,6 +142,13 @@ class TaskFailed(EmqError):
             text += "\n\nRemote traceback:\n" + self.traceback
         return text
 
+    @staticmethod
+    def from_remote(type_name: str, message: str, traceback: str = "") -> TaskFailed:
+        """The error a failed job's ``get()`` raises: ``Cancelled``, ``WorkerLost`` or
+        ``JobLost`` when the remote type names one of them, else ``TaskFailed``."""
+        cls = _REMOTE_FAILURES.get(type_name, TaskFailed)
+        return cls(type_name, message, traceback)
+
 
 class Cancelled(TaskFailed):
     """The job was cancelled (``Client.cancel()``, the monitor's ``CANCEL``): raised
@@ -158,6 +165,20 @@ class JobLost(TaskFailed):
     ``guarantee=True``."""
 
     TYPE = "emq_django.exceptions.JobLost"
+
+
+class WorkerLost(TaskFailed):
+    """The worker process running the job died mid-job (killed, crashed, out of
+    memory), or the job manager that ran it went away: the attempt has failed
+    (the job ran, its answer may be lost). It counts against ``retries``; a job that
+    keeps killing its worker ends in the dead letters. Raised by its ``get()``."""
+
+    TYPE = "emq_django.exceptions.WorkerLost"
+
+
+_REMOTE_FAILURES: dict[str, type[TaskFailed]] = {
+    cls.TYPE: cls for cls in (Cancelled, JobLost, WorkerLost)
+}
 
 
 class ResultTimeout(EmqError, TimeoutError):
@@ -215,3 +236,13 @@ class EventsExpired(EmqError):
         )
         self.first = first
         self.last = last
+
+
+class JournalError(EmqError):
+    """The broker's journal could not be opened or written (a full disk, a broken
+    file, a database that refuses): guaranteed jobs must not vanish silently."""
+
+
+class CronError(EmqError, ValueError):
+    """A cron expression that cannot be parsed, or that never fires (a ``ValueError``
+    too, as every bad timing is)."""

@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import json.scanner
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from emq_django.exceptions import (
-    Cancelled,
     PartialsLost,
     ResultTimeout,
     ResultUnavailable,
@@ -73,13 +72,25 @@ def history_installed() -> bool:
     return bool(answer)
 
 
+# (found, value, error, task) of a finished job from the job history: registered by
+# the results app's ready() (results/apps.py), so that this module does not import it.
+_stored_outcome: Callable[[str], tuple[bool, Any, TaskFailed | None, str]] | None = None
+
+
+def set_history_lookup(
+    lookup: Callable[[str], tuple[bool, Any, TaskFailed | None, str]],
+) -> None:
+    global _stored_outcome
+    _stored_outcome = lookup
+
+
 def _from_history(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
     from django.db import DatabaseError
 
-    from emq_django.results.lookup import stored_outcome
-
+    if _stored_outcome is None:  # the results app is installed but not ready yet
+        return False, None, None, ""
     try:
-        return stored_outcome(job_id)
+        return _stored_outcome(job_id)
     except (DatabaseError, RuntimeError):  # RuntimeError: DB access blocked (pytest-django)
         return False, None, None, ""
 
@@ -353,8 +364,7 @@ def decode_reply_body(body: bytes) -> tuple[Any, TaskFailed | None]:
         return None, TaskFailed("ProtocolError", f"reply body is not JSON: {body[:100]!r}")
     if isinstance(data, dict) and "error" in data and isinstance(data["error"], dict):
         err = data["error"]
-        cls = Cancelled if err.get("type") == Cancelled.TYPE else TaskFailed
-        return None, cls(
+        return None, TaskFailed.from_remote(
             str(err.get("type", "Exception")),
             str(err.get("message", "")),
             str(err.get("traceback", "")),

@@ -78,3 +78,11 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def split_attempt(attempt_id: bytes) -> tuple[str, int]:
+    """``b"<job id>#2"`` -> ("<job id>", 2); an id without ``#`` is attempt 1."""
+    job_id, sep, number = attempt_id.rpartition(b"#")
+    if not sep or not number.isdigit():
+        return attempt_id.decode("utf-8", "replace"), 1
+    return job_id.decode("utf-8", "replace"), int(number)

@@ -52,7 +52,6 @@ import zmq.asyncio
 from zmq.backend import Socket as _BackendSocket
 
 from emq_django import transport, wire
-from emq_django.broker.topics import JSON, MSGPACK, OCTETS, Event, check_topic, matches
 from emq_django.conf import EmqSettings, cached_settings
 from emq_django.exceptions import (
     EventsExpired,
@@ -61,6 +60,7 @@ from emq_django.exceptions import (
     PublishUnconfirmed,
 )
 from emq_django.protocol import eventbus
+from emq_django.protocol.events import JSON, MSGPACK, OCTETS, Event, check_topic, matches
 from emq_django.publish_confirm import WINDOW_EVENTS, Unconfirmed
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import HandshakeWatch, SocketOptions

@@ -5,14 +5,37 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from emq_django.exceptions import TaskNotFound
 
-if TYPE_CHECKING:
-    from emq_django.task import Task
-
 log = logging.getLogger(__name__)
+
+
+class Task(Protocol):
+    """What the registry and its readers need of an ``emq_django.task.Task`` (which
+    imports this module: the registry does not import it back)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def retries(self) -> int: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    @property
+    def guarantee(self) -> bool: ...
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 _tasks: dict[str, Task] = {}
 # Called by ``autodiscover`` after the imports, with ``imports``: other kinds of

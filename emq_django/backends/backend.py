@@ -142,7 +142,7 @@ class EmqTaskBackend(BaseTaskBackend):
         if cached_settings().EAGER:
             self._run_eagerly(task, result)
             return
-        from emq_django.backends.discovery import job_for
+        from emq_django.backends.runner import job_for
 
         tracked = state.tracking()
         if tracked:

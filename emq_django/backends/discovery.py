@@ -12,12 +12,8 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from emq_django import registry
-
-if TYPE_CHECKING:
-    from emq_django.task import Task as EmqJob
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +33,8 @@ def register_django_tasks(imports: Iterable[str] = ()) -> list[str]:
         from emq_django.backends.compat import Task
     except ImportError:
         return []
+    from emq_django.backends.runner import job_for
+
     found = []
     for module_name in task_modules(imports):
         for value in list(vars(sys.modules[module_name]).values()):
@@ -55,18 +53,3 @@ def _on_emq(task: object) -> bool:
         log.warning("skipped task %r: its backend is not usable here: %s", task, exc)
         return False
     return isinstance(backend, EmqTaskBackend)
-
-
-def job_for(task: object) -> EmqJob:
-    """The registry entry for ``task`` (made once per function, so that registering
-    it again is a no-op)."""
-    from emq_django.backends.runner import DjangoTaskJob
-
-    path = task.module_path  # type: ignore[attr-defined]
-    job = _jobs.get(path)
-    if job is None:
-        job = _jobs[path] = DjangoTaskJob(task)  # type: ignore[arg-type]
-    return job
-
-
-_jobs: dict[str, EmqJob] = {}

@@ -121,3 +121,16 @@ def execute(task: Task, result: TaskResult) -> BaseException | None:
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     task_finished.send(sender=sender, task_result=result)
     return None
+
+
+def job_for(task: object) -> EmqJob:
+    """The registry entry for ``task`` (made once per function, so that registering
+    it again is a no-op)."""
+    path = task.module_path  # type: ignore[attr-defined]
+    job = _jobs.get(path)
+    if job is None:
+        job = _jobs[path] = DjangoTaskJob(task)  # type: ignore[arg-type]
+    return job
+
+
+_jobs: dict[str, EmqJob] = {}

@@ -26,6 +26,7 @@ from emq_django.backends.compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
 )
+from emq_django.logconfig import job_fields
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def mark_running(job_id: str, attempt: int, worker: str, started: datetime) -> d
         )
         row = TaskState.objects.filter(pk=job_id).values_list("enqueued_at", flat=True).first()
     except DatabaseError as exc:
-        log.warning("could not mark job %s RUNNING: %s", job_id, exc)
+        log.warning("could not mark job %s RUNNING: %s", job_id, exc, extra=job_fields(job_id))
         return None
     return row
 

@@ -45,6 +45,7 @@ from emq_django.broker.state import (
 )
 from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
+from emq_django.logconfig import job_fields
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
 from emq_django.protocol.limits import (
@@ -1059,7 +1060,12 @@ class BrokerCore:
         if job.manager is not None:
             self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
         self.counters["worker_lost"] += 1
-        log.warning("job %s: %s", show_identity(job.id), message or f"{detail} mid-job")
+        log.warning(
+            "job %s: %s",
+            show_identity(job.id),
+            message or f"{detail} mid-job",
+            extra=job_fields(job.attempt_id or job.id, job.queue),
+        )
         outcome = Outcome(failed=True, error=WORKER_LOST, lost=detail)
         if self.life.settle(job, outcome, now):
             body = encode_failure(WORKER_LOST, message or f"the job's {detail} mid-job", "")
@@ -1147,7 +1153,7 @@ class BrokerCore:
         ``quiet``: the caller logs it (malformed messages, within a budget)."""
         self.count_refusal(code)
         if not quiet:
-            log.warning("refused %s: %s", show_identity(msgid), reason)
+            log.warning("refused %s: %s", show_identity(msgid), reason, extra=job_fields(msgid))
         self.out.append(Refuse(client, msgid, code, reason))
 
     def count_refusal(self, code: str, n: int = 1) -> None:

@@ -6,20 +6,11 @@ Pure data structures, no clock of their own: callers pass ``now``.
 from __future__ import annotations
 
 import heapq
-import random
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from emq_django.broker.state import Job
-
-
-def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Delay before retry ``attempt`` (1 = the first retry): exponential with cap,
-    and +-20% jitter so that jobs failing together do not retry together."""
-    # the exponent stops at 64: 2.0 ** 1024 overflows, and retries go up to 2**31 - 1
-    delay: float = min(cap, base * (2.0 ** min(max(attempt - 1, 0), 64)))
-    return delay * rng.uniform(0.8, 1.2)
 
 
 class DelayedJobs:

@@ -31,6 +31,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from emq_django.exceptions import JournalError
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -110,10 +112,6 @@ class StoredJob:
     enqueued_at: float
     error: str
     updated_at: float
-
-
-class JournalError(Exception):
-    """The journal could not be written (a full disk, a broken file)."""
 
 
 class Journal:

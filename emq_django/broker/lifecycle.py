@@ -22,9 +22,9 @@ from emq_django.broker.holding import (
     DeadLetters,
     DelayedJobs,
     RecentIds,
-    backoff,
 )
 from emq_django.broker.journal import JournalOp, StoredJob
+from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, TIMEOUT_ERROR, RetryPolicy
 from emq_django.broker.state import BrokerConfig, Job, show_identity
 from emq_django.protocol.headers import parse_stored_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
@@ -34,8 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RETRY_REQUESTED_LIMIT = 3  # emq.Retry on a task declared with no retries
-TIMEOUT_ERROR = "TimeoutError"
+__all__ = ["RETRY_REQUESTED_LIMIT", "TIMEOUT_ERROR", "JobLifecycle"]
 
 
 class JobLifecycle:
@@ -122,26 +121,22 @@ class JobLifecycle:
             return True
         job.failures += 1
         error = outcome.error or "Error"
-        died = outcome.lost is not None and error != TIMEOUT_ERROR  # a time-out is a failure
-        limit = job.headers.retry_count
-        if outcome.retry is not None and not limit:
-            limit = RETRY_REQUESTED_LIMIT
-        if died:
-            limit = max(limit, self._death_limit(job))
         if job.cancelled:
             self.end_cancelled(job, now, failed_now=True)
             return True
-        if job.failures <= limit:  # also while stopping: journaled
-            if outcome.retry is not None and outcome.retry >= 0:
-                delay = outcome.retry
-            else:
-                delay = backoff(
-                    job.failures, self.config.retry_base, self.config.retry_cap, self.rng
-                )
-            self._retry(job, error, delay, now)
+        decision = RetryPolicy(self.config.retry_base, self.config.retry_cap, self.rng).decide(
+            job.failures,
+            job.headers.retry_count,
+            outcome.retry,
+            outcome.lost,
+            error,
+            self._death_limit(job),
+        )
+        died, bury = decision.died, decision.bury
+        if decision.retry:  # also while stopping: journaled
+            self._retry(job, error, decision.delay, now)
             return False
         self.counters["failed"] += 1
-        bury = died or bool(job.headers.retry_count) or outcome.retry is not None
         if self.tracer is not None:
             event = "timed_out" if error == TIMEOUT_ERROR else "failed"
             # not final when a dead letter follows: that line ends the job

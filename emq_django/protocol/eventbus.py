@@ -36,8 +36,8 @@ from typing import Any
 
 import msgpack
 
-from emq_django.broker.topics import JSON, MAX_TOPIC_BYTES, MSGPACK, Event
 from emq_django.exceptions import ProtocolError
+from emq_django.protocol.events import JSON, MAX_TOPIC_BYTES, MSGPACK, Event
 
 SYNCSTART = b"SYNCSTART"
 SYNC = b"SYNC"

@@ -10,7 +10,14 @@ class EmqResultsConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib import admin
 
-        from emq_django import checks  # noqa: F401  (also names a missing emq_django app)
+        from emq_django import (
+            checks,  # noqa: F401  (also names a missing emq_django app)
+            handles,
+        )
         from emq_django.admin_index import install
+        from emq_django.results.lookup import stored_outcome
 
-        install(admin.site)  # one "emq" section on the admin index
+        install(admin.site)
+        handles.set_history_lookup(
+            stored_outcome
+        )  # emq.result(id) reads the history  # one "emq" section on the admin index

@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from emq_django.logconfig import job_fields
 from emq_django.results import trace_lookup
 from emq_django.results.conf import results_settings
 from emq_django.results.display import (
@@ -50,7 +51,9 @@ def _story(job_id: str, around: dt.datetime) -> trace_lookup.JobStory:
     try:
         return trace_lookup.job_story(job_id, around)
     except OSError as exc:
-        log.warning("could not read the trace log for job %s: %s", job_id, exc)
+        log.warning(
+            "could not read the trace log for job %s: %s", job_id, exc, extra=job_fields(job_id)
+        )
         return trace_lookup.JobStory()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from emq_django.exceptions import Cancelled, TaskFailed
+from emq_django.exceptions import TaskFailed
 
 
 def stored_outcome(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
@@ -20,11 +20,10 @@ def stored_outcome(job_id: str) -> tuple[bool, Any, TaskFailed | None, str]:
     if row is None or row.status == "retrying":  # not final: another attempt comes
         return False, None, None, ""
     if row.failed:
-        cls = Cancelled if row.error_type == Cancelled.TYPE else TaskFailed
         return (
             True,
             None,
-            cls(row.error_type or row.status, row.error, row.traceback),
+            TaskFailed.from_remote(row.error_type or row.status, row.error, row.traceback),
             row.task,
         )
     return True, (json.loads(row.result) if row.result else None), None, row.task

@@ -152,18 +152,16 @@ def unschedule(
 
 
 def _task_options(task: Task[Any, Any] | str) -> dict[str, Any]:
-    if isinstance(task, str):
-        from emq_django import registry
+    from emq_django import registry
 
-        found = registry.find(task)
-        if found is None:
-            return {}
-        task = found
+    found: registry.Task | None = registry.find(task) if isinstance(task, str) else task
+    if found is None:
+        return {}
     return {
-        "queue": task.queue,
-        "retries": task.retries,
-        "timeout": task.timeout,
-        "guarantee": task.guarantee,
+        "queue": found.queue,
+        "retries": found.retries,
+        "timeout": found.timeout,
+        "guarantee": found.guarantee,
     }
 
 

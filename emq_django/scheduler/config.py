@@ -1,17 +1,14 @@
-"""The scheduler's settings, read when accessed (Django settings, then the
-environment, then the default), as ``emq_django.conf`` reads the others."""
+"""The scheduler's settings, read when accessed through the settings registry
+(``emq_django.conf``: Django settings, then the environment, then the default)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-
 from emq_django.conf import get_settings
-from emq_django.scheduler.timing import CATCH_UP_ONCE, CATCH_UP_POLICIES
+from emq_django.scheduler.timing import CATCH_UP_ONCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,41 +27,24 @@ class SchedulerConfig:
         return dt.timedelta(seconds=self.grace)
 
 
-def _setting(name: str, default: Any) -> Any:
-    from django.conf import settings
-
-    key = f"EMQ_SCHEDULER_{name}"
-    if settings.configured and hasattr(settings, key):
-        return getattr(settings, key)
-    return os.environ.get(key, default)
+# the command's options, by the registry's setting they override
+_OPTIONS = {"catch_up": "scheduler_catch_up", "poll_interval": "scheduler_poll"}
+_OPTIONS |= {"grace": "scheduler_grace", "broker_url": "broker_url"}
 
 
 def load_config(**overrides: Any) -> SchedulerConfig:
-    """The scheduler's config; ``overrides`` (command options) win when not None.
-    Raises ``ImproperlyConfigured`` for a bad value."""
-    emq = get_settings(broker_url=overrides.pop("broker_url", None))
+    """The scheduler's config; ``overrides`` (command options) win when not None,
+    checked as the settings they override are. Raises ``ImproperlyConfigured`` for a
+    bad value."""
+    emq = get_settings(**{_OPTIONS[k]: overrides.pop(k, None) for k in _OPTIONS})
     values: dict[str, Any] = {
         "broker_url": emq.BROKER_URL,
         "heartbeat_interval": emq.HEARTBEAT_INTERVAL,
         "heartbeat_liveness": emq.HEARTBEAT_LIVENESS,
         "ack_timeout": emq.ACK_TIMEOUT,
-        "catch_up": str(_setting("CATCH_UP", CATCH_UP_ONCE)),
-        "poll_interval": _setting("POLL", 0.5),
-        "grace": _setting("GRACE", 1.0),
+        "catch_up": emq.SCHEDULER_CATCH_UP,
+        "poll_interval": emq.SCHEDULER_POLL,
+        "grace": emq.SCHEDULER_GRACE,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        values["poll_interval"] = float(values["poll_interval"])
-        values["grace"] = float(values["grace"])
-    except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"EMQ_SCHEDULER_POLL/GRACE must be numbers: {exc}") from exc
-    config = SchedulerConfig(**values)
-    if config.catch_up not in CATCH_UP_POLICIES:
-        raise ImproperlyConfigured(
-            f"EMQ_SCHEDULER_CATCH_UP={config.catch_up!r}; use one of {', '.join(CATCH_UP_POLICIES)}"
-        )
-    if not 0 < config.poll_interval <= 2:
-        raise ImproperlyConfigured("EMQ_SCHEDULER_POLL must be in (0, 2] seconds")
-    if config.grace < 0:
-        raise ImproperlyConfigured("EMQ_SCHEDULER_GRACE must be >= 0 seconds")
-    return config
+    return SchedulerConfig(**values)

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
+from emq_django.exceptions import CronError
+
+__all__ = ["CronError", "Cron", "parse_cron", "next_fire", "zone"]
+
 UTC = dt.UTC
 MAX_SEARCH_YEARS = 30  # "0 0 29 2 1" (Feb 29 or a Monday) still fires; impossible dates never
 _MINUTE = dt.timedelta(minutes=1)
@@ -46,10 +50,6 @@ _FIELDS = (
     ("month", 1, 12, MONTHS),
     ("day of week", 0, 7, DAYS),
 )
-
-
-class CronError(ValueError):
-    """A cron expression that cannot be parsed, or that never fires."""
 
 
 @dataclass(frozen=True, slots=True)

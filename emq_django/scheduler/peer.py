@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from emq_django.exceptions import BrokerUnavailable, HandshakeRefused, ProtocolError
 from emq_django.link import REFUSED_EXIT, BrokerLink
+from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import Headers, format_headers
@@ -166,7 +167,13 @@ class SchedulerPeer:
         self.fired += 1
         # in _fire_one's transaction: rolled back with the tick if a later send fails
         ScheduleRun.note(job.pk, msgid.decode(), due=due)
-        log.info("sent %s for schedule %s (due %s)", job.task, job.name, due.isoformat())
+        log.info(
+            "sent %s for schedule %s (due %s)",
+            job.task,
+            job.name,
+            due.isoformat(),
+            extra=job_fields(msgid, task=job.task),
+        )
 
     def _wait_ack(self, msgid: bytes) -> None:
         assert self.link is not None

@@ -113,6 +113,13 @@ def process_keys(settings: Any) -> CurveKeys | None:
     return CurveKeys(public, secret, server, server_from)
 
 
+def check_keys(settings: Any) -> None:
+    """Raises ``ImproperlyConfigured`` for a bad CURVE key or key file in ``settings``
+    (registered with ``conf.add_validator`` by the app's ``ready()``)."""
+    if settings.CURVE_SECRET_KEY:
+        process_keys(settings)
+
+
 def server_keys(settings: Any) -> CurveKeys | None:
     """The broker's keys: a CURVE server on every port when it has a secret key."""
     keys = process_keys(settings)

@@ -14,6 +14,7 @@ from django.db.backends.signals import connection_created
 
 from emq_django import registry
 from emq_django.exceptions import ProtocolError, Retry, type_name
+from emq_django.logconfig import job_fields
 from emq_django.protocol.body import RunBody, decode_run_body, encode_failure, encode_result
 from emq_django.streaming import PartialSink, drain, partial_sink
 
@@ -133,7 +134,12 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
     try:
         spec = decode_run_body(body)
     except ProtocolError as exc:
-        log.warning("refused job %s: %s", job_id.decode(errors="replace"), exc.reason)
+        log.warning(
+            "refused job %s: %s",
+            job_id.decode(errors="replace"),
+            exc.reason,
+            extra=job_fields(job_id),
+        )
         name = "emq_django.exceptions.ProtocolError"
         return Outcome(encode_failure(name, exc.reason, ""), True, name)
     task = registry.find(spec.task_name)

@@ -21,6 +21,7 @@ import zmq
 
 from emq_django.exceptions import HandshakeRefused
 from emq_django.link import REFUSED_EXIT, BrokerLink
+from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
@@ -421,7 +422,13 @@ class JobManager:
             if job.guaranteed:  # the broker's rule (limits.GUARANTEED_DEATH_RETRIES)
                 retries = max(retries, GUARANTEED_DEATH_RETRIES)
         attempt_id = job.attempt_id
-        log.warning("slot %d: job %s: %s", slot, attempt_id.decode(errors="replace"), message)
+        log.warning(
+            "slot %d: job %s: %s",
+            slot,
+            attempt_id.decode(errors="replace"),
+            message,
+            extra=job_fields(attempt_id, job.queue, job.task),
+        )
         body = encode_failure(error, message, "")
         assert self.link is not None
         status_frame = F.lost_status(error, how)
@@ -444,7 +451,11 @@ class JobManager:
                 )
                 self.recorder.flush()
             except Exception:
-                log.exception("the job recorder failed on lost job %r", attempt_id)
+                log.exception(
+                    "the job recorder failed on lost job %r",
+                    attempt_id,
+                    extra=job_fields(attempt_id, job.queue, job.task),
+                )
 
     def _forward_kept_records(self, slot: int) -> None:
         """The records of the jobs the ended process finished, which it may not have

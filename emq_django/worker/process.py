@@ -26,6 +26,7 @@ from emq_django.exceptions import (
     SoftTimeLimitExceeded,
 )
 from emq_django.link import REFUSED_EXIT, BrokerLink
+from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
@@ -311,7 +312,12 @@ class SlotWorker:
                 slot, msgid, started, h.timeout, queue, h.task, h.retry_count, h.guarantee, body
             )
         except Exception as exc:  # the job never started: a failed attempt, not a death
-            log.exception("slot %d: could not start job %r", slot, msgid)
+            log.exception(
+                "slot %d: could not start job %r",
+                slot,
+                msgid,
+                extra=job_fields(msgid, queue, h.task),
+            )
             self.table.clear(slot)
             self.credit += 1  # back: _fail_unstarted counts it as _give_back does
             self._fail_unstarted(msgid, type(exc).__name__, f"the job could not start: {exc}")
@@ -432,7 +438,12 @@ class SlotWorker:
         try:
             soft = check_seconds("soft-timeout", float(h.get(SOFT_TIMEOUT_HEADER) or 0))
         except (TypeError, ValueError) as exc:
-            log.warning("job %s: bad soft-timeout header: %s", msgid.decode(errors="replace"), exc)
+            log.warning(
+                "job %s: bad soft-timeout header: %s",
+                msgid.decode(errors="replace"),
+                exc,
+                extra=job_fields(msgid, task=h.task),
+            )
             soft = 0.0  # the hard limit still holds
         self._soft = (soft, msgid)
         if soft:
@@ -474,7 +485,11 @@ class SlotWorker:
     def _skip_cancelled(self, msgid: bytes) -> None:
         """A job cancelled before it started: given back unstarted with its credit
         (the broker ends it as cancelled: it never ran)."""
-        log.info("job %s was cancelled before it started", msgid.decode(errors="replace"))
+        log.info(
+            "job %s was cancelled before it started",
+            msgid.decode(errors="replace"),
+            extra=job_fields(msgid),
+        )
         self._cancelled.discard(msgid)
         self.credit += 1  # back: _run counted the job against it
         self._give_back(msgid, ready=True)
@@ -483,7 +498,12 @@ class SlotWorker:
         """A job this process cannot start (its headers do not parse, its slot
         cannot hold it): a failed attempt with the reason, which the broker counts
         against its retries, never a death and an uncounted requeue."""
-        log.warning("failed job %s without starting it: %s", msgid.decode(errors="replace"), reason)
+        log.warning(
+            "failed job %s without starting it: %s",
+            msgid.decode(errors="replace"),
+            reason,
+            extra=job_fields(msgid),
+        )
         self._send_held()
         ready = not (self.stopping or self.abandoning)
         if not ready:
@@ -523,7 +543,9 @@ class SlotWorker:
                 partials=outcome.partials,
             )
         except Exception:
-            log.exception("the job recorder failed on job %r", msgid)
+            log.exception(
+                "the job recorder failed on job %r", msgid, extra=job_fields(msgid, queue, h.task)
+            )
         if not self._unflushed:
             self._flush_at = time.monotonic() + self.config.record_interval
         self._unflushed += 1

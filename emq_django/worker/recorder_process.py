@@ -42,6 +42,7 @@ from typing import Any
 import zmq
 
 from emq_django import transport
+from emq_django.settings_registry import parse_priority
 from emq_django.transport import SocketOptions
 from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.recording import (
@@ -66,18 +67,6 @@ SEND_HWM = 1000  # batches queued for the recorder process before a worker keeps
 BUSY_THRESHOLD = 0.5
 BUSY_SAMPLE = 0.25  # seconds between looks at /proc/stat while records wait
 ERROR_LOG_INTERVAL = 60.0
-
-
-def parse_priority(text: str) -> int | None:
-    """``EMQ_RECORDER_PRIORITY`` -> a nice value (0 for "normal"), or None for "idle"."""
-    value = text.strip().lower()
-    if value == "idle":
-        return None
-    if value == "normal":
-        return 0
-    if value.isdigit() and 1 <= int(value) <= 19:
-        return int(value)
-    raise ValueError(f"give idle, normal or a nice value from 1 to 19, not {text!r}")
 
 
 def lower_priority(priority: str) -> None:
@@ -497,7 +486,16 @@ class RecorderProcess:
             try:
                 recorder.record(record)
             except Exception:
-                log.exception("the job recorder failed on job %s", record.job_id)
+                log.exception(
+                    "the job recorder failed on job %s",
+                    record.job_id,
+                    extra={
+                        "job_id": record.job_id,
+                        "attempt": record.attempt,
+                        "queue": record.queue,
+                        "task": record.task,
+                    },
+                )
 
     @staticmethod
     def _flush(recorder: JobRecorder | None) -> None:

@@ -15,6 +15,11 @@ from typing import Any, NamedTuple, Protocol
 
 from django.utils.module_loading import import_string
 
+from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, retry_limit
+from emq_django.ids import split_attempt
+
+__all__ = ["RETRY_REQUESTED_LIMIT", "load_recorder", "split_attempt"]
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +70,6 @@ def close_recorder(recorder: JobRecorder | None) -> None:
 
 CANCELLED = "emq_django.exceptions.Cancelled"
 RETRY = "emq_django.exceptions.Retry"
-RETRY_REQUESTED_LIMIT = 3  # as the broker's (lifecycle.RETRY_REQUESTED_LIMIT)
 
 
 def will_retry(record: JobRecord) -> bool:
@@ -74,18 +78,7 @@ def will_retry(record: JobRecord) -> bool:
     job the larger number of deaths it survives)."""
     if not record.failed or record.error_type == CANCELLED:
         return False
-    limit = record.retry_count
-    if record.error_type == RETRY and not limit:
-        limit = RETRY_REQUESTED_LIMIT
-    return record.attempt <= limit
-
-
-def split_attempt(attempt_id: bytes) -> tuple[str, int]:
-    """``b"<job id>#2"`` -> ("<job id>", 2); an id without ``#`` is attempt 1."""
-    job_id, sep, number = attempt_id.rpartition(b"#")
-    if not sep or not number.isdigit():
-        return attempt_id.decode("utf-8", "replace"), 1
-    return job_id.decode("utf-8", "replace"), int(number)
+    return record.attempt <= retry_limit(record.retry_count, record.error_type == RETRY)
 
 
 def load_recorder(path: str) -> JobRecorder | None:

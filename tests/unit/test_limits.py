@@ -203,6 +203,6 @@ def test_a_journaled_job_from_before_the_limits_is_brought_within_them() -> None
 def test_backoff_of_a_job_with_many_failures_stays_at_its_cap() -> None:
     import random
 
-    from emq_django.broker.holding import backoff
+    from emq_django.broker.retry import backoff
 
     assert backoff(5000, 1.0, 60.0, random.Random(1)) <= 60.0 * 1.2

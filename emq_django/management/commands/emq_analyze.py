@@ -5,13 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError
 
 from emq_django.analytics import INSTALL_HINT
@@ -36,11 +34,9 @@ def parse_time(value: str) -> dt.datetime:
 
 
 def default_output() -> str:
-    return str(
-        getattr(django_settings, "EMQ_ANALYTICS_DIR", "")
-        or os.environ.get("EMQ_ANALYTICS_DIR", "")
-        or "var/analytics"
-    )
+    from emq_django.conf import read
+
+    return str(read("ANALYTICS_DIR") or "var/analytics")
 
 
 class Command(BaseCommand):
