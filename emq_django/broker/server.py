@@ -18,7 +18,7 @@ import select
 import signal
 import socket as pysocket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
 from typing import Any
@@ -150,9 +150,12 @@ class BrokerServer:
         shutdown_grace: float | None = None,
         new_journal: bool = False,
         load_keys: Loader | None = None,
+        ports: Sequence[tuple[str, type[Port]]] = PORTS,
     ) -> None:
         """``load_keys``: where the allow-list comes from when the broker runs CURVE
-        (by default the ``AuthorizedKey`` table)."""
+        (by default the ``AuthorizedKey`` table). ``ports``: the protocols served,
+        each as the setting with its bind address and its port class (an empty or
+        missing address turns it off); by default ``ports.PORTS``."""
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.clock = clock
@@ -186,8 +189,8 @@ class BrokerServer:
             self.tracer = TraceWriter(settings.TRACE_DIR)
         ids = IdGenerator()
         self.ports: list[Port] = []
-        for setting, port_class in PORTS:
-            address = getattr(settings, setting)
+        for setting, port_class in ports:
+            address = getattr(settings, setting, "")
             if address:
                 port = port_class(self.core, address)
                 port.configure(settings)

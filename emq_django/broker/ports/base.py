@@ -128,6 +128,7 @@ class Port(ABC):
         self.address = address
         self._error_log_budget = ERROR_LOG_BUDGET
         self.outlet: Outlet = _Unattached()
+        self.to_peer = self.outlet.to_peer  # the hot path's send, looked up once
         # the server's status document (for ports that show it: monitor, PZQ)
         self.status: Callable[[], dict[str, Any]] | None = None
 
@@ -135,6 +136,7 @@ class Port(ABC):
         """The server runs this port: it sends through ``outlet``; ``status`` gives
         the broker's status document."""
         self.outlet = outlet
+        self.to_peer = outlet.to_peer
         self.status = status
 
     # ---- out: the port's outbox ------------------------------------------------------
@@ -145,7 +147,7 @@ class Port(ABC):
         others (then ``flush`` sends it). The hot path: one call per effect."""
         frames = self.encode(effect)
         if frames is not None:
-            self.outlet.to_peer(to.identity, frames)
+            self.to_peer(to.identity, frames)
 
     def post_routed(self, to: Any, effect: Effect) -> None:
         """``post`` for a port with several sockets: ``encode_routed`` names the

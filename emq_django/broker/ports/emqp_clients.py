@@ -224,7 +224,7 @@ class EmqpClientPort(Port):
             self._send_acks(to, self._acks.pop(to))
         frames = self.encode(effect)
         if frames is not None:
-            self.outlet.to_peer(to.identity, frames)
+            self.to_peer(to.identity, frames)
 
     def _take_late(self, to: ClientRef) -> None:
         earlier = self._late.pop(to)
@@ -248,7 +248,7 @@ class EmqpClientPort(Port):
 
     def _send_acks(self, ref: ClientRef, msgids: list[bytes]) -> None:
         """One ACK naming ``msgids`` to a client that reads several per ACK."""
-        self.outlet.to_peer(ref.identity, self.encode_acks(msgids, ref.packed))
+        self.to_peer(ref.identity, self.encode_acks(msgids, ref.packed))
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         kind = type(effect)

@@ -208,7 +208,7 @@ class EmqpWorkerPort(Port):
             self._send_deliveries(to, deliveries.pop(to))
         frames = self.encode(effect)
         if frames is not None:
-            self.outlet.to_peer(to.identity, frames)
+            self.to_peer(to.identity, frames)
 
     def flush(self, last: bool = False) -> float:
         """The batch's jobs for workers that take several per REQUEST."""
@@ -227,7 +227,7 @@ class EmqpWorkerPort(Port):
             frames: Any = (
                 F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
             )
-            if not self.outlet.to_peer(peer.identity, frames):
+            if not self.to_peer(peer.identity, frames):
                 return
 
     def encode(self, effect: Effect) -> list[bytes] | None:
