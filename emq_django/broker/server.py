@@ -31,7 +31,7 @@ from emq_django.broker import exposure, monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
-from emq_django.broker.journal import Journal, JournalError
+from emq_django.broker.journal import Journal, JournalError, PutJob
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import FULL, GONE, NEVER, SENT, Handler, SocketSpec
@@ -726,7 +726,7 @@ class BrokerServer:
             lost = core.lose_unsaved_events()
             if lost:
                 log.error("%s: %d events not kept and not sent", exc, lost)
-            unsaved = {op[1] for op in ops if op[0] == "put"}
+            unsaved = {op.job_id for op in ops if type(op) is PutJob}
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
             core.unsave(unsaved, self.clock())
             core.refuse_unsaved(unsaved, str(exc), REFUSED_JOURNAL)
