@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUES = 10_000
 TOPIC_PRUNE_INTERVAL = 5.0  # seconds between applications of the retention rules
-EVENTMQ_HEARTBEAT = 3.0  # seconds between the released EventMQ peers' heartbeats
 MAX_HELD_SCHEDULES = 10_000
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
 CANCELLED = "emq_django.exceptions.Cancelled"
@@ -1100,13 +1099,19 @@ class BrokerCore:
             self.out.append(Beat(peer, wall))
 
     def _expire_peers(self, now: float) -> None:
-        limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
-        # EventMQ's peers beat every 3 s whatever we ask: give them their own limit
-        plain_limit = max(limit, EVENTMQ_HEARTBEAT * self.config.heartbeat_liveness + 1)
+        liveness = self.config.heartbeat_liveness
+        limit = self.config.heartbeat_interval * liveness
+        # a peer that beats less often whatever we ask (its traits): its own limit
         expired = [
             p
             for p in self.peers
-            if now - p.last_seen > (plain_limit if p.role == ROLE_PLAIN else limit) or p.unreachable
+            if p.unreachable
+            or now - p.last_seen
+            > (
+                max(limit, p.traits.heartbeat_floor * liveness + 1)
+                if p.traits.heartbeat_floor
+                else limit
+            )
         ]
         expired.sort(key=lambda p: p.role == ROLE_SLOT)  # managers first: they vouch for slots
         for peer in expired:
@@ -1123,13 +1128,14 @@ class BrokerCore:
                 and peer.manager in self.managers
             ):
                 continue  # busy running a job; its job manager vouches for it
+            traits = peer.traits
             if peer.inflight and (
-                peer.meta.get("silent_when_busy") or (peer.draining and peer.role == ROLE_PLAIN)
+                traits.silent_when_busy or (peer.draining and traits.silent_when_draining)
             ):
                 # silent while it works (or finishes, saying goodbye: EventMQ's job
                 # manager beats no more then); a dead one is unroutable to heartbeats
                 continue
-            if peer.meta.get("bound"):
+            if traits.bound:
                 continue  # the broker's own socket (PZQ's send socket): never silent
             self.counters["peers_expired"] += 1
             self._drop_peer(peer, now, f"missed {self.config.heartbeat_liveness} heartbeats")

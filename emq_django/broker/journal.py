@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from emq_django.exceptions import JournalError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from emq_django.broker.topics import Event
 
@@ -82,8 +82,77 @@ DROP INDEX IF EXISTS jobs_state;
 # topic_meta's key prefix for each retention rule's highest deleted event number
 EXPIRED_KEY = "expired:"
 
-# (op, args...) tuples the broker core queues; see Journal.apply
-JournalOp = tuple[Any, ...]
+# ---- the operations the broker core queues (``JobLifecycle.journal_ops``) -------------
+# Typed and named, and tuples still: their kind first, then the statement's values,
+# so that a run of them goes to ``executemany`` without a conversion per operation
+# (two are made per guaranteed job). ``Journal.apply`` takes any tuple of that shape.
+
+
+class PutJob(NamedTuple):
+    """A guaranteed job, written whole (new, or again in a new state)."""
+
+    kind: Literal["put"]
+    job_id: bytes
+    queue: str
+    headers: bytes
+    body: bytes
+    state: str
+    attempts: int
+    run_after: float  # wall clock; 0.0: none
+    enqueued_at: float  # wall clock
+    updated_at: float  # wall clock
+
+
+class SetState(NamedTuple):
+    """A job's new state (delayed for a retry, dead, ready again)."""
+
+    kind: Literal["state"]
+    job_id: bytes
+    state: str
+    attempts: int
+    run_after: float
+    error: str
+    updated_at: float
+
+
+class JobDone(NamedTuple):
+    """The job is over: its body is dropped, its id kept for de-duplication."""
+
+    kind: Literal["done"]
+    job_id: bytes
+    updated_at: float
+
+
+class DeleteJob(NamedTuple):
+    kind: Literal["delete"]
+    job_id: bytes
+
+
+class PruneDone(NamedTuple):
+    """Forget the done jobs last updated before ``before`` (wall clock)."""
+
+    kind: Literal["prune_done"]
+    before: float
+
+
+class SaveEvent(NamedTuple):
+    """A numbered topic event, filed under its retention rule's prefix."""
+
+    kind: Literal["event"]
+    event: Event
+    rule: str
+
+
+class PruneEvents(NamedTuple):
+    """Apply the retention rules at ``wall``; ``last_seq``: the sequence so far."""
+
+    kind: Literal["prune_events"]
+    rules: Any  # the TopicSpace's retention rules
+    wall: float
+    last_seq: int
+
+
+JournalOp = PutJob | SetState | JobDone | DeleteJob | PruneDone | SaveEvent | PruneEvents
 
 CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restart
 WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL holding this much is restarted once caught up with
@@ -213,9 +282,10 @@ class Journal:
         self, db: sqlite3.Cursor, ops: list[JournalOp], counts: dict[str, int] | None
     ) -> dict[str, int] | None:
         """``ops`` inside the open transaction; returns the rules' counts after them."""
-        for kind, group in groupby(ops, key=_kind):
+        # ops of one kind each run, or tuples of their shape (``JournalOp``)
+        for kind, group in groupby(cast("list[Any]", ops), key=_kind):
             many = _MANY.get(kind)
-            run: Iterable[JournalOp]
+            run: Iterable[Any]
             if kind == "event" and counts is not None:
                 run = list(group)
                 for op in run:
@@ -249,7 +319,7 @@ class Journal:
             self._cur_db = self.db
         return self._cur
 
-    def _prune_events(self, op: JournalOp) -> None:
+    def _prune_events(self, op: PruneEvents) -> None:
         """Retention: each rule's events beyond its age and count. The highest number
         given is kept in ``topic_meta`` first, so the sequence survives deleting the
         newest events.
@@ -586,11 +656,11 @@ PUT = (
 DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
 
 
-def _put(db: sqlite3.Cursor, op: JournalOp) -> None:
+def _put(db: sqlite3.Cursor, op: PutJob) -> None:
     db.execute(PUT, _put_params(op))
 
 
-def _put_params(op: JournalOp) -> tuple[Any, ...]:
+def _put_params(op: PutJob) -> tuple[Any, ...]:
     _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
     return (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now)
 
@@ -600,29 +670,29 @@ SET_STATE = (
 )
 
 
-def _set_state(db: sqlite3.Cursor, op: JournalOp) -> None:
+def _set_state(db: sqlite3.Cursor, op: SetState) -> None:
     db.execute(SET_STATE, _state_params(op))
 
 
-def _state_params(op: JournalOp) -> tuple[Any, ...]:
+def _state_params(op: SetState) -> tuple[Any, ...]:
     _, job_id, state, attempts, run_after, error, now = op
     return (state, attempts, run_after, error, now, job_id)
 
 
-def _done(db: sqlite3.Cursor, op: JournalOp) -> None:
+def _done(db: sqlite3.Cursor, op: JobDone) -> None:
     db.execute(DONE, _done_params(op))
 
 
-def _done_params(op: JournalOp) -> tuple[Any, ...]:
+def _done_params(op: JobDone) -> tuple[Any, ...]:
     _, job_id, now = op
     return (now, job_id)
 
 
-def _delete(db: sqlite3.Cursor, op: JournalOp) -> None:
+def _delete(db: sqlite3.Cursor, op: DeleteJob) -> None:
     db.execute("DELETE FROM jobs WHERE id = ?", (op[1],))
 
 
-def _prune_done(db: sqlite3.Cursor, op: JournalOp) -> None:
+def _prune_done(db: sqlite3.Cursor, op: PruneDone) -> None:
     db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (op[1],))
 
 
@@ -632,13 +702,13 @@ INSERT_EVENT = (
 )
 
 
-def _event_row(op: JournalOp) -> tuple[Any, ...]:
+def _event_row(op: SaveEvent) -> tuple[Any, ...]:
     _, e, rule = op
     headers = json.dumps(e.headers) if e.headers else ""
     return (e.seq, e.topic, rule, e.producer, e.uuid, e.ts, e.content_type, headers, e.data)
 
 
-def _event(db: sqlite3.Cursor, op: JournalOp) -> None:
+def _event(db: sqlite3.Cursor, op: SaveEvent) -> None:
     db.execute(INSERT_EVENT, _event_row(op))
 
 
@@ -676,14 +746,14 @@ _kind = itemgetter(0)
 
 # the operations that come in runs, run by executemany (statement, parameters): the
 # two every message makes, and the new state of spilled jobs read back together
-_MANY = {
+_MANY: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
     "put": (PUT, _put_params),
     "done": (DONE, _done_params),
     "state": (SET_STATE, _state_params),
     "event": (INSERT_EVENT, _event_row),
 }
 
-_APPLY = {
+_APPLY: dict[str, Callable[[sqlite3.Cursor, Any], None]] = {
     "event": _event,
     "put": _put,
     "state": _set_state,

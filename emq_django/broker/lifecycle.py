@@ -23,13 +23,23 @@ from emq_django.broker.holding import (
     DelayedJobs,
     RecentIds,
 )
-from emq_django.broker.journal import JournalOp, StoredJob
+from emq_django.broker.journal import (
+    JobDone,
+    JournalOp,
+    PruneDone,
+    PruneEvents,
+    PutJob,
+    SaveEvent,
+    SetState,
+    StoredJob,
+)
 from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, TIMEOUT_ERROR, RetryPolicy
 from emq_django.broker.state import BrokerConfig, Job, show_identity
 from emq_django.protocol.headers import parse_stored_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
 
 if TYPE_CHECKING:
+    from emq_django.broker.topics import Event
     from emq_django.broker.trace import JobTracer
 
 log = logging.getLogger(__name__)
@@ -178,7 +188,7 @@ class JobLifecycle:
             self.tracer.event("retried", job, now, error, extra=delay)
         if job.headers.guarantee and self.journal_ops is not None:
             self.journal_ops.append(
-                (
+                SetState(
                     "state",
                     job.id,
                     "delayed",
@@ -203,7 +213,7 @@ class JobLifecycle:
         evicted = self.dead.add(DeadLetter(job, error, now + self.wall_offset))
         if job.headers.guarantee and self.journal_ops is not None:
             self.journal_ops.append(
-                ("state", job.id, "dead", job.failures, 0.0, error, now + self.wall_offset)
+                SetState("state", job.id, "dead", job.failures, 0.0, error, now + self.wall_offset)
             )
         if evicted is not None:
             log.warning(
@@ -218,7 +228,7 @@ class JobLifecycle:
         self.jobs.pop(job.id, None)
         self.recent.add(job.id, now)
         if job.headers.guarantee and self.journal_ops is not None:
-            self.journal_ops.append(("done", job.id, now + self.wall_offset))
+            self.journal_ops.append(JobDone("done", job.id, now + self.wall_offset))
 
     # ---- timers -------------------------------------------------------------------
 
@@ -230,7 +240,7 @@ class JobLifecycle:
         self.recent.expire(now)
         if self.journal_ops is not None:
             self.journal_ops.append(
-                ("prune_done", now + self.wall_offset - self.config.dedupe_window)
+                PruneDone("prune_done", now + self.wall_offset - self.config.dedupe_window)
             )
 
     def check_spill(self, queue_name: str, pending: int, pending_bytes: int, spilled: int) -> None:
@@ -244,12 +254,21 @@ class JobLifecycle:
 
     # ---- the journal --------------------------------------------------------------
 
+    def journal_event(self, event: Event, rule: str) -> None:
+        """A topic event to save (the topic space's ``OpsSink``)."""
+        assert self.journal_ops is not None
+        self.journal_ops.append(SaveEvent("event", event, rule))
+
+    def journal_prune_events(self, rules: Any, wall: float, last_seq: int) -> None:
+        assert self.journal_ops is not None
+        self.journal_ops.append(PruneEvents("prune_events", rules, wall, last_seq))
+
     def _journal_put(self, job: Job, state: str) -> None:
         assert self.journal_ops is not None
         run_after = job.headers.run_after if state == "delayed" else 0.0
         enqueued_wall = job.enqueued_at + self.wall_offset
         self.journal_ops.append(
-            (
+            PutJob(
                 "put",
                 job.id,
                 job.queue,
@@ -302,7 +321,7 @@ class JobLifecycle:
             self.jobs[job.id] = job
             assert self.journal_ops is not None
             self.journal_ops.append(
-                ("state", job.id, "ready", job.failures, 0.0, "", now + self.wall_offset)
+                SetState("state", job.id, "ready", job.failures, 0.0, "", now + self.wall_offset)
             )
             jobs.append(job)
         return jobs
@@ -328,7 +347,7 @@ class JobLifecycle:
             return None
         self.recent.add(job_id, now)
         if self.journal_ops is not None:
-            self.journal_ops.append(("done", job_id, now + self.wall_offset))
+            self.journal_ops.append(JobDone("done", job_id, now + self.wall_offset))
         self.counters["cancelled"] += 1
         return queue_name
 
@@ -364,7 +383,7 @@ class JobLifecycle:
             job.peer = None
             if job.headers.guarantee and self.journal_ops is not None:
                 self.journal_ops.append(
-                    ("state", job.id, "ready", 0, 0.0, "", now + self.wall_offset)
+                    SetState("state", job.id, "ready", 0, 0.0, "", now + self.wall_offset)
                 )
             jobs.append(job)
         return jobs

@@ -11,7 +11,6 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import os
@@ -19,7 +18,7 @@ import select
 import signal
 import socket as pysocket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
 from typing import Any
@@ -30,20 +29,17 @@ from zmq.backend import Socket as _BackendSocket
 from emq_django import transport, wire
 from emq_django.broker import exposure, monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
-from emq_django.broker.effects import Acknowledge, Answer, Deliver, Published, Refuse, Send
+from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
-from emq_django.broker.journal import Journal, JournalError
+from emq_django.broker.journal import Journal, JournalError, PutJob
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
-from emq_django.broker.ports.base import FULL, GONE, SENT, Handler, SocketSpec
-from emq_django.broker.ports.monitor import MonitorPort
-from emq_django.broker.ports.pzq import PzqPort
+from emq_django.broker.ports.base import FULL, GONE, NEVER, SENT, Handler, SocketSpec
 from emq_django.broker.topics import Event, TopicSpace
 from emq_django.broker.trace import TraceWriter
 from emq_django.broker.turns import TurnWatch
 from emq_django.conf import EmqSettings
 from emq_django.ids import IdGenerator
-from emq_django.protocol import frames as F
 from emq_django.protocol.limits import REFUSED_JOURNAL
 from emq_django.security.allow import AllowList, KeyReloader, Loader
 from emq_django.security.handshakes import HandshakeWatch
@@ -81,14 +77,6 @@ REFILL_BATCH = 2_000
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
-# How long a lazy ACK (``Acknowledge.lazy``) may wait for its job's reply, to go in
-# the same turn: a client waiting on a quick job then wakes once, not once for the
-# ACK and again for the REPLY (on 2 cores the ACK's wake-up competed with the worker
-# running the job). A job that takes longer is acknowledged after this (1-2 ms: the
-# loop's poll counts whole milliseconds). Not longer: while its ACK is out, our
-# client holds its next sends to go together (REQUESTS, up to 2 ms), as it does
-# when the broker is behind.
-ACK_DELAY = 0.001  # seconds
 _backend_recv = zmq.backend.Socket.recv
 
 
@@ -102,6 +90,57 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 
 
+class _Outlet:
+    """A port's way out (``ports.base.Outlet``): the server's one send path and one
+    error policy. Never blocks; a peer not reading loses the message (counted in
+    ``dropped_sends`` and said every 1,000th), an unroutable one is the port's
+    ``unroutable``."""
+
+    __slots__ = ("server", "port", "sock", "touched")
+
+    def __init__(self, server: BrokerServer, port: Port, sock: zmq.Socket[Any]) -> None:
+        self.server = server
+        self.port = port
+        self.sock = sock
+        self.touched = server._touched
+
+    def to_peer(self, identity: bytes, frames: list[bytes]) -> bool:
+        sock = self.sock
+        self.touched.add(sock)
+        send = _backend_send
+        try:
+            # as wire.send: the identity first (a message is atomic: if its first
+            # frame is refused, nothing of it leaves)
+            send(sock, identity, _MORE_NOBLOCK)
+            for frame in frames[:-1]:
+                send(sock, frame, _MORE_NOBLOCK)
+            send(sock, frames[-1], _NOBLOCK)
+        except zmq.Again:
+            self.server.dropped(identity)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.port.unroutable(identity, self.server.clock())
+            return False
+        return True
+
+    def to_socket(self, name: str, frames: list[bytes]) -> int:
+        sock = self.server.named[(self.port, name)]
+        self.touched.add(sock)
+        try:
+            wire.send(sock, frames)
+        except zmq.Again:
+            return FULL
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            return GONE
+        return SENT
+
+    def clock(self) -> float:
+        return self.server.clock()
+
+
 class BrokerServer:
     def __init__(
         self,
@@ -111,9 +150,12 @@ class BrokerServer:
         shutdown_grace: float | None = None,
         new_journal: bool = False,
         load_keys: Loader | None = None,
+        ports: Sequence[tuple[str, type[Port]]] = PORTS,
     ) -> None:
         """``load_keys``: where the allow-list comes from when the broker runs CURVE
-        (by default the ``AuthorizedKey`` table)."""
+        (by default the ``AuthorizedKey`` table). ``ports``: the protocols served,
+        each as the setting with its bind address and its port class (an empty or
+        missing address turns it off); by default ``ports.PORTS``."""
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.clock = clock
@@ -147,8 +189,8 @@ class BrokerServer:
             self.tracer = TraceWriter(settings.TRACE_DIR)
         ids = IdGenerator()
         self.ports: list[Port] = []
-        for setting, port_class in PORTS:
-            address = getattr(settings, setting)
+        for setting, port_class in ports:
+            address = getattr(settings, setting, "")
             if address:
                 port = port_class(self.core, address)
                 port.configure(settings)
@@ -157,22 +199,18 @@ class BrokerServer:
                 self.ports.append(port)
         # the ports with timers of their own (asked each loop turn; the others never)
         self._timed_ports = [p for p in self.ports if type(p).next_timer is not Port.next_timer]
-        self._paced = {p: functools.partial(self._send_paced, p) for p in self._timed_ports}
         self.info = {
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
             **{p.name: p.address for p in self.ports},
             "started_at": time.time(),
         }
-        for port in self.ports:
-            if isinstance(port, (MonitorPort, PzqPort)):
-                port.status = self.status
         self.internal_errors = 0
         self.dropped_sends = 0
-        # lazy ACKs held across turns, per client, until a message to that client goes
-        # or ACK_DELAY after the first (``_flush``); when the first is due
-        self._late_acks: dict[Any, list[bytes]] = {}
-        self._late_due = float("inf")
+        # ports holding effects back to send together (``Port.flush``), and when the
+        # first of them wants flushing again with no new effect (a lazy ACK's time)
+        self._holding = [p for p in self.ports if type(p).flush is not Port.flush]
+        self._hold_due = NEVER
         # ports holding events back to send together (``Port.flush_published``)
         self._batching = [
             p for p in self.ports if type(p).flush_published is not Port.flush_published
@@ -224,6 +262,7 @@ class BrokerServer:
                 )
                 self.named[(port, spec.name)] = sock
                 self.sockets.setdefault(port, sock)
+            port.attach(_Outlet(self, port, self.sockets[port]), self.status)
 
     def _secure(self, settings: EmqSettings, load_keys: Loader | None) -> None:
         """The allow-list (loaded now: a broker that cannot read it does not start),
@@ -377,7 +416,7 @@ class BrokerServer:
             if ready:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
-                wake = min(core.next_deadline(), deadline, self._port_due, self._late_due)
+                wake = min(core.next_deadline(), deadline, self._port_due, self._hold_due)
                 if core.life.spill_requests:
                     wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
@@ -474,7 +513,7 @@ class BrokerServer:
                 continue
             if due <= now:
                 self._send_port_frames(port, port.on_timer(now))
-                port.pump(now, self._paced[port])
+                port.pump(now, port.outlet.to_socket)
                 due = port.next_timer()
                 if due is None:
                     continue
@@ -484,32 +523,13 @@ class BrokerServer:
     def _send_port_frames(self, port: Port, messages: list[tuple[str, list[bytes]]]) -> None:
         """Send what a port hook returned, (socket spec name, whole frames) each, never
         blocking: a full pipe is a dropped send, a gone peer the port's ``unroutable``."""
+        to_socket = port.outlet.to_socket
         for name, frames in messages:
-            sock = self.named[(port, name)]
-            self._touched.add(sock)
-            try:
-                wire.send(sock, frames)
-            except zmq.Again:
+            sent = to_socket(name, frames)
+            if sent == FULL:
                 self.dropped_sends += 1
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
+            elif sent == GONE:
                 port.unroutable(frames[0], self.clock())
-
-    def _send_paced(self, port: Port, name: str, frames: list[bytes]) -> int:
-        """One message a port paces itself (``Port.pump``), never blocking; whether
-        it left, met a full pipe or a gone peer."""
-        sock = self.named[(port, name)]
-        self._touched.add(sock)
-        try:
-            wire.send(sock, frames)
-        except zmq.Again:
-            return FULL
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            return GONE
-        return SENT
 
     def _drain(
         self,
@@ -638,141 +658,36 @@ class BrokerServer:
                 self.tracer.write(tracer.take())
                 self._trace_due = now + TRACE_WRITE_INTERVAL
                 self.turns.add("trace", self.clock() - now)
-        sockets = self.sockets
-        send = _backend_send
-        touched = self._touched
-        # ACKs held back for clients that read several per ACK (ClientRef.acks): one
-        # message per client per batch, instead of one per job. Lazy ones wait in
-        # _late_acks across turns until due: then they go with this turn's
-        late = self._late_acks
-        if late and (last or self.clock() >= self._late_due):
-            acks: dict[Any, list[bytes]] = late
-            late = self._late_acks = {}
-            self._late_due = float("inf")
-        else:
-            acks = {}
-        # jobs for a worker that takes several per REQUEST (Peer.batch): one message
-        # per worker per batch, instead of one per job
-        deliveries: dict[Any, list[Any]] = {}
-        while core.out:
+        holding = self._holding
+        due = NEVER
+        while True:
             batch, core.out = core.out, []
             for effect in batch:
                 kind = type(effect)
                 if kind is Published:
                     self._publish(effect.event)  # type: ignore[union-attr]
                     continue
-                to_client = kind in _TO_CLIENT
-                ref: Any = effect.client if to_client else effect.peer  # type: ignore[union-attr]
-                if to_client:
-                    several = kind is Acknowledge and ref.acks  # it goes in an ACK of several
-                    if several and effect.lazy and not last:  # type: ignore[union-attr]
-                        held = late.get(ref)
-                        if held is None:
-                            if not late:
-                                self._late_due = self.clock() + ACK_DELAY
-                            late[ref] = [effect.msgid]  # type: ignore[union-attr]
-                        else:
-                            held.append(effect.msgid)  # type: ignore[union-attr]
-                        continue
-                    if late and ref in late:  # what this client gets keeps its order
-                        earlier = late.pop(ref)
-                        held = acks.get(ref)
-                        if held is None:
-                            acks[ref] = earlier
-                        else:
-                            held += earlier
-                    if several:
-                        held = acks.get(ref)
-                        if held is None:
-                            acks[ref] = [effect.msgid]  # type: ignore[union-attr]
-                        else:
-                            held.append(effect.msgid)  # type: ignore[union-attr]
-                        continue
-                    if acks and ref in acks:
-                        self._send_acks(ref, acks.pop(ref))
-                elif kind is Deliver and ref.batch > 1:
-                    held_jobs = deliveries.get(ref)
-                    if held_jobs is None:
-                        deliveries[ref] = [effect]
-                    else:
-                        held_jobs.append(effect)
-                    continue
-                elif deliveries and ref in deliveries:  # what this worker gets keeps its order
-                    self._send_deliveries(ref, deliveries.pop(ref))
-                port = ref.port
-                if port.multi_socket:
-                    self._send_routed(port, effect)
-                    continue
-                try:
-                    frames = port.encode(effect)
-                    if frames is not None:
-                        # as wire.send: the identity first (a message is atomic: if
-                        # its first frame is refused, nothing of it leaves)
-                        sock = sockets[port]
-                        touched.add(sock)
-                        send(sock, ref.identity, _MORE_NOBLOCK)
-                        for frame in frames[:-1]:
-                            send(sock, frame, _MORE_NOBLOCK)
-                        send(sock, frames[-1], _NOBLOCK)
-                except zmq.Again:
-                    self.dropped_sends += 1
-                    if self.dropped_sends % 1000 == 1:
-                        log.warning(
-                            "peer %r is not reading; dropped %d messages so far",
-                            ref.identity[:32],
-                            self.dropped_sends,
-                        )
-                except zmq.ZMQError as exc:
-                    if exc.errno != zmq.EHOSTUNREACH:
-                        raise
-                    port.unroutable(ref.identity, self.clock())
-            if deliveries:
-                for ref, held_jobs in deliveries.items():
-                    self._send_deliveries(ref, held_jobs)
-                deliveries.clear()
-            if acks:
-                for ref, msgids in acks.items():
-                    self._send_acks(ref, msgids)
-                acks.clear()
-        if acks:  # lazy ones due, in a turn with nothing else to send
-            for ref, msgids in acks.items():
-                self._send_acks(ref, msgids)
+                to: Any = effect.client if kind in _TO_CLIENT else effect.peer  # type: ignore[union-attr]
+                to.port.post(to, effect)
+            due = NEVER
+            for port in holding:  # what the ports held back to go together
+                due = min(due, port.flush(last))
+            if not core.out:
+                break
+        self._hold_due = due
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
 
-    def _send_acks(self, ref: Any, msgids: list[bytes]) -> None:
-        """One ACK naming ``msgids`` to a client that reads several per ACK."""
-        self._send_to(ref.port, ref.identity, ref.port.encode_acks(msgids, ref.packed))
-
-    def _send_deliveries(self, peer: Any, effects: list[Any]) -> None:
-        """The jobs of ``effects`` (Deliver) to a worker that takes several per
-        REQUEST, ``peer.batch`` at most per message (eMQP's "batch" extension)."""
-        port = peer.port
-        size = peer.batch
-        for start in range(0, len(effects), size):
-            requests = [port.encode(e) for e in effects[start : start + size]]
-            frames = (
-                F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
+    def dropped(self, identity: bytes) -> None:
+        """A peer's pipe was full: the message to it was dropped (the outlets' error
+        policy)."""
+        self.dropped_sends += 1
+        if self.dropped_sends % 1000 == 1:
+            log.warning(
+                "peer %r is not reading; dropped %d messages so far",
+                identity[:32],
+                self.dropped_sends,
             )
-            if not self._send_to(port, peer.identity, frames):
-                return
-
-    def _send_to(self, port: Port, identity: bytes, frames: list[bytes]) -> bool:
-        """One message to ``identity`` on ``port``'s socket; a peer that is not
-        reading loses it (counted), an unroutable one is reported to the port.
-        False: the peer is gone."""
-        sock = self.sockets[port]
-        self._touched.add(sock)
-        try:
-            wire.send(sock, [identity, *frames])
-        except zmq.Again:
-            self.dropped_sends += 1
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            port.unroutable(identity, self.clock())
-            return False
-        return True
 
     def _publish(self, event: Event) -> None:
         """Every port fans the event out to its own subscribers."""
@@ -783,34 +698,13 @@ class BrokerServer:
                 self.internal_errors += 1
                 log.exception("internal error in the %s port publishing %d", port.name, event.seq)
                 continue
+            to_socket = port.outlet.to_socket
             for name, frames in messages:
-                sock = self.named[(port, name)]
-                self._touched.add(sock)
-                try:
-                    wire.send(sock, frames)
-                except zmq.Again:
+                sent = to_socket(name, frames)
+                if sent == FULL:
                     port.unsent_published(event, frames)
-                except zmq.ZMQError as exc:
-                    if exc.errno != zmq.EHOSTUNREACH:
-                        raise
+                elif sent == GONE:
                     port.unroutable(frames[0], self.clock())
-
-    def _send_routed(self, port: Port, effect: Any) -> None:
-        """An effect of a multi-socket port, on the socket it names."""
-        routed = port.encode_routed(effect)
-        if routed is None:
-            return
-        name, frames = routed
-        sock = self.named[(port, name)]
-        self._touched.add(sock)
-        try:
-            wire.send(sock, frames)
-        except zmq.Again:
-            port.unsent(effect, self.clock())
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            port.unroutable(frames[0], self.clock())
 
     def _commit(self) -> None:
         """Write the loop turn's journal operations in one transaction. If that
@@ -832,7 +726,7 @@ class BrokerServer:
             lost = core.lose_unsaved_events()
             if lost:
                 log.error("%s: %d events not kept and not sent", exc, lost)
-            unsaved = {op[1] for op in ops if op[0] == "put"}
+            unsaved = {op.job_id for op in ops if type(op) is PutJob}
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
             core.unsave(unsaved, self.clock())
             core.refuse_unsaved(unsaved, str(exc), REFUSED_JOURNAL)
@@ -889,8 +783,8 @@ class BrokerServer:
     def monitor_reply(self, request: bytes) -> bytes:
         """The monitor channel's answer to ``request`` (see ``ports/monitor.py``)."""
         for port in self.ports:
-            if isinstance(port, MonitorPort):
-                reply = port.answer(request, self.clock())
+            reply = port.local_request(request, self.clock())
+            if reply is not None:
                 self._flush()
                 return reply
         raise RuntimeError("the monitor port is not configured")

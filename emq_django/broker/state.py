@@ -20,6 +20,29 @@ ROLE_MANAGER = "manager"  # our job manager's control connection: no slots of it
 ROLE_SLOT = "slot"  # one worker process of our job manager
 
 
+@dataclass(frozen=True, slots=True)
+class PeerTraits:
+    """What a peer's protocol makes it do that the core must allow for, declared by
+    the port it came in by, so that the core knows no protocol's quirks."""
+
+    # it may beat this seldom (seconds) whatever heartbeat the broker asks for
+    # (EventMQ's peers: every 3 s); 0: it beats as asked
+    heartbeat_floor: float = 0.0
+    # it sends nothing while it runs a job (Majordomo, PZQ): not expired while busy
+    silent_when_busy: bool = False
+    # it beats no more once it said goodbye (EventMQ's job manager): not expired
+    # while it finishes its jobs
+    silent_when_draining: bool = False
+    # the broker's own socket, not a remote peer (PZQ's send socket): never expired
+    bound: bool = False
+
+
+EVENTMQ_HEARTBEAT = 3.0  # seconds between the released EventMQ peers' heartbeats
+# a job manager with one connection, as EventMQ's: the default of a ``ROLE_PLAIN`` peer
+PLAIN_TRAITS = PeerTraits(heartbeat_floor=EVENTMQ_HEARTBEAT, silent_when_draining=True)
+OWN_TRAITS = PeerTraits()  # our job manager's connections: beat as asked, always
+
+
 def show_identity(identity: bytes) -> str:
     """A peer's identity (or an id) as logs, the trace and ``emq_status`` all name
     it: as text when it is printable ASCII, else in hex (libzmq's own identities)."""
@@ -125,10 +148,14 @@ class Peer:
     # before the peer joins and nothing changes after): every dispatch reads them
     role: str = field(init=False, default=ROLE_PLAIN)
     manager: str | None = field(init=False, default=None)
+    # what its protocol makes it do (its port's declaration); by default as its role
+    traits: PeerTraits = PLAIN_TRAITS
 
     def __post_init__(self) -> None:
         role = self.meta.get("role")
         self.role = role if role in (ROLE_MANAGER, ROLE_SLOT) else ROLE_PLAIN
+        if self.role != ROLE_PLAIN and self.traits is PLAIN_TRAITS:
+            self.traits = OWN_TRAITS
         # Which run of which job manager this peer belongs to (None for plain ones):
         # the name plus its ``incarnation``, as a job manager restarted under the
         # same ``--name`` must not vouch for the dead processes of the one before.

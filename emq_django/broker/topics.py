@@ -67,7 +67,13 @@ OTHER = "(other)"
 class OpsSink(Protocol):
     """Where journal operations wait for the turn's commit (the job lifecycle)."""
 
-    journal_ops: list[tuple[Any, ...]] | None
+    journal_ops: list[Any] | None  # None: no journal
+
+    def journal_event(self, event: Event, rule: str) -> None:
+        """Save ``event``, filed under the retention rule ``rule``."""
+
+    def journal_prune_events(self, rules: Any, wall: float, last_seq: int) -> None:
+        """Apply the retention ``rules`` at ``wall``."""
 
 
 class EventStore(Protocol):
@@ -201,9 +207,9 @@ class TopicSpace:
         self.last_seq += 1
         event = Event(self.last_seq, topic, data, producer, uuid, ts, content_type, headers)
         rule = self.rule_for(topic)
-        ops = self.sink.journal_ops if self.sink is not None else None
-        if ops is not None:
-            ops.append(("event", event, rule.prefix))
+        sink = self.sink
+        if sink is not None and sink.journal_ops is not None:
+            sink.journal_event(event, rule.prefix)
             self.unsaved.append(event)
             self.unsaved_bytes += len(data)
         else:
@@ -257,9 +263,9 @@ class TopicSpace:
 
     def prune(self, wall: float) -> None:
         """Apply the retention rules (the core calls this every few seconds)."""
-        ops = self.sink.journal_ops if self.sink is not None else None
-        if ops is not None:
-            ops.append(("prune_events", self.rules, wall, self.last_seq))
+        sink = self.sink
+        if sink is not None and sink.journal_ops is not None:
+            sink.journal_prune_events(self.rules, wall, self.last_seq)
             return
         for rule in self.rules:
             kept = self._kept[rule.prefix]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import zmq
 
-from emq_django.broker.ports.emqp_clients import EmqpClientPort
-from emq_django.broker.server import ACK_DELAY, BrokerServer
+from emq_django.broker.ports.emqp_clients import ACK_DELAY, EmqpClientPort
+from emq_django.broker.server import BrokerServer
 from emq_django.client import Client
 from emq_django.protocol import PROTOCOL as P
 from emq_django.protocol import frames as F

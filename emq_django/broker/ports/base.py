@@ -1,16 +1,19 @@
 """What every port is: a codec and an adapter between one wire and the core.
 
 A port decodes the messages its socket receives (``handle``) into calls on
-``BrokerCore``, and encodes the core's effects for its wire (``encode``). It
-touches no socket: the server owns them, binds one per port with the options
-``socket_options`` gives, and sends what ``encode`` returns to the effect's
-identity on that port's socket.
+``BrokerCore``, and owns its output: the server hands it each of the core's
+effects (``post``) and the port turns them into frames (``encode``) and sends
+them through its ``Outlet`` (the server's one send path, with its one error
+policy), now or later: an outbox with its own batching and acknowledgement
+state, emptied at the end of each batch of effects (``flush``). It touches no
+socket: the server owns them, binding one per port with the options
+``socket_options`` gives.
 
 A port that needs several sockets (PZQ: producers, consumers, monitor) says so
-with ``socket_specs`` (a name, a zmq kind, an address and options each) and
-``multi_socket = True``; the server then reads each socket through
-``handler_for(name)`` and sends what ``encode_routed`` returns (the socket's name
-and the whole message, identity included on a ROUTER) on the named socket.
+with ``socket_specs`` (a name, a zmq kind, an address and options each); the
+server then reads each socket through ``handler_for(name)``, and such a port
+posts through ``post_routed``: ``encode_routed`` names the socket and gives the
+whole message (identity included on a ROUTER).
 
 A port with timers of its own (mc0: heartbeats and evictions per session) says
 when with ``next_timer``; the server's poll loop wakes up then and sends what
@@ -23,7 +26,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -50,6 +53,42 @@ SENT, FULL, GONE = 0, 1, 2
 PacedSend = Callable[[str, "list[bytes]"], int]
 
 
+class Outlet(Protocol):
+    """How a port sends: the server's one send path, never blocking. A peer that is
+    not reading loses the message (counted as a dropped send); an unroutable one is
+    reported to the port (``Port.unroutable``)."""
+
+    def to_peer(self, identity: bytes, frames: list[bytes]) -> bool:
+        """``frames`` to ``identity`` on the port's first socket; False: it is gone."""
+        ...
+
+    def to_socket(self, name: str, frames: list[bytes]) -> int:
+        """The whole message on the socket named ``name`` (the identity first on a
+        ROUTER): ``SENT``, ``FULL`` (nothing of it left) or ``GONE``; the caller
+        decides what a full pipe or a gone peer means."""
+        ...
+
+    def clock(self) -> float:
+        """The server's clock now."""
+        ...
+
+
+class _Unattached:
+    """The outlet of a port no server runs (unit tests of its codec): sends fail."""
+
+    def to_peer(self, identity: bytes, frames: list[bytes]) -> bool:
+        raise RuntimeError("this port is not attached to a server")
+
+    def to_socket(self, name: str, frames: list[bytes]) -> int:
+        raise RuntimeError("this port is not attached to a server")
+
+    def clock(self) -> float:
+        raise RuntimeError("this port is not attached to a server")
+
+
+NEVER = float("inf")
+
+
 @dataclass(frozen=True, slots=True)
 class SocketSpec:
     """One socket a port owns. On a ROUTER the server passes the first frame as the
@@ -70,8 +109,6 @@ class Port(ABC):
     name = "port"
     # its clients get partial results whatever their request said (Majordomo)
     always_streams = False
-    # several sockets: effects go out through ``encode_routed``, not ``encode``
-    multi_socket = False
     # its wire has an ACK for an accepted request: else the core makes no
     # Acknowledge effect for its clients (one object and one encode per job saved)
     acknowledges = True
@@ -90,6 +127,52 @@ class Port(ABC):
         self.core = core
         self.address = address
         self._error_log_budget = ERROR_LOG_BUDGET
+        self.outlet: Outlet = _Unattached()
+        self.to_peer = self.outlet.to_peer  # the hot path's send, looked up once
+        # the server's status document (for ports that show it: monitor, PZQ)
+        self.status: Callable[[], dict[str, Any]] | None = None
+
+    def attach(self, outlet: Outlet, status: Callable[[], dict[str, Any]]) -> None:
+        """The server runs this port: it sends through ``outlet``; ``status`` gives
+        the broker's status document."""
+        self.outlet = outlet
+        self.to_peer = outlet.to_peer
+        self.status = status
+
+    # ---- out: the port's outbox ------------------------------------------------------
+
+    def post(self, to: Any, effect: Effect) -> None:
+        """One of the core's effects for ``to`` (its ``ClientRef`` or ``Peer``, of
+        this port): send what it means on this wire now, or hold it to go with
+        others (then ``flush`` sends it). The hot path: one call per effect."""
+        frames = self.encode(effect)
+        if frames is not None:
+            self.to_peer(to.identity, frames)
+
+    def post_routed(self, to: Any, effect: Effect) -> None:
+        """``post`` for a port with several sockets: ``encode_routed`` names the
+        socket; a full pipe is the port's ``unsent``."""
+        routed = self.encode_routed(effect)
+        if routed is None:
+            return
+        name, frames = routed
+        sent = self.outlet.to_socket(name, frames)
+        if sent == FULL:
+            self.unsent(effect, self.outlet.clock())
+        elif sent == GONE:
+            self.unroutable(frames[0], self.outlet.clock())
+
+    def flush(self, last: bool = False) -> float:
+        """The server's batch of effects is over: send what ``post`` held. ``last``:
+        the broker is stopping, hold nothing. Returns when (server clock) the port
+        wants ``flush`` again even if no effect comes (``NEVER``: not before one).
+        Only a port that overrides it is asked."""
+        return NEVER
+
+    def local_request(self, request: bytes, now: float) -> bytes | None:
+        """An answer to ``request`` asked in-process (the monitor channel's
+        ``BrokerServer.monitor_reply``), or None: not this port's to answer."""
+        return None
 
     def socket_options(self) -> SocketOptions:
         """ROUTER_MANDATORY: an unroutable peer raises instead of a silent drop."""
@@ -107,8 +190,8 @@ class Port(ABC):
         return self.handle
 
     def encode_routed(self, effect: Effect) -> tuple[str, list[bytes]] | None:
-        """A multi-socket port's ``encode``: the socket's name and the whole message
-        (the identity first on a ROUTER), or None."""
+        """A multi-socket port's ``encode`` (see ``post_routed``): the socket's name
+        and the whole message (the identity first on a ROUTER), or None."""
         return None
 
     def unsent(self, effect: Effect, now: float) -> None:

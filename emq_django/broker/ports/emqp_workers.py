@@ -26,7 +26,7 @@ from emq_django.broker.effects import (
     Outcome,
     Refuse,
 )
-from emq_django.broker.ports.base import Port
+from emq_django.broker.ports.base import NEVER, Port
 from emq_django.broker.state import Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
@@ -76,6 +76,9 @@ class EmqpWorkerPort(Port):
         super().__init__(core, address)
         self.new_id = ids or IdGenerator()
         self.peers: dict[bytes, Peer] = {}
+        # the outbox: jobs for workers that take several per REQUEST (``Peer.batch``),
+        # one message per worker per batch instead of one per job
+        self._deliveries: dict[Peer, list[Deliver]] = {}
 
     # ---- in -------------------------------------------------------------------------
 
@@ -191,6 +194,41 @@ class EmqpWorkerPort(Port):
         return self.peers
 
     # ---- out ------------------------------------------------------------------------
+
+    def post(self, to: Any, effect: Effect) -> None:
+        deliveries = self._deliveries
+        if type(effect) is Deliver and to.batch > 1:  # it goes in a REQUEST of several
+            held = deliveries.get(to)
+            if held is None:
+                deliveries[to] = [effect]
+            else:
+                held.append(effect)
+            return
+        if deliveries and to in deliveries:  # what this worker gets keeps its order
+            self._send_deliveries(to, deliveries.pop(to))
+        frames = self.encode(effect)
+        if frames is not None:
+            self.to_peer(to.identity, frames)
+
+    def flush(self, last: bool = False) -> float:
+        """The batch's jobs for workers that take several per REQUEST."""
+        if self._deliveries:
+            deliveries, self._deliveries = self._deliveries, {}
+            for peer, effects in deliveries.items():
+                self._send_deliveries(peer, effects)
+        return NEVER
+
+    def _send_deliveries(self, peer: Peer, effects: list[Deliver]) -> None:
+        """The jobs of ``effects`` to a worker that takes several per REQUEST,
+        ``peer.batch`` at most per message (eMQP's "batch" extension)."""
+        size = peer.batch
+        for start in range(0, len(effects), size):
+            requests: Any = [self.encode(e) for e in effects[start : start + size]]
+            frames: Any = (
+                F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
+            )
+            if not self.to_peer(peer.identity, frames):
+                return
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         kind = type(effect)

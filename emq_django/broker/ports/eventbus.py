@@ -80,7 +80,7 @@ class Replay:
 
 class EventBusPort(Port):
     name = "eventbus"
-    multi_socket = True
+    post = Port.post_routed  # several sockets: ``encode_routed`` names the one
     # under CURVE: the collector admits ``publisher`` keys, the snapshot and the
     # publishers ``subscriber`` keys (each socket's ZAP domain, in socket_specs)
     roles = (PUBLISHER, SUBSCRIBER)

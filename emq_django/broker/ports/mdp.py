@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from emq_django.broker.effects import (
@@ -43,7 +44,7 @@ from emq_django.broker.effects import (
     Refuse,
 )
 from emq_django.broker.ports.base import Port
-from emq_django.broker.state import Peer
+from emq_django.broker.state import PLAIN_TRAITS, Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import mdp
@@ -61,6 +62,11 @@ MAX_CLIENTS_KEPT = 100_000
 _HEADERS: Headers = parse_headers(
     format_headers(reply_requested=True, retry_count=GUARANTEED_DEATH_RETRIES)
 )
+
+
+# a Majordomo worker says nothing while it works; as a one-connection peer it
+# keeps the plain peers' other traits
+MDP_TRAITS = replace(PLAIN_TRAITS, silent_when_busy=True)
 
 
 class MajordomoPort(Port):
@@ -161,7 +167,7 @@ class MajordomoPort(Port):
         )
 
     def _ready(self, identity: bytes, message: mdp.WorkerReady, now: float) -> None:
-        meta = {"protocol": "majordomo", "framing": message.framing, "silent_when_busy": True}
+        meta = {"protocol": "majordomo", "framing": message.framing}
         peer = Peer(
             identity,
             PEER_MDP,
@@ -170,6 +176,7 @@ class MajordomoPort(Port):
             meta,
             connected_at=now,
             port=self,
+            traits=MDP_TRAITS,
         )
         self.workers[identity] = peer
         self.core.worker_join(peer, now)

@@ -14,7 +14,7 @@ Anything else is answered ``ERROR ...`` and counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from emq_django.broker import monitor
@@ -38,9 +38,7 @@ class MonitorPort(Port):
     def __init__(self, core: Any, address: str = "") -> None:
         super().__init__(core, address)
         # the status document; the server adds what only it knows (journal, trace)
-        self.status: Callable[[], dict[str, Any]] = lambda: monitor.snapshot(
-            self.core, time.monotonic(), time.time(), {}
-        )
+        self.status = lambda: monitor.snapshot(self.core, time.monotonic(), time.time(), {})
 
     def socket_options(self) -> SocketOptions:
         return SocketOptions()
@@ -69,11 +67,14 @@ class MonitorPort(Port):
     ) -> list[bytes] | None:
         return [*frames[:-1], b"ERROR forbidden: " + reason.encode()] if frames else None
 
+    def local_request(self, request: bytes, now: float) -> bytes | None:
+        return self.answer(request, now)
+
     def answer(self, request: bytes, now: float) -> bytes:
         words = request.split()
         command = b" ".join(words[:2]).upper()
         if command in (b"MONITOR", b"MONITOR JSON"):
-            doc = self.status()
+            doc = self.status() if self.status is not None else {}
             return monitor.as_json(doc) if command.endswith(b"JSON") else monitor.as_lines(doc)
         if words and words[0].upper() == b"CANCEL" and len(words) > 1:
             states: dict[str, list[str]] = {

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -45,7 +46,7 @@ from emq_django.broker.effects import (
     Refuse,
 )
 from emq_django.broker.ports.base import Handler, Port, SocketSpec
-from emq_django.broker.state import Peer
+from emq_django.broker.state import PLAIN_TRAITS, Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import pzq
@@ -64,9 +65,14 @@ PACKED = ("pzq-parts", "packed")
 UNKNOWN = b"ERROR unknown command; send MONITOR"
 
 
+# the send socket is the broker's own (never silent) and says nothing while its
+# consumers work; as a one-connection peer it keeps the plain peers' other traits
+PZQ_TRAITS = replace(PLAIN_TRAITS, bound=True, silent_when_busy=True)
+
+
 class PzqPort(Port):
     name = "pzq"
-    multi_socket = True
+    post = Port.post_routed  # several sockets: ``encode_routed`` names the one
 
     def __init__(self, core: Any, address: str = "", ids: IdGenerator | None = None) -> None:
         super().__init__(core, address)
@@ -77,7 +83,6 @@ class PzqPort(Port):
         self.ack_timeout = 5.0
         self.max_inflight = 1000
         self.paused = False
-        self.status: Any = None  # the server's status document (for the journal's figures)
         self.peer: Peer | None = None
         self._headers: Headers = Headers()
         self._packed: Headers = Headers()
@@ -121,10 +126,11 @@ class PzqPort(Port):
             PEER_PZQ,
             ((10, self.queue),),
             now,
-            {"protocol": "pzq", "bound": True, "silent_when_busy": True},
+            {"protocol": "pzq"},
             connected_at=now,
             port=self,
             lease=self.ack_timeout,
+            traits=PZQ_TRAITS,
         )
         self.core.worker_join(peer, now)
         self.core.worker_credit(peer, self.max_inflight, now)
