@@ -26,21 +26,42 @@ OLD, NEW = b"1" * 32, b"2" * 32
 
 @pytest.fixture
 def context() -> Iterator[zmq.Context[Any]]:
+    """A context of the test's own. Its teardown closes whatever socket a failed
+    test left open (``destroy``): ``term`` would wait for it for ever, and no
+    per-test timeout can interrupt libzmq there."""
     ctx: zmq.Context[Any] = zmq.Context()
     yield ctx
-    ctx.term()
+    for thread in THREADS:
+        thread.join(WAIT_MS / 1000)  # they poll with a bound; none outlives it
+    THREADS.clear()
+    ctx.destroy(linger=0)
 
 
 def router(context: zmq.Context[Any], url: str) -> zmq.Socket[Any]:
+    """A ROUTER bound to ``url``. A socket closed on that address a moment ago may
+    still hold it (libzmq closes in its I/O thread, after ``close`` returns): the
+    bind is tried again until the address is free, for a bounded time."""
     sock = context.socket(zmq.ROUTER)
     sock.linger = 0
-    sock.bind(url)
-    return sock
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        try:
+            sock.bind(url)
+            return sock
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.01)  # the old socket's I/O thread lets the address go
+
+
+THREADS: list[threading.Thread] = []
 
 
 def in_thread(fn: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=fn, daemon=True)
     thread.start()
+    THREADS.append(thread)
     return thread
 
 
