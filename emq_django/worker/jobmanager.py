@@ -26,11 +26,8 @@ from emq_django.worker.child_processes import describe_status, die_with_parent, 
 from emq_django.worker.jobmanager_config import JobManagerConfig, parse_queue_option
 from emq_django.worker.kept_records import KeptRecords
 from emq_django.worker.process import SlotWorker
-from emq_django.worker.recorder_process import (
-    RecorderProcess,
-    RecordForwarder,
-    recorder_endpoint,
-)
+from emq_django.worker.record_forwarder import RecordForwarder
+from emq_django.worker.recorder_process import RecorderProcess, recorder_endpoint
 from emq_django.worker.recording import load_recorder
 from emq_django.worker.slot_config import BATCH, SlotConfig
 from emq_django.worker.slots import SlotTable, answers_again

@@ -13,7 +13,7 @@ import zmq
 from emq_django.protocol.headers import Headers
 from emq_django.worker.execution import Outcome
 from emq_django.worker.kept_records import SlotRecords
-from emq_django.worker.recorder_process import RecordForwarder
+from emq_django.worker.record_forwarder import RecordForwarder
 
 log = logging.getLogger(__name__)
 
