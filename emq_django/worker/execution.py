@@ -116,7 +116,7 @@ def execute(body: bytes, job_id: bytes = b"", sink: PartialSink | None = None) -
 
 def execute_counting(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
     """``execute`` with a sink that counts for itself (a worker process's
-    ``_PartialSender``): no wrapper per job."""
+    ``partial_sender.PartialSender``): no wrapper per job."""
     outcome = run_in_place(body, job_id, sink)
     # Closing after every job also closes "before" the next one: nothing runs between
     # jobs, and the job manager closes all connections before it forks.

@@ -8,13 +8,11 @@ first SIGTERM lets running jobs finish and says goodbye; a second stops at once.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import socket as pysocket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -25,62 +23,23 @@ from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
+from emq_django.worker.child_processes import describe_status, die_with_parent, kill_quietly
+from emq_django.worker.jobmanager_config import JobManagerConfig, parse_queue_option
 from emq_django.worker.kept_records import KeptRecords
-from emq_django.worker.process import BATCH, SlotConfig, SlotWorker
-from emq_django.worker.recorder_process import (
-    RecorderProcess,
-    RecordForwarder,
-    recorder_endpoint,
-)
+from emq_django.worker.process import SlotWorker
+from emq_django.worker.record_forwarder import RecordForwarder
+from emq_django.worker.recorder_process import RecorderProcess, recorder_endpoint
 from emq_django.worker.recording import load_recorder
+from emq_django.worker.slot_config import BATCH, SlotConfig
 from emq_django.worker.slots import SlotTable, answers_again
 
 log = logging.getLogger(__name__)
+__all__ = ["JobManager", "JobManagerConfig", "parse_queue_option"]
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
 CANCELLED = "emq_django.exceptions.Cancelled"
 
-PR_SET_PDEATHSIG = 1
 RECORDER_RESPAWN_DELAY = 1.0  # seconds between restarts of a recorder process that died
 RECORDER_STOP_WAIT = 30.0  # seconds a stopping recorder process gets to write its backlog
-
-
-@dataclass(frozen=True, slots=True)
-class JobManagerConfig:
-    broker_url: str
-    queues: tuple[tuple[int, str], ...]
-    concurrency: int
-    heartbeat_interval: float = 1.0
-    heartbeat_liveness: int = 3
-    prefetch: int = 1
-    name: str = ""
-    kill_grace: float = 3.0
-    max_jobs_per_worker: int = 0
-    max_memory_mb: int = 0
-    recorder: str = ""  # EMQ_RECORDER
-    record_interval: float = 0.2  # EMQ_RECORD_INTERVAL
-    record_batch: int = 2000  # EMQ_RECORD_BATCH
-    record_buffer: int = 50_000  # EMQ_RECORD_BUFFER
-    recorder_priority: str = "idle"  # EMQ_RECORDER_PRIORITY
-    recorder_max_delay: float = 10.0  # EMQ_RECORDER_MAX_DELAY
-
-
-def parse_queue_option(text: str) -> tuple[tuple[int, str], ...]:
-    """``email:40,default:10`` -> ((40, 'email'), (10, 'default')); raises ValueError."""
-    result = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, _, weight = item.partition(":")
-        if not name:
-            raise ValueError(f"empty queue name in {text!r}")
-        try:
-            result.append((int(weight) if weight else 10, name))
-        except ValueError:
-            raise ValueError(f"queue weight must be an integer in {item!r}") from None
-    if not result:
-        raise ValueError("give at least one queue, e.g. --queues default:10")
-    return tuple(sorted(result, key=lambda p: -p[0]))
 
 
 class JobManager:
@@ -166,11 +125,11 @@ class JobManager:
         if self.signals == 1:
             log.info("stopping: letting running jobs finish (send the signal again to stop now)")
             for pid in list(self.children):
-                _kill(pid, signal.SIGTERM)
+                kill_quietly(pid, signal.SIGTERM)
         else:
             log.warning("stopping now: killing %d worker processes", len(self.children))
             for pid in list(self.children):
-                _kill(pid, signal.SIGKILL)
+                kill_quietly(pid, signal.SIGKILL)
 
     def _loop(self) -> int:
         assert self.link is not None
@@ -203,13 +162,13 @@ class JobManager:
         )
         self.signals = max(self.signals, 1)  # no respawns while the children go
         for pid in list(self.children):
-            _kill(pid, signal.SIGTERM)
+            kill_quietly(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.kill_grace
         while self.children and time.monotonic() < deadline:
             self._reap_quietly()
             time.sleep(0.02)
         for pid in list(self.children):
-            _kill(pid, signal.SIGKILL)
+            kill_quietly(pid, signal.SIGKILL)
         while self.children:
             self._reap_quietly(block=True)
         return REFUSED_EXIT
@@ -270,7 +229,7 @@ class JobManager:
                 pid,
             )
             if pid not in self.kill_deadlines:
-                _kill(pid, signal.SIGTERM)
+                kill_quietly(pid, signal.SIGTERM)
                 self.kill_deadlines[pid] = time.monotonic() + self.config.kill_grace
             return
         log.info(
@@ -308,7 +267,7 @@ class JobManager:
         if pid == 0:  # the child: never returns
             code = 1
             try:
-                _die_with_parent()
+                die_with_parent()
                 kept = self.kept.writer(slot) if self.kept is not None else None
                 code = SlotWorker(cfg, self.table, kept).run()
             except BaseException:
@@ -322,7 +281,7 @@ class JobManager:
         if pid == 0:  # the child: never returns
             code = 1
             try:
-                _die_with_parent()
+                die_with_parent()
                 code = RecorderProcess(
                     self.recorder_endpoint,
                     self.config.recorder,
@@ -341,7 +300,7 @@ class JobManager:
         if not self.recorder_pid:
             return
         pid, self.recorder_pid = self.recorder_pid, 0
-        _kill(pid, signal.SIGTERM)
+        kill_quietly(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             try:
@@ -355,7 +314,7 @@ class JobManager:
             "the recorder process did not finish writing the job history within %g s; killing it",
             RECORDER_STOP_WAIT,
         )
-        _kill(pid, signal.SIGKILL)
+        kill_quietly(pid, signal.SIGKILL)
 
     def _reap(self) -> None:
         while True:
@@ -370,7 +329,7 @@ class JobManager:
                 log.error(
                     "the recorder process died (%s); starting another (job history only: "
                     "no job is affected)",
-                    _describe_status(status),
+                    describe_status(status),
                 )
                 continue
             slot = self.children.pop(pid, None)
@@ -389,7 +348,7 @@ class JobManager:
         the job it was running, if any (Cancelled, TimeoutError or WorkerLost, with
         how the process ended: ``lost:exit code 1``), then ENDED: its other jobs
         in flight never started."""
-        how = _describe_status(status)
+        how = describe_status(status)
         self._forward_kept_records(slot)
         answered = self._send_held(slot)
         self._answer_running(slot, pid, how, answered)
@@ -497,7 +456,7 @@ class JobManager:
             deadline = self.kill_deadlines.get(pid)
             if deadline is not None:
                 if now >= deadline:
-                    _kill(pid, signal.SIGKILL)
+                    kill_quietly(pid, signal.SIGKILL)
                 continue
             _, started, limit = self.table.read(slot)
             if limit and now - started >= limit:
@@ -506,27 +465,5 @@ class JobManager:
                 )
                 # at once: the limit is the limit (a task cleans up at its soft_timeout);
                 # the loop reaps it within a poll and answers TimeoutError
-                _kill(pid, signal.SIGKILL)
+                kill_quietly(pid, signal.SIGKILL)
                 self.kill_deadlines[pid] = now
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the job manager dies (even by kill -9)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
-def _describe_status(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exit code {os.WEXITSTATUS(status)}"

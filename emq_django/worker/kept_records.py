@@ -2,7 +2,7 @@
 shared memory as well, so that they survive the death of the process.
 
 A worker process hands its records over in batches (every ``EMQ_RECORD_INTERVAL``
-seconds, ``recorder_process.RecordForwarder``); a process killed in between (for
+seconds, ``record_forwarder.RecordForwarder``); a process killed in between (for
 its time limit, a cancel, a crash, the OOM killer) took the outcomes of the jobs
 it had finished with it. Each record is therefore also written here, in one of
 two areas per slot: the records not handed over yet, and those of the last

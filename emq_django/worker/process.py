@@ -13,7 +13,6 @@ import os
 import resource
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -23,69 +22,51 @@ from emq_django.exceptions import (
     Cancelled,
     HandshakeRefused,
     ProtocolError,
-    SoftTimeLimitExceeded,
 )
 from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
-from emq_django.protocol.limits import check_seconds
 from emq_django.task import SOFT_TIMEOUT_HEADER
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import (
     Outcome,
-    current_job,
     execute_counting,
-    failure,
     note_open_connections,
 )
 from emq_django.worker.kept_records import SlotRecords
-from emq_django.worker.recorder_process import RecordForwarder
+from emq_django.worker.partial_sender import PARTIAL_SEND_WAIT, PartialOut, PartialSender
+from emq_django.worker.slot_config import (
+    BATCH,
+    HOLD_LIMIT,
+    LAST_RUN_TASKS,
+    MAX_CANCELLED_KEPT,
+    READY_BATCH_DIVISOR,
+    SlotConfig,
+)
+from emq_django.worker.slot_limits import SoftLimit
+from emq_django.worker.slot_recording import SlotRecording
 from emq_django.worker.slots import SlotTable, answers_again
 
 log = logging.getLogger(__name__)
+
+# (the loop's configuration and constants live in slot_config.py; named here too)
+__all__ = [
+    "BATCH",
+    "HOLD_LIMIT",
+    "LAST_RUN_TASKS",
+    "MAX_CANCELLED_KEPT",
+    "PARTIAL_SEND_WAIT",
+    "READY_BATCH_DIVISOR",
+    "SlotConfig",
+    "SlotWorker",
+]
 CANCELLED = Cancelled.TYPE
 _monotonic = time.monotonic
-# A PARTIAL the socket cannot queue now (the broker is not reading) waits this long
-# for room, then is dropped (and logged): a stream must not hang its task.
-PARTIAL_SEND_WAIT = 1.0
-# Extra credit goes out (READYs) once it is at least 1/READY_BATCH_DIVISOR of what
-# the process wants to hold (at once for a credit under this number).
-READY_BATCH_DIVISOR = 8
-# eMQP's "batch" extension (docs/eventmq-wire.md §7): the most jobs this process
-# takes in one REQUEST, announced in its INFORM; its answers to jobs that run back
-# to back go out together, held at most HOLD_LIMIT seconds (checked between jobs)
-# and never while nothing else waits to run; held across the next job only when
-# that job's task last ran in under HOLD_LIMIT (a slow or new task would keep them
-# for its whole run: they go before it starts)
-BATCH = 32
-HOLD_LIMIT = 0.002
-LAST_RUN_TASKS = 1024
 _REQUEUE_READY = F.REQUEUE_STATUS + b"," + F.FLAG_READY
-MAX_CANCELLED_KEPT = 4096  # cancelled attempt ids a process remembers (then forgets all)
 _PROTOCOL_ERROR = "emq_django.exceptions.ProtocolError"  # as execution.py names it
 _NEVER_RAN = float("inf")  # tasks whose last run time is kept (then forgotten, all at once)
-
-
-@dataclass(frozen=True, slots=True)
-class SlotConfig:
-    broker_url: str
-    queues: tuple[tuple[int, str], ...]
-    manager: str
-    slot: int
-    heartbeat_interval: float
-    heartbeat_liveness: int
-    prefetch: int = 1
-    max_jobs: int = 0  # 0: no limit; else exit after this many (the manager respawns)
-    max_memory_mb: int = 0  # 0: no limit; else exit once the process has grown past it
-    # the job manager's recorder process (recorder_process.py), '' = nothing recorded
-    recorder_endpoint: str = ""
-    record_interval: float = 0.2  # EMQ_RECORD_INTERVAL: hand records over at least this often
-    record_batch: int = 2000  # EMQ_RECORD_BATCH: ... or once it holds this many
-    record_buffer: int = 50_000  # EMQ_RECORD_BUFFER: kept while the recorder process lags
-    incarnation: str = ""  # the job manager's run: tells it apart from an earlier one
-    reply_hold: float = HOLD_LIMIT  # answers held back at most this long (between jobs)
 
 
 class SlotWorker:
@@ -122,18 +103,18 @@ class SlotWorker:
         self.jobs_done = 0
         self.policy = CreditPolicy(config.prefetch)
         self.retiring = False
-        self.recorder: RecordForwarder | None = None
+        self.recording: SlotRecording | None = None
         if config.recorder_endpoint:
-            self.recorder = RecordForwarder(
+            self.recording = SlotRecording(
                 self.context,
                 config.recorder_endpoint,
                 config.record_buffer,
                 config.manager,
-                kept,  # (its job manager hands them over if this process dies)
+                kept,
+                config.record_interval,
+                config.record_batch,
             )
-        self.partials_dropped = 0  # PARTIALs the socket had no room for (see _send_partial)
-        self._unflushed = 0  # records given to the recorder since its last flush
-        self._flush_at = 0.0  # monotonic: when those must be written at the latest
+        self.partials = PartialOut(self.link)
         self.credit = 0
         self._timed_sock: zmq.Socket[Any] | None = None  # the socket whose RCVTIMEO is set
         self._timeout = 0  # ... to this many ms
@@ -149,23 +130,14 @@ class SlotWorker:
         # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
         # answers and READYs of several credits; until then, the document's only
         self.batching = False
-        self._soft: tuple[float, bytes] = (0.0, b"")  # the soft limit armed, for which job
+        self.soft_limit = SoftLimit()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
-    def _on_soft_limit(self, signum: int, frame: Any) -> None:
-        """SIGALRM, armed by ``_execute_soft``: raised inside the task, unless it has
-        returned already (then its outcome stands)."""
-        soft, msgid = self._soft
-        if soft and current_job.get() == msgid:
-            raise SoftTimeLimitExceeded(
-                f"job {msgid.decode(errors='replace')} ran past its soft time limit of {soft:g} s"
-            )
-
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        signal.signal(signal.SIGALRM, self._on_soft_limit)
+        signal.signal(signal.SIGALRM, self.soft_limit.on_alarm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job manager handles Ctrl-C
         note_open_connections()
         try:
@@ -176,11 +148,8 @@ class SlotWorker:
             log.error("worker process for slot %d: %s", self.config.slot, exc)
             return REFUSED_EXIT
         finally:
-            if self.recorder is not None:
-                try:
-                    self.recorder.close()  # hands over what it still holds
-                except Exception:
-                    log.exception("could not hand the last job records over")
+            if self.recording is not None:
+                self.recording.close()
             self.link.close(linger=500)
             self.context.term()
         return 0
@@ -208,7 +177,10 @@ class SlotWorker:
 
     def _loop(self) -> None:
         while not self.stopping and not self.retiring and not self.abandoning:
-            frames = self._next(self._recorder_turn())
+            wait = self.config.heartbeat_interval
+            if self.recording is not None:
+                wait = self.recording.turn(wait)
+            frames = self._next(wait)
             if frames is not None:
                 self._handle(frames)
             if self.stopping or self.retiring or self.abandoning:
@@ -328,9 +300,9 @@ class SlotWorker:
             self._skip_cancelled(msgid)
             return
         if h.extra and h.get(SOFT_TIMEOUT_HEADER):
-            outcome = self._execute_soft(body, msgid, h)
+            outcome = self.soft_limit.execute(body, msgid, h, PartialSender(self.partials, msgid))
         else:
-            outcome = execute_counting(body, msgid, _PartialSender(self, msgid))
+            outcome = execute_counting(body, msgid, PartialSender(self.partials, msgid))
         self.jobs_done += 1
         elapsed = _monotonic() - started
         if h.timeout or self.table.cancelled(slot):
@@ -341,8 +313,8 @@ class SlotWorker:
             if len(last_run) >= LAST_RUN_TASKS and h.task not in last_run:
                 last_run.clear()
             last_run[h.task] = elapsed
-        if self.recorder is not None:
-            self._record(msgid, queue, h, body, outcome, elapsed)
+        if self.recording is not None:
+            self.recording.add(msgid, queue, h, body, outcome, elapsed)
         wanted = self._wanted()
         if self.stopping or self.abandoning or self._should_retire():
             wanted = 0  # no more credit from this process
@@ -410,52 +382,6 @@ class SlotWorker:
         self._held = []
         self.table.release(self.config.slot)
 
-    def _send_partial(self, attempt_id: bytes, body: bytes, seq: int) -> None:
-        """PARTIAL to the broker now, without blocking while the socket has room."""
-        frames = F.Partial(self.link.new_id(), body, attempt_id, seq).encode()
-        try:
-            self.link.send(frames, nonblocking=True)
-            return
-        except zmq.Again:
-            pass
-        sock = self.link.sock
-        if sock is not None and sock.poll(int(PARTIAL_SEND_WAIT * 1000), zmq.POLLOUT):
-            try:
-                self.link.send(frames, nonblocking=True)
-                return
-            except zmq.Again:
-                pass
-        self.partials_dropped += 1
-        log.warning(
-            "job %s: dropped a partial result: the broker took none for %g s (%d dropped)",
-            attempt_id.decode(errors="replace"),
-            PARTIAL_SEND_WAIT,
-            self.partials_dropped,
-        )
-
-    def _execute_soft(self, body: bytes, msgid: bytes, h: Headers) -> Outcome:
-        """The job, with its soft time limit armed (``SIGALRM``, ``_on_soft_limit``)."""
-        try:
-            soft = check_seconds("soft-timeout", float(h.get(SOFT_TIMEOUT_HEADER) or 0))
-        except (TypeError, ValueError) as exc:
-            log.warning(
-                "job %s: bad soft-timeout header: %s",
-                msgid.decode(errors="replace"),
-                exc,
-                extra=job_fields(msgid, task=h.task),
-            )
-            soft = 0.0  # the hard limit still holds
-        self._soft = (soft, msgid)
-        if soft:
-            signal.setitimer(signal.ITIMER_REAL, soft)
-        try:
-            return execute_counting(body, msgid, _PartialSender(self, msgid))
-        except SoftTimeLimitExceeded as exc:  # raised after the task, in our own code
-            return failure(exc)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            self._soft = (0.0, b"")
-
     def _overruled(self, outcome: Outcome, elapsed: float, timeout: float) -> Outcome:
         """A job cancelled while it ran, or that ran past its time limit, failed,
         whatever it returned during the kill grace (its job manager is killing this
@@ -522,63 +448,6 @@ class SlotWorker:
         status = _REQUEUE_READY if ready else F.REQUEUE_STATUS
         self.link.send(F.encode_reply(self.link.new_id(), b"{}", msgid, status))
 
-    def _record(
-        self, msgid: bytes, queue: str, h: Headers, body: bytes, outcome: Outcome, elapsed: float
-    ) -> None:
-        assert self.recorder is not None
-        spec = outcome.spec
-        finished = time.time_ns() // 1000
-        try:
-            self.recorder.add(
-                msgid,
-                h.task or (spec.task_name if spec else ""),
-                queue,
-                finished - int(elapsed * 1_000_000),
-                finished,
-                outcome.failed,
-                outcome.error_type,
-                h.retry_count,
-                body,
-                outcome.body,
-                partials=outcome.partials,
-            )
-        except Exception:
-            log.exception(
-                "the job recorder failed on job %r", msgid, extra=job_fields(msgid, queue, h.task)
-            )
-        if not self._unflushed:
-            self._flush_at = time.monotonic() + self.config.record_interval
-        self._unflushed += 1
-        if self._unflushed >= self.config.record_batch:
-            self._flush_recorder()
-
-    def _recorder_turn(self) -> float:
-        """Hand records over when due; returns how long the loop may wait for work.
-
-        Records go out every ``record_interval`` seconds (or every
-        ``record_batch`` records), not every time the process runs out of work,
-        which under load is after every few no-op jobs. With nothing new
-        recorded, ``flush`` still runs every turn: it sends what an earlier flush
-        had to keep because the recorder process was behind.
-        """
-        wait = self.config.heartbeat_interval
-        if self.recorder is None:
-            return wait
-        if self._unflushed:
-            left = self._flush_at - time.monotonic()
-            if left > 0:
-                return min(wait, left)
-        self._flush_recorder()
-        return wait
-
-    def _flush_recorder(self) -> None:
-        self._unflushed = 0
-        if self.recorder is not None:
-            try:
-                self.recorder.flush()
-            except Exception:
-                log.exception("the job recorder failed to flush")
-
     def _wanted(self) -> int:
         """The credit to hold: the policy's, but never more jobs than this process
         has left before --max-jobs-per-worker retires it."""
@@ -634,21 +503,6 @@ class SlotWorker:
                 else:
                     self._run(cmd.msgid, cmd.queue, cmd.headers, cmd.body)
         self._send_held()
-
-
-class _PartialSender:
-    """The sink of one attempt's partial results (streaming.py): PARTIAL frames."""
-
-    __slots__ = ("worker", "attempt_id", "count")
-
-    def __init__(self, worker: SlotWorker, attempt_id: bytes) -> None:
-        self.worker = worker
-        self.attempt_id = attempt_id
-        self.count = 0  # partials sent: the last one's sequence number
-
-    def __call__(self, body: bytes) -> None:
-        self.count += 1
-        self.worker._send_partial(self.attempt_id, body, self.count)
 
 
 def _peak_rss_mb() -> float:

@@ -31,7 +31,6 @@ logged); the job manager restarts a recorder process that died.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -43,20 +42,30 @@ import zmq
 
 from emq_django import transport
 from emq_django.settings_registry import parse_priority
-from emq_django.transport import SocketOptions
-from emq_django.worker.kept_records import SlotRecords
+from emq_django.worker.record_batch import RecordBatch, decode_batch
+from emq_django.worker.record_forwarder import ERROR_LOG_INTERVAL, SEND_HWM, RecordForwarder
 from emq_django.worker.recording import (
-    JobRecord,
     JobRecorder,
     close_recorder,
     load_recorder,
-    split_attempt,
 )
 
 log = logging.getLogger(__name__)
+__all__ = [
+    "BUSY_THRESHOLD",
+    "ERROR_LOG_INTERVAL",
+    "SEND_HWM",
+    "MachineBusy",
+    "RecordBatch",
+    "RecordForwarder",
+    "RecorderProcess",
+    "SeenAttempts",
+    "decode_batch",
+    "lower_priority",
+    "parse_priority",
+    "recorder_endpoint",
+]
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
-SEND_HWM = 1000  # batches queued for the recorder process before a worker keeps them
 # The machine's CPU busy fraction above which writing waits. Not near 1: processes
 # that pass jobs to each other (client, broker, workers) leave gaps even when the
 # machine is as busy as they can make it: draining no-op jobs as fast as they
@@ -66,7 +75,6 @@ SEND_HWM = 1000  # batches queued for the recorder process before a worker keeps
 # 6% more than with 0.5 (bench/trace_overhead.py, 8 pairs each).
 BUSY_THRESHOLD = 0.5
 BUSY_SAMPLE = 0.25  # seconds between looks at /proc/stat while records wait
-ERROR_LOG_INTERVAL = 60.0
 
 
 def lower_priority(priority: str) -> None:
@@ -85,242 +93,6 @@ def recorder_endpoint() -> str:
     """A fresh ``ipc://`` address for one job manager's recorder process."""
     name = f"emq-rec-{os.getpid()}-{os.urandom(3).hex()}.sock"
     return "ipc://" + os.path.join(tempfile.gettempdir(), name)
-
-
-class RecordBatch:
-    """The records a worker process has not handed over yet, kept as it got them.
-
-    A job's record costs the worker process next to nothing: its request body
-    (with the args and kwargs) and its REPLY body stay the bytes that came and
-    went over the wire, and the other fields are strings and numbers in a tuple
-    (no container the garbage collector must walk while thousands wait), the
-    times in integer microseconds (JSON writes them faster than floats). The
-    recorder process decodes them (``decode_batch``), at its own pace.
-
-    The message is two frames: a JSON header ``{"manager": ..., "rows": [...]}``,
-    a row per record, and the bytes of every record's attempt id, request body
-    and REPLY body one after the other, whose lengths end each row.
-    """
-
-    __slots__ = ("manager", "rows", "parts")
-
-    def __init__(self, manager: str) -> None:
-        self.manager = manager
-        self.rows: list[tuple[Any, ...]] = []
-        self.parts: list[bytes] = []
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def add(
-        self,
-        attempt_id: bytes,
-        task: str,
-        queue: str,
-        started_us: int,
-        finished_us: int,
-        failed: bool,
-        error_type: str,
-        retry_count: int,
-        request: bytes,
-        reply: bytes,
-        lost: bool = False,
-        partials: int = 0,
-    ) -> None:
-        self.rows.append(
-            (task, queue, started_us, finished_us, failed, error_type, retry_count, lost,
-             len(attempt_id), len(request), len(reply), partials)
-        )  # fmt: skip
-        self.parts += (attempt_id, request, reply)
-
-    def encode(self) -> list[bytes]:
-        header = _encode({"manager": self.manager, "rows": self.rows}).encode()
-        return [header, b"".join(self.parts)]
-
-    def clear(self) -> None:
-        self.rows.clear()
-        self.parts.clear()
-
-    def drop_oldest(self, count: int) -> None:
-        del self.rows[:count]
-        del self.parts[: 3 * count]
-
-
-def decode_batch(frames: list[bytes]) -> list[JobRecord]:
-    """``RecordBatch.encode``'s frames -> records; raises ValueError on anything else."""
-    if len(frames) != 2:
-        raise ValueError(f"a batch has 2 frames, not {len(frames)}")
-    header, blob = frames
-    doc = json.loads(header)
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-        raise ValueError("the header is not {manager, rows}")
-    manager = doc.get("manager")
-    if not isinstance(manager, str):
-        raise ValueError("the header names no manager")
-    records = []
-    at = 0
-    for row in doc["rows"]:
-        if type(row) is not list or len(row) not in (11, 12):
-            raise ValueError(f"not a record: {str(row)[:100]}")
-        task, queue, started, finished, failed, error, retries, lost, n_id, n_req, n_rep = row[:11]
-        partials = row[11] if len(row) == 12 else 0  # 11: from a worker before streaming
-        if not (
-            type(partials) is int
-            and partials >= 0
-            and type(n_id) is int
-            and type(n_req) is int
-            and type(n_rep) is int
-            and type(started) is int
-            and type(finished) is int
-            and type(retries) is int
-            and n_id >= 0
-            and n_req >= 0
-            and n_rep >= 0
-        ):
-            raise ValueError(f"bad numbers in {str(row)[:100]}")
-        attempt_id = blob[at : at + n_id]
-        at += n_id
-        request = blob[at : at + n_req]
-        at += n_req
-        reply = blob[at : at + n_rep]
-        at += n_rep
-        job_id, attempt = split_attempt(attempt_id)
-        args, kwargs = _arguments(request)
-        records.append(
-            JobRecord(
-                job_id, attempt, str(task), str(queue), args, kwargs, started / 1e6,
-                finished / 1e6, failed is True, str(error), reply, manager, lost is True,
-                retries, partials,
-            )
-        )  # fmt: skip
-    if at != len(blob):
-        raise ValueError(f"the bodies are {len(blob)} bytes, the rows account for {at}")
-    return records
-
-
-def _arguments(request: bytes) -> tuple[list[Any], dict[str, Any]]:
-    """The args and kwargs of a request body (``["run", {...}]``); none when it
-    is not one (the job was refused as malformed, or the job manager does not
-    know it)."""
-    if not request:
-        return [], {}
-    try:
-        data = json.loads(request.decode())  # str: json need not guess the encoding
-    except RecursionError:  # nested too deep: the worker refused it (protocol/limits.py)
-        return [], {}
-    except ValueError:  # UnicodeDecodeError too: not UTF-8 (it may be UTF-16 JSON)
-        try:
-            data = json.loads(request)
-        except (ValueError, RecursionError):
-            return [], {}
-    spec = data[1] if isinstance(data, list) and len(data) == 2 else None
-    if not isinstance(spec, dict):
-        return [], {}
-    args, kwargs = spec.get("args") or [], spec.get("kwargs") or {}
-    return (args if isinstance(args, list) else []), (kwargs if isinstance(kwargs, dict) else {})
-
-
-class RecordForwarder:
-    """How a worker process (or the job manager) hands its records to the recorder
-    process. ``add`` is all a job costs; ``flush`` sends them as one message and
-    never blocks: what cannot be sent is kept for the next one."""
-
-    def __init__(
-        self,
-        context: zmq.Context[Any],
-        endpoint: str,
-        max_buffer: int,
-        manager: str,
-        kept: SlotRecords | None = None,
-    ) -> None:
-        self.sock = transport.connect(
-            context, zmq.PUSH, endpoint, SocketOptions(linger=-1, sndhwm=SEND_HWM)
-        )
-        self.max_buffer = max_buffer
-        self.batch = RecordBatch(manager)
-        # a worker process's records are kept in shared memory too (kept_records.py)
-        self.kept = kept
-        self.add = self.batch.add if kept is None else self._add_kept  # no extra call
-        self._next_error_log = 0.0
-        self.sent = 0
-        self.dropped = 0
-        self.not_kept = 0  # records too large for the shared memory (lost if it dies)
-
-    def _add_kept(
-        self,
-        attempt_id: bytes,
-        task: str,
-        queue: str,
-        started_us: int,
-        finished_us: int,
-        failed: bool,
-        error_type: str,
-        retry_count: int,
-        request: bytes,
-        reply: bytes,
-        lost: bool = False,
-        partials: int = 0,
-    ) -> None:
-        """``RecordBatch.add``, and the record kept in shared memory too."""
-        row = (attempt_id, task, queue, started_us, finished_us, failed, error_type,
-               retry_count, request, reply, lost, partials)  # fmt: skip
-        self.batch.add(*row)
-        kept = self.kept
-        assert kept is not None
-        if kept.add(*row):
-            return
-        self.flush()  # the area is full: hand the records over, then keep this one
-        if kept.add(*row):
-            return
-        self.not_kept += 1
-        if self.not_kept == 1 or self.not_kept % 1000 == 0:
-            log.warning(
-                "%d job records could not be kept in shared memory (too large, or the "
-                "recorder process is not taking records): they are lost if this worker "
-                "process dies before it hands them over",
-                self.not_kept,
-            )
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    def flush(self) -> None:
-        if not self.batch.rows:
-            return
-        try:
-            self.sock.send_multipart(self.batch.encode(), zmq.NOBLOCK)
-        except zmq.Again:
-            self._keep()
-            return
-        self.sent += len(self.batch)
-        self.batch.clear()
-        if self.kept is not None:
-            self.kept.handed_over()
-
-    def _keep(self) -> None:
-        excess = len(self.batch) - self.max_buffer
-        if excess > 0:
-            self.batch.drop_oldest(excess)
-            self.dropped += excess
-        now = time.monotonic()
-        if now >= self._next_error_log:
-            self._next_error_log = now + ERROR_LOG_INTERVAL
-            log.warning(
-                "the recorder process is not taking job records; %d kept, %d dropped so far",
-                len(self.batch),
-                self.dropped,
-            )
-
-    def close(self, linger: float = 5.0) -> None:
-        """Send what is left; wait up to ``linger`` seconds for it to be taken."""
-        if self.sock.closed:
-            return
-        self.flush()
-        if self.batch.rows:
-            log.warning(
-                "%d job records not recorded: the recorder process is gone", len(self.batch)
-            )
-        self.sock.close(linger=int(linger * 1000))
 
 
 class MachineBusy:
