@@ -69,6 +69,8 @@ EXIT_WAIT = 2.0  # seconds the interpreter's exit waits for the last ACKs, at mo
 _REQUESTS = B.REQUESTS
 _MARK = B.MARK
 _pack_head = B.HEAD.pack
+_record_head = B.record_head  # the record layout and the message: protocol/batch.py
+_requests_frames = B.requests_frames
 _MAX_HEADERS = B.MAX_HEADERS_LENGTH
 _SEP = B.PACK_SEPARATOR
 _LF = _SEP[0]
@@ -121,7 +123,7 @@ class Sending(Inbox):
                 self._noreply.append(msgid)
             if self._buf and not confirm and len(headers) <= _MAX_HEADERS and 0 < len(queue) < 256:
                 # the buffer's next job (its first checked what a send checks)
-                head = _pack_head(len(msgid), len(queue), len(headers), len(body))
+                head = _record_head(len(msgid), queue, headers, body)
                 self._buf += (head, msgid, queue + headers + body)
                 self._buffered(len(body))
                 return msgid
@@ -155,6 +157,7 @@ class Sending(Inbox):
                 self._noreply.append(msgid)
             if self._buf:
                 if head is None or len(msgid) != ID_CHARS:
+                    # (B.record_head inlined: delay()'s path with arguments)
                     head = _pack_head(len(msgid), len(queue), len(headers), len(body))
                 self._buf += (head, msgid, queue + headers + body if tail is None else tail)
                 # (_buffered, inline: this is every coalesced job's path)
@@ -257,7 +260,7 @@ class Sending(Inbox):
         if flusher.idle:  # else it is between sleeps, and looks again before waiting
             flusher.idle = False
             flusher.wake.set()
-        head = _pack_head(len(msgid), len(queue), len(headers), len(body))
+        head = _record_head(len(msgid), queue, headers, body)
         self._buf = [head, msgid, queue + headers + body]  # (records: 3 parts, _send_buffer)
         self._buf_bytes = len(body)
         self._buf_jobs = 1
@@ -271,7 +274,7 @@ class Sending(Inbox):
         took nothing, the buffer kept for the next send or wait of a caller."""
         buf = self._buf
         data = b"".join(buf)
-        frames = [b"", _PROTOCOL, _REQUESTS, self._ids(), data]
+        frames = _requests_frames(self._ids(), data)
         try:
             _send(sock, b"", _MORE_NOBLOCK)
         except zmq.Again:
