@@ -110,10 +110,7 @@ class Task(Generic[P, R]):
             return self.apply_async(args, kwargs)
         if settings.EAGER:
             return self._run_eagerly(body, self.reply)
-        module = _client_module
-        client = None if module is None else module._client
-        if client is None or module._client_pid != module._pid:
-            client = _get_client()
+        client = (_client_module or _load_client_module()).get_client()
         handle = _new_handle(self._handle)  # SentResult without an __init__ call
         changes = client.broker_changes  # a plain job is lost if it changes (JobLost)
         if changes and not self.guarantee:  # (0, the class's, until a broker restart)
@@ -322,11 +319,17 @@ _client_module: Any = None  # emq_django.client, once loaded (lazily: it opens s
 _new_handle = object.__new__
 
 
-def _get_client() -> Client:
-    """This process's client; keeps the module for ``delay()``'s fast path."""
+def _load_client_module() -> Any:
+    """``emq_django.client``, kept for ``delay()``'s fast path (its public
+    ``get_client()``: this process's client, checked against forks)."""
     global _client_module
-    module = _client_module = _client_module or client_module()
-    return module.get_client()
+    _client_module = client_module()
+    return _client_module
+
+
+def _get_client() -> Client:
+    """This process's client."""
+    return (_client_module or _load_client_module()).get_client()
 
 
 def _in_transaction() -> bool:

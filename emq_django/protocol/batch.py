@@ -72,11 +72,17 @@ def record_head(msgid_length: int, queue: bytes, headers: bytes, body: bytes) ->
     return _pack_head(msgid_length, len(queue), len(headers), len(body))
 
 
+def requests_frames(msgid: bytes, records: bytes) -> list[bytes]:
+    """A REQUESTS message around its job records, already joined: the one place
+    its frames are made (``encode_requests``, the client's coalescing buffer)."""
+    return [b"", PROTOCOL, REQUESTS, msgid, records]
+
+
 def encode_requests(msgid: bytes, jobs: Sequence[Job]) -> list[bytes]:
     parts: list[bytes] = []
     for job in jobs:
         parts += job_record(*job)
-    return [b"", PROTOCOL, REQUESTS, msgid, b"".join(parts)]
+    return requests_frames(msgid, b"".join(parts))
 
 
 def encode_packed_ack(msgid: bytes, ref_msgids: Sequence[bytes]) -> list[bytes] | None:

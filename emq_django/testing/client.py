@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from emq_django.client import _refusal  # the error the real client raises for an ERROR
+from emq_django.client import refusal as _refusal  # the error the real client raises
 from emq_django.exceptions import JobsRefused, ProtocolError, ResultTimeout
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F

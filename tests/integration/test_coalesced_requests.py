@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import zmq
 
-from emq_django import client as client_module
 from emq_django.client import Client
+from emq_django.client import sending as client_module
 from emq_django.exceptions import BrokerUnavailable, QueueFull
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
@@ -493,9 +493,9 @@ def test_a_forked_child_never_sends_its_parents_buffer(
 
 EXIT_SCRIPT = """
 import sys
-from emq_django import client as C
+from emq_django.client import sending as C, Client
 C.COALESCE_WAIT = 3600.0  # only the exit can send the buffer
-c = C.Client(sys.argv[1], ack_timeout=5.0, curve=None)
+c = Client(sys.argv[1], ack_timeout=5.0, curve=None)
 for _ in range(100):
     c.send_request(b"at-exit", b"", b'["run",{}]')
 assert c._buf, "nothing buffered: the test proves nothing"

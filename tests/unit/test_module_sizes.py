@@ -17,8 +17,6 @@ ALLOWED = {
     "broker/core.py": "being split (issue 31, R1: the core's typed effects and traits)",
     "broker/server.py": "being split (issue 31, R1: ports own their output)",
     "broker/journal.py": "being split (issue 31, R1: typed journal operations)",
-    "client.py": "being split (issue 31, R2: the emq_django/client/ package)",
-    "pubsub.py": "being split (issue 31, R2)",
     "worker/process.py": "the slot worker's loop; the reconnect and unstarted-job work merged "
     "beside the split put it a few lines over: its job run is the next to split out",
 }

@@ -258,7 +258,7 @@ def test_get_drops_the_partials_nobody_streamed() -> None:
 def test_a_job_keeps_at_most_max_partials_and_the_stream_sees_the_gap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from emq_django import client as client_module
+    from emq_django.client import inbox as client_module
     from emq_django.exceptions import PartialsLost
     from emq_django.handles import Result
 
@@ -270,7 +270,7 @@ def test_a_job_keeps_at_most_max_partials_and_the_stream_sees_the_gap(
 
 
 def test_only_max_streamed_jobs_keep_partials(monkeypatch: pytest.MonkeyPatch) -> None:
-    from emq_django import client as client_module
+    from emq_django.client import inbox as client_module
     from emq_django.exceptions import PartialsLost
     from emq_django.handles import Result
 

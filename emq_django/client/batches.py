@@ -1,0 +1,192 @@
+"""Batches: many REQUESTs sent at once under ids chosen first (``Task.map()``,
+the scheduler), resent while the broker does not answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from emq_django.client.inbox import _refusal
+from emq_django.client.sending import Sending
+from emq_django.exceptions import (
+    BatchUnacknowledged,
+    BrokerUnavailable,
+    HandshakeRefused,
+)
+from emq_django.protocol import frames as F
+
+log = logging.getLogger(__name__)
+
+
+class Batches(Sending):
+    def send_many(
+        self, queue: str, headers: bytes, bodies: list[bytes], *, confirm: bool = False
+    ) -> list[str]:
+        """``send_batch`` under new ids; returns them."""
+        ids = [self.new_id() for _ in bodies]
+        self.send_batch(queue, headers, bodies, ids, confirm=confirm)
+        return ids
+
+    def send_batch(
+        self,
+        queue: str,
+        headers: bytes,
+        bodies: Sequence[bytes],
+        job_ids: Sequence[str],
+        *,
+        confirm: bool = False,
+        results: Sequence[Any] = (),
+        noreply: bool = False,
+    ) -> None:
+        """Send one REQUEST per body, pipelined, under ``job_ids`` (one each, chosen
+        before sending). With ``confirm``, return once the broker has ACKed them
+        all (it journals them in a few transactions, not one each).
+
+        When ACKs stop coming (the broker crashed and restarts), the jobs not yet
+        acknowledged are sent again under the same ids every quarter of
+        ``ack_timeout``: the broker drops those it already has. After
+        ``ack_timeout`` without a single ACK it raises ``BatchUnacknowledged``,
+        whose ``job_ids`` are exactly the jobs that may not have arrived and whose
+        ``resend()`` sends them again under the same ids. Raises ``JobRefused`` /
+        ``QueueFull`` for a job the broker refused (with ``confirm``)."""
+        if len(job_ids) != len(bodies):
+            raise ValueError("one job id per body")
+        batch = _Batch(queue.encode(), F.with_acks_flag(headers), bodies, job_ids)
+        with self._lock:
+            if self._refused:
+                self._raise_refused(not_sent=True)
+            if noreply and not confirm:
+                self._noreply.extend(batch.msgids)
+            try:
+                self._send_batch(batch, confirm)
+            except BrokerUnavailable as exc:
+                # a refused handshake stays the cause: its reason is in the message too
+                cause = exc if isinstance(exc, HandshakeRefused) else None
+                raise self._batch_failed(batch, exc, queue, confirm, results) from cause
+            finally:
+                self._answered = None
+            if confirm:
+                refused = [m for m in batch.msgids if m in self._errors]
+                if refused:
+                    raise _refusal(self._errors.pop(refused[0]))
+
+    def _send_batch(self, batch: _Batch, confirm: bool) -> None:
+        sock = self._socket()
+        self._flush_buffer()
+        self._drain(sock)
+        if self._pending or self._sent:
+            self._check_overdue()
+        if not self._confirmed and batch.msgids:
+            # the socket's first message waits: a missing broker is reported at once
+            self.send(batch.queue.decode(), batch.headers, batch.bodies[0], confirm=confirm,
+                      job_id=batch.msgids[0].decode())  # fmt: skip
+            batch.sent = 1
+        self._answered = []
+        for k in range(batch.sent, len(batch.msgids)):
+            self._send_frames(sock, batch.frames(k))
+            self._pending[batch.msgids[k]] = time.monotonic()
+            batch.unanswered.add(batch.msgids[k])
+            batch.sent = k + 1
+            if self._unacked() >= self.window:
+                self._wait_batch(batch, lambda: self._unacked() < self.window // 2)
+        if confirm:
+            self._wait_batch(batch, lambda: not batch.unanswered)
+
+    def _wait_batch(self, batch: _Batch, done: Callable[[], bool]) -> None:
+        """Wait until ``done()``; resend the batch's unanswered jobs while no ACK
+        comes, and raise ``BrokerUnavailable`` after ``ack_timeout`` without one."""
+        sock = self._socket()
+        step = self.ack_timeout / 4
+        last_progress = time.monotonic()
+        next_resend = last_progress + step
+        while True:
+            self._note_answers(batch)
+            if done():
+                return
+            now = time.monotonic()
+            if now - last_progress >= self.ack_timeout:
+                raise BrokerUnavailable(
+                    f"the broker at {self.url} acknowledged nothing for {self.ack_timeout:g} s"
+                )
+            if now >= next_resend:
+                self._check_handshake()
+                for msgid in list(batch.unanswered):
+                    self._send_frames(sock, batch.frames(batch.index[msgid]))
+                next_resend = now + step
+            wait = min(next_resend, last_progress + self.ack_timeout) - now
+            if self._poll(sock, int(wait * 1000) + 1):
+                self._drain(sock, ready=True)
+                if self._answered:
+                    last_progress = time.monotonic()
+                    next_resend = last_progress + step
+
+    def _note_answers(self, batch: _Batch) -> None:
+        if self._answered:
+            for msgid in self._answered:
+                batch.unanswered.discard(msgid)
+            self._answered.clear()
+
+    def _batch_failed(
+        self,
+        batch: _Batch,
+        exc: BrokerUnavailable,
+        queue: str,
+        confirm: bool,
+        results: Sequence[Any],
+    ) -> BatchUnacknowledged:
+        if self._answered is not None:
+            self._note_answers(batch)
+        if batch.sent <= 1 and not batch.unanswered:
+            # it failed before or on the first message: none of them is acknowledged
+            missing = list(range(len(batch.msgids)))
+        else:
+            missing = [k for k, m in enumerate(batch.msgids) if m in batch.unanswered]
+            missing += range(batch.sent, len(batch.msgids))
+        if self._sock is not None:
+            self._reset()
+        ids = [batch.msgids[k].decode() for k in missing]
+        bodies = [batch.bodies[k] for k in missing]
+
+        def resend() -> Sequence[Any]:
+            self.send_batch(queue, batch.headers, bodies, ids, confirm=confirm, results=results)
+            return results
+
+        return BatchUnacknowledged(
+            f"{exc}; {len(ids)} of {len(batch.msgids)} jobs may not have arrived: "
+            "BatchUnacknowledged.resend() sends them again under the same ids",
+            ids,
+            results,
+            resend,
+        )
+
+    def send_frames(self, frames: list[bytes], msgid: bytes, *, confirm: bool = True) -> None:
+        """Send any client command (SCHEDULE, PUBLISH, ...) that carries ``msgid``."""
+        with self._lock:
+            sock = self._socket()
+            self._flush_buffer()
+            self._drain(sock)
+            self._send_frames(sock, frames)
+            self._pending[msgid] = time.monotonic()
+            if confirm or not self._confirmed:
+                self._wait_ack(msgid)
+
+
+class _Batch:
+    """The jobs of one ``send_batch``: their frames, and which are unanswered."""
+
+    def __init__(
+        self, queue: bytes, headers: bytes, bodies: Sequence[bytes], job_ids: Sequence[str]
+    ) -> None:
+        self.queue = queue
+        self.headers = headers
+        self.bodies = bodies
+        self.msgids = [i.encode() for i in job_ids]
+        self.index = {m: k for k, m in enumerate(self.msgids)}
+        self.unanswered: set[bytes] = set()  # sent, neither ACKed nor refused yet
+        self.sent = 0  # bodies[:sent] went out at least once
+
+    def frames(self, k: int) -> list[bytes]:
+        return F.encode_request(self.msgids[k], self.queue, self.headers, self.bodies[k])
