@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import zmq
 
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import mdp_tasks
-from tests.e2e.test_spine import monitor, start_broker, wait_jm_ready, wait_until
+from tests.e2e.test_spine import monitor, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
 
 majortomo = pytest.importorskip("majortomo")
 

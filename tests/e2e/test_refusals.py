@@ -24,9 +24,9 @@ from emq_django.monitor_client import status
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
 from emq_django.protocol.limits import MAX_DEPTH
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import spine_tasks as tasks
-from tests.e2e.test_spine import start_broker, start_jm, wait_jm_ready
+from tests.e2e.test_spine import start_jm, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker
 
 pytestmark = pytest.mark.e2e
 
