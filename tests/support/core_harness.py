@@ -21,6 +21,7 @@ from emq_django.protocol.headers import parse_headers
 
 BODY = b'["run", {"callable": "noop", "path": "pkg.tasks", "args": [1], "kwargs": {}}]'
 E = TypeVar("E")
+_OWN = frozenset({"now", "core", "port", "clients", "peers"})  # the harness's, not the core's
 
 
 class HarnessPort:
@@ -31,12 +32,52 @@ class HarnessPort:
 
 
 class CoreHarness:
-    def __init__(self, config: BrokerConfig | None = None, now: float = 0.0, **kw: Any) -> None:
+    """The core and the peers and clients it knows, by identity.
+
+    State is read from the core (``counters``, ``queues``, ``inflight``, ...) or
+    its lifecycle (``jobs``, ``delayed``, ``recent``, ``journal_ops``, ...):
+    ``harness.counters`` is ``harness.core.counters``. ``journal=True`` collects
+    the journal operations; ``trace=True`` keeps the trace lines (``trace``).
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig | None = None,
+        now: float = 0.0,
+        *,
+        wall_offset: float | None = None,
+        journal: bool = False,
+        trace: bool = False,
+        seed: int | None = None,
+    ) -> None:
         self.now = now
-        self.core = BrokerCore(config or BrokerConfig(), now, **kw)
+        self.core = BrokerCore(config or BrokerConfig(), now, seed=seed, trace=trace)
+        if wall_offset is not None:
+            self.core.wall_offset = wall_offset
+        if journal:
+            self.core.life.journal_ops = []
         self.port: Any = HarnessPort()
         self.clients: dict[bytes, ClientRef] = {}
         self.peers: dict[bytes, Peer] = {}
+
+    @property
+    def trace(self) -> list[str] | None:
+        return None if self.core.tracer is None else self.core.tracer.lines
+
+    def __getattr__(self, name: str) -> Any:
+        core = self.__dict__["core"]
+        return getattr(core, name) if hasattr(core, name) else getattr(core.life, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        core = self.__dict__.get("core")
+        if core is None or name in _OWN:
+            object.__setattr__(self, name, value)
+        elif hasattr(core, name):
+            setattr(core, name, value)
+        elif hasattr(core.life, name):
+            setattr(core.life, name, value)  # journal_ops, spill_requests, ...
+        else:
+            object.__setattr__(self, name, value)
 
     # ---- the clock ------------------------------------------------------------------
 
@@ -46,7 +87,10 @@ class CoreHarness:
             self.now = now
         return self.now
 
-    def tick(self, now: float) -> list[Effect]:
+    def tick(self, now: float, keep_alive: Iterable[bytes] = ()) -> list[Effect]:
+        """The core's timer at ``now``; the peers in ``keep_alive`` heard just before."""
+        for identity in keep_alive:
+            self.heard(identity, now)
         self.core.on_timer(self.at(now))
         return self.take()
 
@@ -86,9 +130,15 @@ class CoreHarness:
         self.core.worker_join(peer, at)
         return self.take()
 
+    def heard(self, identity: bytes, now: float | None = None) -> Peer:
+        """Anything from ``peer`` (a heartbeat): every port marks it seen."""
+        peer = self.peers[identity]
+        peer.last_seen = self.at(now)
+        return peer
+
     def ready(self, identity: bytes, times: int = 1, now: float | None = None) -> list[Effect]:
         for _ in range(times):
-            self.core.worker_ready(self.peers[identity], self.at(now))
+            self.core.worker_ready(self.heard(identity, now), self.now)
         return self.take()
 
     def result(
@@ -99,7 +149,7 @@ class CoreHarness:
         body: bytes = b"null",
         now: float | None = None,
     ) -> list[Effect]:
-        self.core.worker_result(self.peers[identity], attempt_id, outcome, body, self.at(now))
+        self.core.worker_result(self.heard(identity, now), attempt_id, outcome, body, self.now)
         return self.take()
 
     # ---- effects --------------------------------------------------------------------
@@ -108,6 +158,11 @@ class CoreHarness:
         """The effects the core queued since the last take."""
         out, self.core.out = self.core.out, []
         return out
+
+
+def failed(error: str = "", ready: bool = True, **kw: Any) -> Outcome:
+    """A failed attempt's outcome (``retry=``, ``lost=``, ``requeue=`` as Outcome)."""
+    return Outcome(True, ready, error, **kw)
 
 
 def of_type(effects: Iterable[Any], kind: type[E]) -> list[E]:
