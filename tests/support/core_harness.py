@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from emq_django.broker.core import BrokerConfig, BrokerCore
-from emq_django.broker.effects import OK_READY, ClientRef, Effect, Outcome
+from emq_django.broker.effects import OK_READY, ClientRef, Effect, Forget, Outcome
 from emq_django.broker.state import Peer
 from emq_django.protocol.headers import parse_headers
 
 BODY = b'["run", {"callable": "noop", "path": "pkg.tasks", "args": [1], "kwargs": {}}]'
 E = TypeVar("E")
-_OWN = frozenset({"now", "core", "port", "clients", "peers"})  # the harness's, not the core's
+_OWN = frozenset({"now", "core", "port", "clients", "known"})  # the harness's, not the core's
 
 
 class HarnessPort:
@@ -58,7 +58,12 @@ class CoreHarness:
             self.core.life.journal_ops = []
         self.port: Any = HarnessPort()
         self.clients: dict[bytes, ClientRef] = {}
-        self.peers: dict[bytes, Peer] = {}
+        self.known: dict[bytes, Peer] = {}  # as a port knows them: until the core's Forget
+
+    @property
+    def peers(self) -> dict[bytes, Peer]:
+        """The peers the core has not dropped, by identity."""
+        return {i: p for i, p in self.known.items() if not p.gone}
 
     @property
     def trace(self) -> list[str] | None:
@@ -124,17 +129,34 @@ class CoreHarness:
     ) -> list[Effect]:
         """A worker (``peer_type`` "worker") joins with ``queues`` as (weight, name)."""
         at = self.at(now)
+        old = self.known.get(identity)
+        if old is not None:  # what a port does with a second join under one identity
+            self.core.worker_gone(old, at, "sent INFORM again")
         meta = json.loads(json.dumps(meta or {}))
         peer = Peer(identity, "worker", tuple(queues), at, meta, connected_at=at, port=self.port)
-        self.peers[identity] = peer
+        self.known[identity] = peer
         self.core.worker_join(peer, at)
         return self.take()
 
     def heard(self, identity: bytes, now: float | None = None) -> Peer:
         """Anything from ``peer`` (a heartbeat): every port marks it seen."""
-        peer = self.peers[identity]
+        peer = self.known[identity]
         peer.last_seen = self.at(now)
         return peer
+
+    def ended(self, identity: bytes, pid: int, how: str, now: float | None = None) -> list[Effect]:
+        """A job manager says its worker process ``pid`` ended (``how``)."""
+        self.core.worker_ended(self.heard(identity, now), pid, how, self.now)
+        return self.take()
+
+    def unreachable(self, identity: bytes, now: float | None = None) -> list[Effect]:
+        """The socket could not route to ``identity``: that peer is gone."""
+        peer = self.peers.get(identity)
+        if peer is None:
+            self.core.counters["unroutable"] += 1
+        else:
+            self.core.peer_unreachable(peer, self.at(now))
+        return self.take()
 
     def ready(self, identity: bytes, times: int = 1, now: float | None = None) -> list[Effect]:
         for _ in range(times):
@@ -157,6 +179,9 @@ class CoreHarness:
     def take(self) -> list[Effect]:
         """The effects the core queued since the last take."""
         out, self.core.out = self.core.out, []
+        for effect in out:
+            if isinstance(effect, Forget) and self.known.get(effect.peer.identity) is effect.peer:
+                del self.known[effect.peer.identity]  # what Port.forget does
         return out
 
 

@@ -401,6 +401,33 @@ def slot_meta(n: int, manager: str = "jm1") -> dict[str, Any]:
     return {"role": "slot", "manager": manager, "slot": n, "pid": 200 + n}
 
 
+# the held-attempts scene over eMQP (test_reconnect.py; test_held_attempts.py has it on
+# typed effects)
+AT_MOST_ONCE = b"reply-requested"
+
+
+def replies_to(out: Any, client: bytes = b"client") -> dict[bytes, Reply]:
+    return {c.request_msgid: c for c in sent_to(out, FRONTEND, client) if isinstance(c, Reply)}
+
+
+def busy_slot(core: BrokerCore, jobs: dict[bytes, bytes]) -> None:
+    """The job manager ``mgr`` with slot0 holding ``jobs`` (msgid -> headers), in
+    order, and slot1 ready for one job (what goes back to the queue goes there)."""
+    inform(core, b"mgr", meta=MANAGER)
+    inform(core, b"slot0", meta=slot_meta(0))
+    ready(core, b"slot0", times=len(jobs))
+    for msgid, headers in jobs.items():
+        request(core, b"client", msgid, headers=headers)
+    assert all(core.inflight[m + b"#1"].peer.identity == b"slot0" for m in jobs)
+    inform(core, b"slot1", meta=slot_meta(1))
+
+
+def lose_slot0(core: BrokerCore, now: float = 0.1) -> None:
+    """The broker finds slot0 unreachable before its job manager's word."""
+    core.peer_unreachable(BACKEND, b"slot0", now)
+    assert b"slot0" not in core.peers
+
+
 def test_busy_slot_is_kept_while_its_manager_is_alive_and_dropped_with_it() -> None:
     core = make_core()
     inform(core, b"mgr", meta=MANAGER)
