@@ -1,4 +1,7 @@
-"""BrokerCore as a pure state machine: decoded frames in, frames out, fake ``now``."""
+"""The broker core through its two eMQP ports (tests/emqp_machine.py): eMQP frames in,
+frames out through the ports' codec, fake ``now``. What a peer sees on the wire is asserted
+here; the core's own job life is asserted on typed effects in test_lifecycle.py and
+test_held_attempts.py (tests/support/core_harness.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,7 @@ from emq_django.protocol import (
     decode,
     parse_headers,
 )
-from tests.emqp_machine import BACKEND, FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
+from tests.emqp_machine import BACKEND, FRONTEND, EmqpMachine
 
 P = PROTOCOL
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
@@ -32,11 +34,11 @@ LIVENESS = 3
 Out = list[tuple[int, bytes, list[bytes]]]
 
 
-def make_core(max_pending: int = 100_000) -> BrokerCore:
-    return BrokerCore(BrokerConfig(INTERVAL, LIVENESS, max_pending), now=0.0, id_prefix=b"b-")
+def make_core(max_pending: int = 100_000) -> EmqpMachine:
+    return EmqpMachine(BrokerConfig(INTERVAL, LIVENESS, max_pending), now=0.0, id_prefix=b"b-")
 
 
-def take(core: BrokerCore) -> Out:
+def take(core: EmqpMachine) -> Out:
     out, core.out = core.out, []
     return out
 
@@ -50,7 +52,7 @@ def requests_to(out: Out, identity: bytes) -> list[Request]:
 
 
 def inform(
-    core: BrokerCore,
+    core: EmqpMachine,
     ident: bytes,
     queues: bytes = b'[[10, "default"]]',
     meta: dict[str, Any] | None = None,
@@ -63,14 +65,14 @@ def inform(
     return take(core)
 
 
-def ready(core: BrokerCore, ident: bytes, now: float = 0.0, times: int = 1) -> Out:
+def ready(core: EmqpMachine, ident: bytes, now: float = 0.0, times: int = 1) -> Out:
     for n in range(times):
         core.on_backend(ident, [b"", P, b"READY", ident + b"-ready-%d" % n], now)
     return take(core)
 
 
 def request(
-    core: BrokerCore,
+    core: EmqpMachine,
     client: bytes,
     msgid: bytes,
     queue: bytes = b"default",
@@ -82,7 +84,7 @@ def request(
 
 
 def reply(
-    core: BrokerCore,
+    core: EmqpMachine,
     ident: bytes,
     attempt_id: bytes,
     status: bytes | None = b"ok,ready",
@@ -96,11 +98,11 @@ def reply(
     return take(core)
 
 
-def heartbeat(core: BrokerCore, ident: bytes, now: float) -> None:
+def heartbeat(core: EmqpMachine, ident: bytes, now: float) -> None:
     core.on_backend(ident, [b"", P, b"HEARTBEAT", ident + b"-hb", b"%f" % now], now)
 
 
-def tick(core: BrokerCore, now: float, keep_alive: tuple[bytes, ...] = ()) -> Out:
+def tick(core: EmqpMachine, now: float, keep_alive: tuple[bytes, ...] = ()) -> Out:
     for ident in keep_alive:
         heartbeat(core, ident, now)
     core.on_timer(now)
@@ -774,7 +776,7 @@ def test_random_frames_never_break_the_core() -> None:
 # ---- monitor documents -------------------------------------------------------
 
 
-def _monitor_core() -> BrokerCore:
+def _monitor_core() -> EmqpMachine:
     core = make_core()
     inform(core, b"mgr", b'[[40, "email"], [10, "default"]]', meta=MANAGER)
     inform(core, b"slot0", b'[[40, "email"], [10, "default"]]', meta=slot_meta(0))
@@ -867,7 +869,7 @@ def test_nameless_manager_cannot_answer_for_a_plain_workers_job(rogue_meta: dict
 def test_eventmq_peer_gets_its_own_heartbeat_allowance() -> None:
     """EventMQ's job manager beats every 3 s whatever our interval: with a 0.5 s
     interval it must not be dropped after 1.5 s, only after 3 s x liveness."""
-    core = BrokerCore(BrokerConfig(heartbeat_interval=0.5, heartbeat_liveness=3), 0.0)
+    core = EmqpMachine(BrokerConfig(heartbeat_interval=0.5, heartbeat_liveness=3), 0.0)
     inform(core, b"emq-jm")
     core.on_timer(2.0)
     assert b"emq-jm" in core.peers
