@@ -133,7 +133,8 @@ class CoreHarness:
         if old is not None:  # what a port does with a second join under one identity
             self.core.worker_gone(old, at, "sent INFORM again")
         meta = json.loads(json.dumps(meta or {}))
-        peer = Peer(identity, "worker", tuple(queues), at, meta, connected_at=at, port=self.port)
+        ranked = tuple(sorted(queues, key=lambda p: -p[0]))  # heaviest first, as ports give them
+        peer = Peer(identity, "worker", ranked, at, meta, connected_at=at, port=self.port)
         self.known[identity] = peer
         self.core.worker_join(peer, at)
         return self.take()

@@ -172,34 +172,7 @@ def test_schedule_is_forwarded_byte_identical_to_the_scheduler() -> None:
     assert (FRONTEND, b"sched", frames) in out
 
 
-# ---- dispatch --------------------------------------------------------------
-
-
-def test_dispatch_goes_to_the_highest_weight_with_credit() -> None:
-    core = make_core()
-    inform(core, b"light", b'[[10, "default"]]')
-    inform(core, b"heavy", b'[[40, "default"]]')
-    ready(core, b"light")
-    ready(core, b"heavy")
-    out = request(core, b"client", b"c1")
-    assert [r.msgid for r in requests_to(out, b"heavy")] == [b"c1#1"]
-    assert requests_to(out, b"light") == []
-    # heavy has no credit left: the next job goes to the lighter one
-    out = request(core, b"client", b"c2")
-    assert [r.msgid for r in requests_to(out, b"light")] == [b"c2#1"]
-
-
-def test_dispatch_rotates_among_equal_weights() -> None:
-    core = make_core()
-    for ident in (b"a", b"b"):
-        inform(core, ident)
-    ready(core, b"a", times=2)
-    ready(core, b"b", times=2)
-    targets = []
-    for n in range(4):
-        out = request(core, b"client", b"c%d" % n)
-        targets += [i for s, i, f in out if s == BACKEND]
-    assert targets == [b"a", b"b", b"a", b"b"]
+# ---- dispatch (the core's choices: test_core_dispatch.py) ---------------------------
 
 
 def test_dispatched_request_has_eventmq_frames() -> None:
@@ -214,62 +187,6 @@ def test_dispatched_request_has_eventmq_frames() -> None:
             [b"", P, b"REQUEST", b"c1#1", b"default", b"reply-requested,guarantee", BODY],
         )
     ]
-
-
-def test_credit_from_ready_and_from_reply_ok_ready() -> None:
-    core = make_core()
-    inform(core, b"w")
-    ready(core, b"w", times=2)
-    sent = [r.msgid for n in range(3) for r in requests_to(request(core, b"c", b"j%d" % n), b"w")]
-    assert sent == [b"j0#1", b"j1#1"]  # two credits, the third job waits
-    assert len(core.queues["default"].pending) == 1
-    # a REPLY without `ready` (EventMQ's) gives no credit back
-    assert requests_to(reply(core, b"w", b"j0#1", status=None), b"w") == []
-    assert len(core.queues["default"].pending) == 1
-    # a REPLY with `ok,ready` gives it back: the waiting job goes out at once
-    assert [r.msgid for r in requests_to(reply(core, b"w", b"j1#1"), b"w")] == [b"j2#1"]
-    assert not core.queues["default"].pending
-    # a separate READY gives one more credit: the next job goes out immediately
-    ready(core, b"w")
-    assert [r.msgid for r in requests_to(request(core, b"c", b"j3"), b"w")] == [b"j3#1"]
-    assert core.peers[b"w"].credit == 0
-    assert core.counters["succeeded"] == 2
-
-
-def test_job_for_an_unserved_queue_waits_until_a_job_manager_serves_it() -> None:
-    core = make_core()
-    inform(core, b"default-only")
-    ready(core, b"default-only")
-    out = request(core, b"client", b"e1", queue=b"email")
-    assert is_ack_of(sent_to(out, FRONTEND, b"client")[0], b"e1")
-    assert [s for s, _, _ in out] == [FRONTEND]  # nothing to the default worker
-    assert len(core.queues["email"].pending) == 1
-    inform(core, b"mailer", b'[[40, "email"], [10, "default"]]')
-    out = ready(core, b"mailer")
-    assert [(r.msgid, r.queue) for r in requests_to(out, b"mailer")] == [(b"e1#1", "email")]
-    assert not core.queues["email"].pending
-
-
-def test_ready_takes_the_job_of_the_highest_weight_queue_first() -> None:
-    core = make_core()
-    request(core, b"client", b"d1", queue=b"default")
-    request(core, b"client", b"e1", queue=b"email")
-    inform(core, b"w", b'[[10, "default"], [40, "email"]]')
-    out = ready(core, b"w", times=2)
-    assert [r.msgid for r in requests_to(out, b"w")] == [b"e1#1", b"d1#1"]
-
-
-def test_pending_bound_refuses_with_queue_full() -> None:
-    core = make_core(max_pending=2)
-    for n in range(2):
-        request(core, b"client", b"c%d" % n)
-    out = request(core, b"client", b"c2")
-    cmds = sent_to(out, FRONTEND, b"client")
-    assert len(cmds) == 1 and isinstance(cmds[0], Error)
-    assert cmds[0].ref_msgid == b"c2" and cmds[0].code == "queue-full"
-    assert "full" in cmds[0].reason
-    assert len(core.queues["default"].pending) == 2
-    assert core.counters["refused"] == 1
 
 
 # ---- replies ---------------------------------------------------------------
@@ -412,7 +329,7 @@ def replies_to(out: Any, client: bytes = b"client") -> dict[bytes, Reply]:
     return {c.request_msgid: c for c in sent_to(out, FRONTEND, client) if isinstance(c, Reply)}
 
 
-def busy_slot(core: BrokerCore, jobs: dict[bytes, bytes]) -> None:
+def busy_slot(core: EmqpMachine, jobs: dict[bytes, bytes]) -> None:
     """The job manager ``mgr`` with slot0 holding ``jobs`` (msgid -> headers), in
     order, and slot1 ready for one job (what goes back to the queue goes there)."""
     inform(core, b"mgr", meta=MANAGER)
@@ -424,7 +341,7 @@ def busy_slot(core: BrokerCore, jobs: dict[bytes, bytes]) -> None:
     inform(core, b"slot1", meta=slot_meta(1))
 
 
-def lose_slot0(core: BrokerCore, now: float = 0.1) -> None:
+def lose_slot0(core: EmqpMachine, now: float = 0.1) -> None:
     """The broker finds slot0 unreachable before its job manager's word."""
     core.peer_unreachable(BACKEND, b"slot0", now)
     assert b"slot0" not in core.peers
