@@ -13,8 +13,8 @@ from emq_django.broker.core import BrokerConfig
 from emq_django.broker.effects import Answer, Deliver, Effect, Outcome
 from tests.support.core_harness import CoreHarness, failed
 from tests.unit.test_broker_core import INTERVAL, LIVENESS, MANAGER, slot_meta
+from tests.unit.test_lifecycle import ready, reply, request, take, tick
 
-BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
 LOST = failed("emq_django.exceptions.WorkerLost", ready=False, lost="exit code 1")
 OK = Outcome(failed=False)  # a REPLY's "ok": no credit given back
 DEADLINE = INTERVAL * LIVENESS
@@ -25,37 +25,10 @@ def make_core() -> CoreHarness:
     return CoreHarness(BrokerConfig(INTERVAL, LIVENESS, 100_000))
 
 
-def take(core: CoreHarness) -> Out:
-    return core.take()
-
-
 def inform(
     core: CoreHarness, ident: bytes, meta: dict[str, Any] | None = None, now: float = 0.0
 ) -> Out:
     return core.join(ident, meta=meta, now=now)
-
-
-def ready(core: CoreHarness, ident: bytes, now: float = 0.0, times: int = 1) -> Out:
-    return core.ready(ident, times, now=now)
-
-
-def request(core: CoreHarness, client: bytes, msgid: bytes, headers: bytes = b"") -> Out:
-    return core.request(client, msgid, "default", headers, BODY, now=0.0)
-
-
-def reply(
-    core: CoreHarness,
-    ident: bytes,
-    attempt_id: bytes,
-    status: Outcome,
-    body: bytes = b'{"value": 3}',
-    now: float = 0.0,
-) -> Out:
-    return core.result(ident, attempt_id, status, body, now=now)
-
-
-def tick(core: CoreHarness, now: float, keep_alive: tuple[bytes, ...] = ()) -> Out:
-    return core.tick(now, keep_alive)
 
 
 def requests_to(out: Out, ident: bytes) -> list[bytes]:
