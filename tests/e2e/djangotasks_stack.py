@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EmqProcesses, free_tcp_ports
-from tests.e2e.test_spine import run_manage, start_broker, wait_jm_ready
+from tests.e2e.test_spine import run_manage, wait_jm_ready
+from tests.support import EmqProcesses, free_tcp_ports, start_broker
 
 IMPORTS = "tests.e2e.djangotasks_tasks"
 PRELUDE = """

@@ -7,21 +7,16 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 from tests.e2e import scheduler_tasks
+from tests.support import REPO_ROOT, EmqProcesses, ManagedProcess, wait_until
 
 IMPORTS = scheduler_tasks.__name__
 TICK = f"{IMPORTS}.tick"
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 def manage(env: Mapping[str, str], *args: str, timeout: float = 60.0) -> str:
@@ -41,13 +36,6 @@ def manage(env: Mapping[str, str], *args: str, timeout: float = 60.0) -> str:
 
 def shell(env: Mapping[str, str], code: str) -> str:
     return manage(env, "shell", "-c", code)
-
-
-def start_broker(procs: EmqProcesses, env: Mapping[str, str]) -> ManagedProcess:
-    broker = procs.start("emq_broker", name="broker")
-    for key in ("EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND", "EMQ_MONITOR_BIND"):
-        procs.wait_for_port(port_of(env[key]), proc=broker)
-    return broker
 
 
 def start_jobmanager(procs: EmqProcesses, concurrency: int = 2) -> ManagedProcess:
@@ -80,17 +68,6 @@ def history(marker: Path, tag: str | None = None) -> list[float]:
         if tag is None or t == tag:
             times.append(float(at))
     return sorted(times)
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def gaps(times: list[float]) -> list[float]:
@@ -139,7 +116,7 @@ def sends_after_a_sentinel(
         f"import emq_django as emq; emq.schedule({TICK!r}, every=0.2, args=['sentinel'], "
         "queue='sched', name='sentinel')",
     )
-    wait_until("the sentinel sent twice", lambda: sched.stderr().count("schedule sentinel ") >= 2)
+    wait_until(lambda: sched.stderr().count("schedule sentinel ") >= 2, "the sentinel sent twice")
     log = sched.stderr()
     after = log[log.index("schedule sentinel ") :].splitlines()
     return [line for line in after if any(f"schedule {n} " in line for n in names)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, EmqProcesses, free_tcp_port
+from tests.support import REPO_ROOT, EmqProcesses, free_tcp_port
 
 pyspark = pytest.importorskip("pyspark")
 

@@ -20,16 +20,9 @@ import pytest
 
 from emq_django.exceptions import Cancelled, TaskFailed
 from emq_django.monitor_client import query
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import attempt_tasks as tasks
-from tests.e2e.test_spine import (
-    job_manager,
-    monitor,
-    run_manage,
-    start_broker,
-    wait_jm_ready,
-    wait_until,
-)
+from tests.e2e.test_spine import job_manager, monitor, run_manage, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

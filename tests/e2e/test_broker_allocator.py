@@ -11,7 +11,7 @@ import pytest
 
 from emq_django.broker.memory import trim_heap
 from emq_django.monitor_client import status
-from tests.conftest import EmqProcesses
+from tests.support import EmqProcesses
 
 pytestmark = [
     pytest.mark.skipif(not trim_heap(), reason="no glibc malloc_trim: the broker keeps pymalloc"),

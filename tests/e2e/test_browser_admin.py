@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT, EmqProcesses, free_tcp_port
 from tests.e2e import spine_tasks as tasks
 from tests.e2e.test_browser_dashboard import (  # noqa: F401  (fixture)
     browser,
     login,
     migrate_with_admin,
 )
-from tests.e2e.test_spine import run_manage, start_broker, start_jm, wait_jm_ready, wait_until
+from tests.e2e.test_spine import run_manage, start_jm, wait_jm_ready
+from tests.support import REPO_ROOT, EmqProcesses, free_tcp_port, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

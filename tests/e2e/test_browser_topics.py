@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EmqProcesses, free_tcp_port
 from tests.e2e.test_browser_dashboard import (  # noqa: F401
     ARTIFACTS,
     browser,
@@ -27,8 +26,8 @@ from tests.e2e.test_browser_dashboard import (  # noqa: F401
     login,
     migrate_with_admin,
 )
-from tests.e2e.test_spine import start_broker, wait_until
 from tests.eventbus_client import BusClient
+from tests.support import EmqProcesses, free_tcp_port, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

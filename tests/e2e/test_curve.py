@@ -34,10 +34,17 @@ from emq_django.monitor_client import query
 from emq_django.protocol.frames import PROTOCOL
 from emq_django.security.keys import CurveKeys, read_key
 from emq_django.transport import SocketOptions
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess, free_tcp_port
 from tests.e2e import spine_tasks as tasks
-from tests.e2e.test_spine import start_broker, start_jm, wait_jm_ready, wait_until
+from tests.e2e.test_spine import start_jm, wait_jm_ready
 from tests.mc0_client import Mc0Client
+from tests.support import (
+    REPO_ROOT,
+    EmqProcesses,
+    ManagedProcess,
+    free_tcp_port,
+    start_broker,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

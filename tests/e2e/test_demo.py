@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_tcp_ports, port_accepts
+from tests.support import REPO_ROOT, free_tcp_ports, port_accepts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -29,8 +29,8 @@ from django.test import override_settings
 
 from emq_django import monitor_client
 from emq_django.client import reset_client
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 from tests.e2e import interop_tasks
+from tests.support import REPO_ROOT, EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -41,28 +41,6 @@ PROTOCOL = b"eMQP/1.0"
 
 
 # ---- helpers -----------------------------------------------------------------------
-
-
-def wait_until(
-    what: str, check: Callable[[], Any], timeout: float = 10.0, procs: EmqProcesses | None = None
-) -> Any:
-    """Poll ``check`` until it returns something truthy; returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        if procs is not None:
-            dead = [p.name for p in procs.processes if not p.alive()]
-            if dead:
-                raise AssertionError(f"{', '.join(dead)} exited while waiting for {what}")
-        time.sleep(0.05)
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 def status(env: dict[str, str]) -> dict[str, Any]:
@@ -84,16 +62,6 @@ def marker_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def start_broker(
-    procs: EmqProcesses, env: dict[str, str], extra_env: dict[str, str] | None = None
-) -> ManagedProcess:
-    broker = procs.start("emq_broker", name="broker", env=extra_env)
-    procs.wait_for_port(port_of(env["EMQ_FRONTEND_BIND"]), proc=broker)
-    procs.wait_for_port(port_of(env["EMQ_BACKEND_BIND"]), proc=broker)
-    procs.wait_for_port(port_of(env["EMQ_MONITOR_BIND"]), proc=broker)
-    return broker
-
-
 def start_our_jobmanager(procs: EmqProcesses, env: dict[str, str], marker: Path) -> ManagedProcess:
     jm = procs.start(
         "emq_jobmanager",
@@ -107,8 +75,8 @@ def start_our_jobmanager(procs: EmqProcesses, env: dict[str, str], marker: Path)
     procs.wait_for_output(jm, f"{TASKS_MODULE}.record")  # "registered tasks: ..."
     # Both worker processes have connected and given their credit.
     wait_until(
-        "our job manager's 2 slots on queue default",
         lambda: free_slots(env) >= 2,
+        "our job manager's 2 slots on queue default",
         timeout=15,
         procs=procs,
     )
@@ -146,7 +114,7 @@ def start_eventmq_jobmanager(
         return free_slots(env) >= 2
 
     # INFORM -> our ACK + HEARTBEAT -> it forks its 2 workers -> one READY each.
-    wait_until("EventMQ's job manager to report 2 free slots", ready, timeout=15)
+    wait_until(ready, "EventMQ's job manager to report 2 free slots", timeout=15)
     return jm
 
 
@@ -263,8 +231,8 @@ def test_eventmq_client_runs_registered_task_on_our_jobmanager(
     first = eventmq_client.defer_job(f"{TASKS_MODULE}.record", args=["from-eventmq"])
     eventmq_client.wait_ack(first)
     wait_until(
-        "the task's side effect",
         lambda: any(line.startswith("record from-eventmq ") for line in marker_lines(marker)),
+        "the task's side effect",
         procs=emq_processes,
     )
 
@@ -278,7 +246,7 @@ def test_eventmq_client_runs_registered_task_on_our_jobmanager(
     assert "add 2 3" in marker_lines(marker)
 
     c = wait_until(
-        "2 jobs counted as succeeded", lambda: (c := counters(emq_env))["succeeded"] >= 2 and c
+        lambda: (c := counters(emq_env))["succeeded"] >= 2 and c, "2 jobs counted as succeeded"
     )
     assert c["succeeded"] == 2
     assert c["failed"] == 0
@@ -318,8 +286,8 @@ def test_eventmq_client_cannot_run_unregistered_callables(
         assert body["error"]["type"] == "emq_django.exceptions.TaskNotFound", body
 
     c = wait_until(
-        "3 jobs counted as failed",
         lambda: (c := counters(emq_env))["failed"] >= 3 and c,
+        "3 jobs counted as failed",
         procs=emq_processes,
     )
     assert c["failed"] == 3
@@ -330,11 +298,11 @@ def test_eventmq_client_cannot_run_unregistered_callables(
     ok = eventmq_client.defer_job(f"{TASKS_MODULE}.record", args=["still-works"])
     eventmq_client.wait_ack(ok)
     wait_until(
-        "the registered task after the refusals",
         lambda: any(line.startswith("record still-works ") for line in marker_lines(marker)),
+        "the registered task after the refusals",
         procs=emq_processes,
     )
-    wait_until("it counted as succeeded", lambda: counters(emq_env)["succeeded"] == 1)
+    wait_until(lambda: counters(emq_env)["succeeded"] == 1, "it counted as succeeded")
 
     assert not pwned.exists(), "os.system ran: the job manager executed an unregistered callable"
     assert not any(line.startswith("unregistered") for line in marker_lines(marker))
@@ -381,7 +349,7 @@ def test_our_client_runs_jobs_on_eventmq_jobmanager(
 ) -> None:
     # EMQ_HEARTBEAT_INTERVAL is the broker's own beat; EventMQ's job manager beats every
     # 3 s whatever the broker does, and the broker must keep it all the same.
-    start_broker(emq_processes, emq_env, {"EMQ_HEARTBEAT_INTERVAL": heartbeat_interval})
+    start_broker(emq_processes, emq_env, extra_env={"EMQ_HEARTBEAT_INTERVAL": heartbeat_interval})
     jm = start_eventmq_jobmanager(emq_processes, emq_env, marker)
     managers = status(emq_env)["job_managers"]
     assert [m["kind"] for m in managers] == ["eventmq"], managers
@@ -422,7 +390,7 @@ def test_trace_and_status_name_an_eventmq_job_manager_alike(
     """An identity that starts with a digit (EventMQ's are uuid4 strings) was hex in
     the trace and text in emq_status (issue 29, item 18)."""
     trace_dir = tmp_path / "trace"
-    start_broker(emq_processes, emq_env, {"EMQ_TRACE_DIR": str(trace_dir)})
+    start_broker(emq_processes, emq_env, extra_env={"EMQ_TRACE_DIR": str(trace_dir)})
     # its identity is a fresh uuid4 (its --name is not used): started again until
     # one starts with a digit (10 in 16 do)
     for _ in range(20):
@@ -432,7 +400,7 @@ def test_trace_and_status_name_an_eventmq_job_manager_alike(
         if name[0].isdigit():
             break
         emq_processes.stop(jm)
-        wait_until("the job manager gone", lambda: not status(emq_env)["job_managers"])
+        wait_until(lambda: not status(emq_env)["job_managers"], "the job manager gone")
     assert name[0].isdigit() and "-" in name, name
     result = interop_tasks.add.delay(1, 2)
     assert result.get(timeout=10) == 3
@@ -446,7 +414,7 @@ def test_trace_and_status_name_an_eventmq_job_manager_alike(
                     names.add(event["jm"])
         return names
 
-    assert wait_until("the trace to name the job manager", names_in_trace) == {name}
+    assert wait_until(names_in_trace, "the trace to name the job manager") == {name}
 
 
 def run_body(func_args: list[Any]) -> bytes:

@@ -18,7 +18,7 @@ import zmq
 
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import PROTOCOL, Ack, Heartbeat, Reply, Request, decode
-from tests.conftest import EmqProcesses, ManagedProcess
+from tests.support import EmqProcesses, ManagedProcess, port_of
 
 pytestmark = pytest.mark.e2e
 
@@ -44,10 +44,6 @@ COMMANDS = [
     b"ERROR",
 ]
 FUZZ_QUEUES = [b"default", b"email", b"fq-1", b"fq-2"]
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 # ---- the fuzzer ----------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from emq_django.client import Client
 from emq_django.protocol.headers import format_headers
-from tests.conftest import EmqProcesses
+from tests.support import EmqProcesses
 
 
 def test_an_empty_journal_file_stops_the_broker_with_a_clear_error(

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,9 @@ from typing import Any
 import pytest
 import zmq
 
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import mdp_tasks
-from tests.e2e.test_spine import monitor, start_broker, wait_jm_ready, wait_until
+from tests.e2e.test_spine import monitor, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
 
 majortomo = pytest.importorskip("majortomo")
 
@@ -206,19 +205,20 @@ def test_the_broker_survives_10000_malformed_messages_and_counts_them(
         sock.connect(mdp_url(env))
         for _ in range(10_000):
             sock.send_multipart(junk(rng))
-        time.sleep(0.5)
+        # the socket stays open until the broker has counted them all (linger 0)
+        counters = wait_until(
+            lambda: (
+                (c := monitor(env)["counters"])["protocol_errors"] - before["protocol_errors"]
+                >= 10_000
+                and c
+            ),
+            "the malformed messages counted",
+            30,
+        )
     finally:
         sock.close()
         ctx.term()
     assert broker.alive()
-    counters = wait_until(
-        lambda: (
-            (c := monitor(env)["counters"])["protocol_errors"] - before["protocol_errors"] >= 10_000
-            and c
-        ),
-        "the malformed messages counted",
-        30,
-    )
     assert counters["internal_errors"] == 0
     with client(env) as c:  # and it still serves
         c.send(b"echo", b"still here")

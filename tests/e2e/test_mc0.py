@@ -19,10 +19,10 @@ import pytest
 import zmq
 
 import emq_django as emq
-from tests.conftest import EmqProcesses, ManagedProcess
-from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
+from tests.e2e.test_spine import monitor
 from tests.eventbus_client import BusClient
 from tests.mc0_client import Mc0Client, Mc0Refused
+from tests.support import EmqProcesses, ManagedProcess, port_of, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

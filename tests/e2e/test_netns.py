@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from emq_django.link import REFUSED_EXIT
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
+from tests.support import REPO_ROOT, EmqProcesses, ManagedProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -8,7 +8,7 @@ import pytest
 
 from emq_django.client import Client
 from emq_django.protocol.headers import format_headers
-from tests.conftest import EmqProcesses, free_tcp_ports
+from tests.support import EmqProcesses, free_tcp_ports
 
 pytestmark = pytest.mark.e2e
 

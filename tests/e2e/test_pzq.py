@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import zmq
 
-from tests.conftest import EmqProcesses, ManagedProcess
-from tests.e2e.test_spine import monitor, port_of, start_broker, wait_until
+from tests.e2e.test_spine import monitor
 from tests.pzq_client import Consumer, Delivery, Producer, close_all, connect
+from tests.support import EmqProcesses, ManagedProcess, port_of, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import spine_tasks as tasks
-from tests.e2e.test_spine import run_manage, start_broker, start_jm, wait_jm_ready, wait_until
+from tests.e2e.test_spine import run_manage, start_jm, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from emq_django.monitor_client import status
-from tests.conftest import EmqProcesses
+from tests.support import EmqProcesses, port_of
 
 pytestmark = pytest.mark.e2e
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from emq_django.monitor_client import status
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL, decode
 from emq_django.protocol.limits import MAX_DEPTH
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import spine_tasks as tasks
-from tests.e2e.test_spine import start_broker, start_jm, wait_jm_ready
+from tests.e2e.test_spine import start_jm, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -317,8 +317,15 @@ def test_other_refused_commands_are_answered_and_broken_frames_counted(
     }
     dealer.send_multipart([b"junk"])  # no msgid to answer: a counted drop
     dealer.send_multipart([b"", PROTOCOL, F.REQUEST, b"", b"q", b"", BODY])
-    time.sleep(0.3)
-    counters = status(emq_env["EMQ_MONITOR_URL"], timeout=2.0)["counters"]
+    counters = wait_until(
+        lambda: (
+            (c := status(emq_env["EMQ_MONITOR_URL"], timeout=2.0)["counters"])["dropped_malformed"]
+            >= 2
+            and c
+        ),
+        "the two broken frames counted",
+        10,
+    )
     assert counters["dropped_malformed"] == 2
     assert counters["protocol_errors"] == 6
     assert counters["refused"] == 4

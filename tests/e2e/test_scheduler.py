@@ -14,7 +14,6 @@ import zmq
 
 from emq_django.monitor_client import status
 from emq_django.scheduler.keys import task_key
-from tests.conftest import EmqProcesses
 from tests.e2e import scheduler_tasks
 from tests.e2e.scheduler_support import (
     TICK,
@@ -25,11 +24,10 @@ from tests.e2e.scheduler_support import (
     sends_after_a_sentinel,
     sent_ticks,
     shell,
-    start_broker,
     start_jobmanager,
     start_scheduler,
-    wait_until,
 )
+from tests.support import EmqProcesses, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -68,8 +66,8 @@ def test_every_second_with_and_without_nohaste_then_unschedule(
     # tick may be absorbed by a catch-up when the machine stalls: not asserted away)
     for name, first in ((late, late_first), (soon, soon_first)):
         ticks = wait_until(
-            f"4 ticks of {name}",
             lambda n=name: sent_ticks(emq_env, n)[3:] and sent_ticks(emq_env, n),
+            f"4 ticks of {name}",
             15,
         )
         start = dt.datetime.fromtimestamp(float(first), dt.UTC)
@@ -77,8 +75,8 @@ def test_every_second_with_and_without_nohaste_then_unschedule(
         assert offsets[0] == 0 and all(o == int(o) for o in offsets), offsets
         assert offsets == sorted(set(offsets)), offsets
     wait_until(
-        "the ticks' jobs ran",
         lambda: history(marker, "nohaste")[3:] and history(marker, "haste")[3:],
+        "the ticks' jobs ran",
     )
     runs = history(marker, "nohaste")
     print(f"\nnohaste: first run {runs[0] - before:.3f} s after schedule(), gaps {gaps(runs)}")
@@ -120,7 +118,7 @@ def test_orm_changes_take_effect_within_two_seconds(
         "print('T', time.time())\n",
     )
     t1 = float(out.split("T ")[-1])
-    first = wait_until("a run after the change", lambda: history(marker, "orm"), timeout=5)[0]
+    first = wait_until(lambda: history(marker, "orm"), "a run after the change", timeout=5)[0]
     print(f"\nORM update() -> first run after {first - t1:.2f} s (created {t1 - t0:.1f} s before)")
     assert first - t1 <= 2.0
     out = shell(
@@ -144,15 +142,15 @@ def test_one_catch_up_run_after_ten_seconds_down(
         f"import emq_django as emq; emq.schedule({TICK!r}, every=1, args=['c'], queue='sched')",
     )
     key = task_key(TICK, ["c"])
-    wait_until("3 ticks sent", lambda: sent_ticks(emq_env, key)[2:])
+    wait_until(lambda: sent_ticks(emq_env, key)[2:], "3 ticks sent")
     emq_processes.stop(sched)
     before = sent_ticks(emq_env, key)
     time.sleep(10)  # the downtime itself: ten ticks pass with no scheduler
     restarted = dt.datetime.now(dt.UTC)
     start_scheduler(emq_processes, "scheduler-2")
     ticks = wait_until(
-        "3 ticks sent after the restart",
         lambda: sent_ticks(emq_env, key)[len(before) + 2 :] and sent_ticks(emq_env, key),
+        "3 ticks sent after the restart",
     )[len(before) :]
     print(f"\ndown 10 s; ticks sent after the restart: {[t.isoformat() for t in ticks]}")
     # one run stands for all the missed ticks (due at the first of them); the next
@@ -179,7 +177,7 @@ def test_first_tick_runs_once_when_the_scheduler_starts_before_the_broker(
     sched = start_scheduler(emq_processes)
     start_broker(emq_processes, emq_env)
     start_jobmanager(emq_processes)
-    wait_until("the scheduler's tick acknowledged", lambda: "sent " in sched.stderr(), 30)
+    wait_until(lambda: "sent " in sched.stderr(), "the scheduler's tick acknowledged", 30)
     # every REQUEST the scheduler sent reached the broker before the ACK it waited
     # for; once nothing waits or runs, every job the broker took has run
     url = emq_env["EMQ_MONITOR_URL"]
@@ -189,7 +187,7 @@ def test_first_tick_runs_once_when_the_scheduler_starts_before_the_broker(
         busy = doc["in_flight"] or any(q["depth"] for q in doc["queues"])
         return None if busy or not doc["counters"]["succeeded"] else doc
 
-    doc = wait_until("the broker idle after the tick's job", settled, 30)
+    doc = wait_until(settled, "the broker idle after the tick's job", 30)
     assert doc["counters"]["succeeded"] == 1, doc["counters"]
     assert len(history(marker, "early")) == 1
 
@@ -218,7 +216,7 @@ def test_a_resent_tick_is_the_same_job(
                     ids.append(frames[4])
             return len(ids) >= 2
 
-        wait_until("the tick sent twice", two_requests, 30)
+        wait_until(two_requests, "the tick sent twice", 30)
         assert ids[0] == ids[1], ids
     finally:
         silent.close(linger=0)

@@ -21,18 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EmqProcesses
 from tests.e2e import scheduler_tasks
 from tests.e2e.scheduler_support import (
     TICK,
     history,
     manage,
     shell,
-    start_broker,
     start_jobmanager,
     start_scheduler,
-    wait_until,
 )
+from tests.support import EmqProcesses, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -115,13 +113,13 @@ def test_two_schedulers_on_postgres_fire_every_tick_once(
         return [e for e in lines if e["event"] == "enqueued" and e["task"] == TICK]
 
     jobs = wait_until(
-        "the trace of every job", lambda: len(enqueued()) >= len(every) and enqueued()
+        lambda: len(enqueued()) >= len(every) and enqueued(), "the trace of every job"
     )
     assert len(jobs) == len(every)
     assert len({j["job"] for j in jobs}) == len(jobs), "job ids are unique across schedulers"
 
     # 3. the runs themselves
     runs = wait_until(
-        "every run recorded", lambda: (r := history(marker, "ha"))[len(every) - 1 :] and r
+        lambda: (r := history(marker, "ha"))[len(every) - 1 :] and r, "every run recorded"
     )
     assert len(runs) == len(every)

@@ -18,7 +18,6 @@ import pytest
 
 from emq_django.client import Client
 from emq_django.scheduler.keys import task_key
-from tests.conftest import EmqProcesses
 from tests.e2e import scheduler_tasks
 from tests.e2e.scheduler_support import (
     TICK,
@@ -28,11 +27,10 @@ from tests.e2e.scheduler_support import (
     sends_after_a_sentinel,
     sent_ticks,
     shell,
-    start_broker,
     start_jobmanager,
     start_scheduler,
-    wait_until,
 )
+from tests.support import EmqProcesses, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.interop, pytest.mark.timeout(90)]
 
@@ -77,7 +75,7 @@ def test_eventmq_schedule_and_unschedule(
         t0 = time.time()
         assert schedule(sender, TICK, interval_secs=1, args=["emq"], queue="sched")
         assert schedule(sender, TICK, cron="*/5 * * * *", args=["cron"], headers=("nohaste",))
-        runs = wait_until("3 runs of the EventMQ schedule", lambda: history(marker, "emq")[2:], 10)
+        runs = wait_until(lambda: history(marker, "emq")[2:], "3 runs of the EventMQ schedule", 10)
         print(f"\nEventMQ schedule: first run {history(marker, 'emq')[0] - t0:.2f} s after sending")
         stored = rows(emq_env)
         key = task_key(TICK, ["emq"])
@@ -105,7 +103,7 @@ def test_eventmq_schedule_and_unschedule(
 
         assert schedule(sender, TICK, args=["emq"], unschedule=True)
         assert schedule(sender, TICK, args=["cron"], unschedule=True)
-        wait_until("both schedules removed", lambda: rows(emq_env) == {}, 10)
+        wait_until(lambda: rows(emq_env) == {}, "both schedules removed", 10)
         assert sends_after_a_sentinel(emq_env, sched, (key,)) == [], "no ticks after UNSCHEDULE"
     finally:
         sender.zsocket.close(linger=0)
@@ -126,7 +124,7 @@ def test_an_eventmq_cron_schedule_waits_for_its_next_match(
     try:
         assert schedule(sender, TICK, cron="0 0 1 1 *", args=["new-year"], queue="sched")
         key = task_key(TICK, ["new-year"])
-        wait_until("the schedule stored", lambda: key in rows(emq_env), 10)
+        wait_until(lambda: key in rows(emq_env), "the schedule stored", 10)
         out = shell(
             emq_env,
             "from emq_django.scheduler.models import ScheduledJob\n"
@@ -155,10 +153,10 @@ def test_seven_frame_schedule_from_our_client(
             [b"", PROTOCOL, b"SCHEDULE", b"s1", b"sched", b"interval:1", body.encode()], b"s1"
         )
         start_scheduler(emq_processes)
-        wait_until("2 runs of the 7-frame schedule", lambda: history(marker, "seven")[1:], 10)
+        wait_until(lambda: history(marker, "seven")[1:], "2 runs of the 7-frame schedule", 10)
         client.send_frames(
             [b"", PROTOCOL, b"UNSCHEDULE", b"u1", b"sched", b"", body.encode()], b"u1"
         )
-        wait_until("the schedule removed", lambda: rows(emq_env) == {}, 10)
+        wait_until(lambda: rows(emq_env) == {}, "the schedule removed", 10)
     finally:
         client.close()

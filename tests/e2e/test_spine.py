@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from emq_django.client import reset_client
 from emq_django.conf import reset_cached_settings
 from emq_django.exceptions import BrokerUnavailable, ResultTimeout, TaskFailed
 from emq_django.monitor_client import status
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 from tests.e2e import spine_tasks as tasks
+from tests.support import REPO_ROOT, EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -35,22 +35,6 @@ TASKS_FILE = "spine_tasks.py"
 
 
 # ---- helpers ----------------------------------------------------------------
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
-def start_broker(
-    procs: EmqProcesses,
-    env: Mapping[str, str],
-    name: str = "broker",
-    extra_env: Mapping[str, str] | None = None,
-) -> ManagedProcess:
-    broker = procs.start("emq_broker", name=name, env=extra_env)
-    for key in ("EMQ_MONITOR_BIND", "EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"):
-        procs.wait_for_port(port_of(env[key]), proc=broker)
-    return broker
 
 
 def start_jm(
@@ -80,25 +64,6 @@ def monitor(env: Mapping[str, str]) -> dict[str, Any]:
 
 def job_manager(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((m for m in doc["job_managers"] if m["identity"] == name), None)
-
-
-def wait_until(
-    ready: Callable[[], Any],
-    what: str,
-    timeout: float = 15.0,
-    procs: Sequence[ManagedProcess] = (),
-    interval: float = 0.05,
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = ready()
-        if value:
-            return value
-        for p in procs:
-            assert p.alive(), f"{p.name} exited with {p.popen.returncode} waiting for {what}"
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def wait_jm_ready(

@@ -17,9 +17,9 @@ import pytest
 
 from emq_django.client import get_client
 from emq_django.exceptions import TaskFailed
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e import stream_tasks as tasks
-from tests.e2e.test_spine import run_manage, start_broker, wait_jm_ready, wait_until
+from tests.e2e.test_spine import run_manage, wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -21,9 +21,9 @@ import zmq
 import emq_django as emq
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.pubsub import Subscription
-from tests.conftest import EmqProcesses, ManagedProcess, free_tcp_ports
-from tests.e2e.test_spine import monitor, port_of, wait_until
+from tests.e2e.test_spine import monitor
 from tests.eventbus_client import BusClient
+from tests.support import EmqProcesses, ManagedProcess, free_tcp_ports, port_of, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 FLOOD_PAD = "x" * 16000  # 2,000 of these are 32 MB: more than the loopback buffers hold

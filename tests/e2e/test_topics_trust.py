@@ -15,10 +15,9 @@ import zmq
 
 import emq_django as emq
 from emq_django.protocol import PROTOCOL
-from tests.conftest import EmqProcesses
 from tests.e2e import test_topics
-from tests.e2e.test_spine import wait_until
 from tests.e2e.test_topics import Sockets, bus, start, topics
+from tests.support import EmqProcesses, wait_until
 
 ctx = test_topics.ctx  # the fixture: sockets closed in teardown
 

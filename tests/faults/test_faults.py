@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,13 @@ import zmq
 
 from emq_django.exceptions import BrokerUnavailable
 from emq_django.monitor_client import query, status
-from tests.conftest import REPO_ROOT, EmqProcesses, ManagedProcess
 from tests.faults.history import History, assert_clean, report
+from tests.support import REPO_ROOT, EmqProcesses, ManagedProcess, start_broker, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(300)]
 
 IMPORTS = "tests.faults.fault_tasks"
 JOBS = 2000
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 @pytest.fixture
@@ -64,18 +59,6 @@ def client(fault_env: dict[str, str], emq_client_env: dict[str, str]) -> dict[st
     return fault_env
 
 
-def start_broker(
-    procs: EmqProcesses,
-    env: dict[str, str],
-    name: str = "broker",
-    extra_env: dict[str, str] | None = None,
-) -> ManagedProcess:
-    broker = procs.start("emq_broker", name=name, env=extra_env)
-    for key in ("EMQ_MONITOR_BIND", "EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND"):
-        procs.wait_for_port(port_of(env[key]), proc=broker)
-    return broker
-
-
 def start_jm(
     procs: EmqProcesses,
     name: str,
@@ -102,13 +85,6 @@ def monitor(env: dict[str, str]) -> dict[str, Any]:
     return status(env["EMQ_MONITOR_URL"], timeout=2.0)
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.05)
-
-
 def wait_slots(env: dict[str, str], count: int, timeout: float = 20.0) -> None:
     def ready() -> bool:
         try:
@@ -117,7 +93,7 @@ def wait_slots(env: dict[str, str], count: int, timeout: float = 20.0) -> None:
             return False
         return sum(m["slots"] for m in doc["job_managers"]) >= count
 
-    wait_for(ready, f"{count} worker processes", timeout)
+    wait_until(ready, f"{count} worker processes", timeout)
 
 
 def send_all(history: History, keys: list[str], seconds: float = 0.005) -> None:
@@ -189,7 +165,7 @@ def test_b_broker_killed_twice_while_clients_send(
     sender.start()
     for n in range(2):
         target = (n + 1) * JOBS // 3
-        wait_for(lambda t=target: len(history.accepted) > t, "progress", 60)
+        wait_until(lambda t=target: len(history.accepted) > t, "progress", 60)
         start = time.time()
         os.kill(broker.pid, signal.SIGKILL)
         broker.popen.wait(timeout=10)
@@ -221,7 +197,7 @@ def test_c_frozen_job_manager(
     time.sleep(1.0)
     start = time.time()
     os.killpg(frozen.pid, signal.SIGSTOP)  # the job manager and its worker processes
-    wait_for(
+    wait_until(
         lambda: all(m["identity"] != "F" for m in monitor(client)["job_managers"]),
         "the broker to drop the frozen job manager",
         timeout=10,
@@ -234,7 +210,7 @@ def test_c_frozen_job_manager(
     report("c", verdict)
     assert_clean(verdict)
     # it comes back: INFORM again after hearing nothing for liveness intervals
-    wait_for(
+    wait_until(
         lambda: any(m["identity"] == "F" for m in monitor(client)["job_managers"]),
         "the thawed job manager to reconnect",
         timeout=15,
@@ -263,7 +239,7 @@ def test_d_job_over_its_time_limit_is_killed_and_its_slot_returns(
     start_jm(emq_processes, "T", concurrency=1)
     wait_slots(client, 1)
     overrun.apply_async(("d-overrun", 30.0), job_id="d-overrun")  # timeout=2, retries=1
-    wait_for(
+    wait_until(
         lambda: any(e["event"] == "dead_lettered" for e in trace_events(client, "d-overrun")),
         "the overrunning job to time out twice and reach the dead letters",
         timeout=30,
@@ -280,7 +256,7 @@ def test_d_job_over_its_time_limit_is_killed_and_its_slot_returns(
     assert [r["key"] for r in history.records("done")] == []  # never ran to the end
     # the slot is back in service: an ordinary job runs on that same single process
     work.apply_async(("d-after", 0.0), job_id="d-after")
-    wait_for(lambda: "d-after" in history.completions(), "a job after the kill", timeout=15)
+    wait_until(lambda: "d-after" in history.completions(), "a job after the kill", timeout=15)
 
 
 # ---- e. a job that always fails, with retries=3 ----------------------------------
@@ -299,7 +275,7 @@ def test_e_always_failing_job_runs_four_times_then_dead_letter_requeue(
     def letters() -> list[dict[str, Any]]:
         return json.loads(query(client["EMQ_MONITOR_URL"], b"DEADLETTERS LIST"))["dead_letters"]
 
-    wait_for(lambda: any(d["id"] == "e-1" for d in letters()), "the dead letter", timeout=30)
+    wait_until(lambda: any(d["id"] == "e-1" for d in letters()), "the dead letter", timeout=30)
     runs = [r["t"] for r in history.records("run") if r["key"] == "e-1"]
     gaps = [round(b - a, 3) for a, b in zip(runs, runs[1:], strict=False)]
     print(f"\n[e] runs={len(runs)} gaps between them={gaps} s")
@@ -310,7 +286,7 @@ def test_e_always_failing_job_runs_four_times_then_dead_letter_requeue(
     # emq_deadletters requeue runs it again
     out = emq_processes.start("emq_deadletters", "requeue", "e-1", name="requeue")
     assert emq_processes.wait_for_exit(out) == 0, out.stderr()
-    wait_for(
+    wait_until(
         lambda: len([r for r in history.records("run") if r["key"] == "e-1"]) >= 5,
         "the requeued job to run again",
         timeout=15,
@@ -385,7 +361,7 @@ def test_g_poison_job_runs_three_times_and_other_jobs_keep_flowing(
         doc = json.loads(query(client["EMQ_MONITOR_URL"], b"DEADLETTERS LIST"))
         return {d["id"]: d for d in doc["dead_letters"]}
 
-    wait_for(lambda: key in letters(), "the poison job in the dead letters", timeout=30)
+    wait_until(lambda: key in letters(), "the poison job in the dead letters", timeout=30)
     letter = letters()[key]
     runs = [r for r in history.records("run") if r["key"] == key]
     print(f"\n[g] {how}: runs={len(runs)} dead letter: {letter['error']}")
@@ -486,7 +462,7 @@ def test_j_broker_killed_during_a_guaranteed_map_then_resent(
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
-    wait_for(lambda: monitor(client)["counters"]["received"] >= JOBS // 4, "progress", 60)
+    wait_until(lambda: monitor(client)["counters"]["received"] >= JOBS // 4, "progress", 60)
     start = time.time()
     os.kill(broker.pid, signal.SIGKILL)
     broker.popen.wait(timeout=10)
@@ -553,7 +529,7 @@ def test_k_broker_restarted_within_the_ack_timeout_during_a_guaranteed_map(
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
-    wait_for(lambda: monitor(client)["counters"]["received"] >= JOBS // 4, "progress", 60)
+    wait_until(lambda: monitor(client)["counters"]["received"] >= JOBS // 4, "progress", 60)
     start = time.time()
     os.kill(broker.pid, signal.SIGKILL)
     broker.popen.wait(timeout=10)
@@ -600,9 +576,9 @@ def test_l_worker_killed_for_its_time_limit_right_after_fast_jobs_keeps_their_hi
     wait_slots(client, 1)
     keys = [f"l-{n}" for n in range(20)]
     send_all(history, keys, 0.0)
-    wait_for(lambda: history.accepted <= set(history.completions()), "the fast jobs", 30)
+    wait_until(lambda: history.accepted <= set(history.completions()), "the fast jobs", 30)
     overrun.apply_async(("l-overrun", 30.0), job_id="l-overrun")  # timeout=2, retries=1
-    wait_for(
+    wait_until(
         lambda: any(e["event"] == "dead_lettered" for e in trace_events(client, "l-overrun")),
         "the overrunning job to time out twice",
         timeout=30,
@@ -613,7 +589,7 @@ def test_l_worker_killed_for_its_time_limit_right_after_fast_jobs_keeps_their_hi
         slow = job_rows(emq_env, "tests.faults.fault_tasks.overrun")
         return len(fast) == len(keys) and slow.get("l-overrun") == "timed_out"
 
-    wait_for(recorded, "every outcome in the history", timeout=20)
+    wait_until(recorded, "every outcome in the history", timeout=20)
     fast = job_rows(emq_env, "tests.faults.fault_tasks.work")
     print(f"\n[l] history rows of the fast jobs: {len(fast)} of {len(keys)}")
     assert fast == dict.fromkeys(keys, "succeeded")
@@ -662,7 +638,7 @@ def test_n_soft_time_limit_raises_inside_the_task(
     # the process lives on: the next job runs on it
     (run,) = history.records("run")
     cleans_up.apply_async(("m-next", 0.0), job_id="m-next")
-    wait_for(lambda: "m-next" in history.completions(), "a job after the soft limit", 15)
+    wait_until(lambda: "m-next" in history.completions(), "a job after the soft limit", 15)
     (after,) = [r for r in history.records("run") if r["key"] == "m-next"]
     assert after["pid"] == run["pid"]
 
@@ -696,7 +672,7 @@ def test_p_broker_stalled_for_seconds_fails_no_job(
     sender = threading.Thread(target=send_all, args=(history, keys, 0.01), daemon=True)
     sender.start()
     handles = {f"l-plain-{n}": plain.delay(f"l-plain-{n}", 0.2) for n in range(80)}
-    wait_for(lambda: len(history.records("plain")) >= 4, "plain jobs running", 60)
+    wait_until(lambda: len(history.records("plain")) >= 4, "plain jobs running", 60)
     stall = random.Random().uniform(5.0, 10.0)
     start = time.time()
     os.kill(broker.pid, signal.SIGSTOP)
@@ -760,7 +736,7 @@ def test_q_eventmq_job_manager_stopped_mid_job_runs_an_at_most_once_job_once(
     start_broker(emq_processes, client)
     legacy = start_eventmq_jm(emq_processes, client)
     handle = once.delay("m-once", 3.0)
-    wait_for(lambda: history.records("start"), "the job to start on EventMQ's job manager", 30)
+    wait_until(lambda: history.records("start"), "the job to start on EventMQ's job manager", 30)
     start_jm(emq_processes, "M")  # a job manager that would take the job if it came back
     wait_slots(client, 3)
     history.fault(time.time())
@@ -815,7 +791,7 @@ def test_s_plain_job_lost_with_the_broker_fails_at_once_with_job_lost(
     start_jm(emq_processes, "O")
     wait_slots(client, 2)
     handle = plain.delay("o-lost", 5.0)
-    wait_for(lambda: monitor(client)["counters"]["dispatched"] >= 1, "the job to run", 15)
+    wait_until(lambda: monitor(client)["counters"]["dispatched"] >= 1, "the job to run", 15)
     os.kill(broker.pid, signal.SIGKILL)
     broker.popen.wait(timeout=10)
     start_broker(emq_processes, client, name="broker-2")  # same ports: a new incarnation

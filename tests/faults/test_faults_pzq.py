@@ -16,15 +16,14 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import EmqProcesses, ManagedProcess
 from tests.e2e.test_pzq import pzq_monitor, start_pzq_broker
 from tests.faults.history import History, assert_clean, report
 from tests.pzq_client import ConfirmingProducer
+from tests.support import EmqProcesses, ManagedProcess, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(420)]
 
@@ -55,13 +54,6 @@ def start_producer(
     return producer, thread
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.02)
-
-
 def drain(history: History, timeout: float = 120.0) -> None:
     """Until every confirmed message has been done by a consumer (or the time-out;
     the verdict then names the lost ones)."""
@@ -87,7 +79,7 @@ def test_pzq_broker_killed_mid_stream_loses_no_confirmed_message(
     producer, thread = start_producer(emq_env, history, keys)
 
     # the worst moment: half confirmed, a window of sends unanswered, consumers busy
-    wait_for(
+    wait_until(
         lambda: len(producer.confirmed_at) >= MESSAGES // 2 and producer.outstanding > 0,
         "half of the messages confirmed",
         timeout=120,
@@ -160,7 +152,7 @@ def test_pzq_consumer_killed_holding_messages_they_come_again_after_the_ack_time
     keys = [f"p2-{n}" for n in range(MESSAGES)]
     producer, thread = start_producer(emq_env, history, keys)
 
-    wait_for(lambda: len(history.records("held")) >= 50, "the victim to hold messages", 120)
+    wait_until(lambda: len(history.records("held")) >= 50, "the victim to hold messages", 120)
     kill_t = time.time()
     emq_processes.send_signal(victim, signal.SIGKILL)
     emq_processes.wait_for_exit(victim)

@@ -23,7 +23,7 @@ from emq_django.results import actions
 from emq_django.results.display import human_duration, human_span, round_number
 from emq_django.results.models import JobResult, RetryLink
 from emq_django.scheduler.models import ScheduledJob, ScheduleRun
-from tests.conftest import free_tcp_port
+from tests.support import free_tcp_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LIST = "/admin/emq_results/jobresult/"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from emq_django.results.topics_page import figures
-from tests.conftest import free_tcp_port, private_broker_settings
 from tests.eventbus_client import BusClient
+from tests.support import free_tcp_port, private_broker_settings, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PAGE = "/admin/emq_results/dashboard/topics/"
@@ -83,17 +82,6 @@ def bus(broker: str) -> Iterator[BusClient]:
     client.close()
 
 
-def wait_for(check: Any, what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_topics_page_is_for_staff_only(broker: str) -> None:
     assert Client().get(PAGE).status_code == 302
     c = Client()
@@ -109,7 +97,7 @@ def test_figures_and_latest_events_from_a_live_broker(staff: Client, bus: BusCli
         bus.publish("orders/new", {"order": n, "items": ["tea"] * n}, producer="shop")
     bus.publish("audit", {"who": "alice"})
     seqs = [1, 2, 3, 4, 5, 6]  # a new broker numbers from 1; one producer keeps its order
-    doc = wait_for(
+    doc = wait_until(
         lambda: (d := staff.get(DATA).json())["ok"] and d["last_seq"] == seqs[-1] and d,
         "the events in the figures",
     )
@@ -155,7 +143,7 @@ def test_subscribers_per_port(staff: Client, broker: str) -> None:
             ports = {p["port"]: p["subscribers"] for p in staff.get(DATA).json()["ports"]}
             return sum(n for name, n in ports.items() if "bus" in name)
 
-        wait_for(lambda: bus_subscribers() == 2, "two Event BUS subscribers")
+        wait_until(lambda: bus_subscribers() == 2, "two Event BUS subscribers")
         text = staff.get("/emq/metrics").content.decode()
         assert "emq_port_subscribers{port=" in text
     finally:

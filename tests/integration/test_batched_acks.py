@@ -20,7 +20,7 @@ from emq_django.client import Client
 from emq_django.protocol import PROTOCOL as P
 from emq_django.protocol import frames as F
 from emq_django.protocol.headers import parse_headers
-from tests.conftest import free_tcp_ports, private_broker_settings
+from tests.support import free_tcp_ports, private_broker_settings
 
 BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
 WAIT_MS = 5000

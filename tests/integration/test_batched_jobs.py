@@ -26,7 +26,7 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.worker.slots import SlotTable
-from tests.conftest import private_broker_settings
+from tests.support import private_broker_settings
 
 BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
 WAIT_MS = 5000

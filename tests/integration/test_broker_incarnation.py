@@ -17,7 +17,7 @@ from emq_django.client import Client
 from emq_django.exceptions import JobLost, ResultTimeout
 from emq_django.protocol import frames as F
 from emq_django.protocol.batch import ack_id
-from tests.conftest import free_tcp_ports
+from tests.support import free_tcp_ports
 
 BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
 WAIT_MS = 5000

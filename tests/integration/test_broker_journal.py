@@ -16,14 +16,8 @@ import zmq
 
 from emq_django.protocol import Ack, Error, Heartbeat, Reply, Request, decode
 from tests.integration import test_broker_server as base
-from tests.integration.test_broker_server import (
-    WAIT,
-    Broker,
-    P,
-    recv_command,
-    send_request,
-    wait_until,
-)
+from tests.integration.test_broker_server import WAIT, Broker, P, recv_command, send_request
+from tests.support import wait_until
 
 start_broker = base.start_broker  # the fixture: a BrokerServer in a thread
 

@@ -17,7 +17,7 @@ from emq_django.broker.memory import Reclaimer
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import EmqSettings
 from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Kbye, Reply, Request, decode
-from tests.conftest import free_tcp_ports
+from tests.support import free_tcp_ports, wait_until
 
 P = PROTOCOL
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [2, 3], "kwargs": {}}]'
@@ -96,13 +96,6 @@ def recv_command(sock: zmq.Socket[Any], kind: type, timeout: float = WAIT) -> An
         if isinstance(cmd, kind):
             return cmd
         assert isinstance(cmd, Heartbeat), f"expected {kind.__name__}, got {cmd!r}"
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture

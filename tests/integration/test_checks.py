@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.support import REPO_ROOT
 
 PERIODIC_TASKS = """
 import emq_django as emq

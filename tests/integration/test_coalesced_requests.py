@@ -25,15 +25,9 @@ from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import PROTOCOL as P
 from emq_django.protocol.frames import Error, Request
-from tests.conftest import REPO_ROOT, free_tcp_ports
 from tests.integration import test_broker_server as base
-from tests.integration.test_broker_server import (
-    WAIT,
-    Broker,
-    recv_command,
-    recv_frames,
-    wait_until,
-)
+from tests.integration.test_broker_server import WAIT, Broker, recv_command, recv_frames
+from tests.support import REPO_ROOT, free_tcp_ports, wait_until
 
 start_broker = base.start_broker  # the fixtures: a BrokerServer in a thread
 broker = base.broker

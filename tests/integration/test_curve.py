@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from emq_django.protocol import PROTOCOL, Ack, Error, Heartbeat, Request, decode
 from emq_django.security.allow import KeyEntry
 from emq_django.security.keys import CurveKeys
 from emq_django.transport import SocketOptions
-from tests.conftest import free_tcp_ports
+from tests.support import free_tcp_ports, wait_until
 
 P = PROTOCOL
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [2, 3], "kwargs": {}}]'
@@ -93,13 +93,6 @@ def recv_command(sock: zmq.Socket[Any], kind: type, timeout: float = WAIT) -> An
         if isinstance(cmd, kind):
             return cmd
         assert isinstance(cmd, Heartbeat), f"expected {kind.__name__}, got {cmd!r}"
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 ROLES = {

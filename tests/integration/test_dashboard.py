@@ -19,7 +19,7 @@ from emq_django.results.metrics import render
 from emq_django.results.models import JobResult
 from emq_django.results.recorder import DatabaseRecorder
 from emq_django.worker.recording import JobRecord
-from tests.conftest import free_tcp_port, free_tcp_ports
+from tests.support import free_tcp_port, free_tcp_ports
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DATA = "/admin/emq_results/dashboard/data/"

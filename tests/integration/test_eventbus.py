@@ -17,7 +17,8 @@ from emq_django.broker.topics import MSGPACK
 from emq_django.protocol import eventbus
 from tests.eventbus_client import BusClient
 from tests.integration import test_broker_server as base
-from tests.integration.test_broker_server import Broker, free_tcp_ports, wait_until
+from tests.integration.test_broker_server import Broker
+from tests.support import free_tcp_ports, wait_until
 
 start_broker = base.start_broker  # the fixture: a BrokerServer in a thread
 

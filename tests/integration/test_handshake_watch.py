@@ -21,7 +21,7 @@ import zmq
 
 from emq_django import pubsub, transport
 from emq_django.exceptions import HandshakeRefused
-from tests.conftest import free_tcp_port
+from tests.support import free_tcp_port
 
 RETRIES_WINDOW = 5.0  # seconds of 1 ms reconnects: well past 2,000 events
 

@@ -19,8 +19,8 @@ import zmq
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import EmqSettings
 from emq_django.security.allow import KeyEntry
-from tests.conftest import free_tcp_ports
 from tests.mc0_client import Mc0Client, Mc0Refused
+from tests.support import free_tcp_ports
 
 WAIT = 5.0
 REFUSED_WAIT = 1.0  # how long a refused connector is given to (not) answer

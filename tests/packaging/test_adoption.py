@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_tcp_ports, port_accepts
 from tests.packaging.conftest import InstalledWheel
+from tests.support import REPO_ROOT, free_tcp_ports, port_accepts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from emq_django.broker import exposure
-from tests.conftest import REPO_ROOT
+from tests.support import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 KEYS_DIR = "/var/lib/emq-keys"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
 from tests.packaging.conftest import InstalledWheel
+from tests.support import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.results_path import NAME, RESULTS, result_path
 from bench.summary import SUMMARY, render
-from tests.conftest import REPO_ROOT
+from tests.support import REPO_ROOT
 
 
 def test_no_result_file_lies_at_the_root_of_bench() -> None:

@@ -1,4 +1,7 @@
-"""BrokerCore as a pure state machine: decoded frames in, frames out, fake ``now``."""
+"""The broker core through its two eMQP ports (tests/emqp_machine.py): eMQP frames in,
+frames out through the ports' codec, fake ``now``. What a peer sees on the wire is asserted
+here; the core's own job life is asserted on typed effects in test_lifecycle.py and
+test_held_attempts.py (tests/support/core_harness.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,7 @@ from emq_django.protocol import (
     decode,
     parse_headers,
 )
-from tests.emqp_machine import BACKEND, FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
+from tests.emqp_machine import BACKEND, FRONTEND, EmqpMachine
 
 P = PROTOCOL
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
@@ -32,11 +34,11 @@ LIVENESS = 3
 Out = list[tuple[int, bytes, list[bytes]]]
 
 
-def make_core(max_pending: int = 100_000) -> BrokerCore:
-    return BrokerCore(BrokerConfig(INTERVAL, LIVENESS, max_pending), now=0.0, id_prefix=b"b-")
+def make_core(max_pending: int = 100_000) -> EmqpMachine:
+    return EmqpMachine(BrokerConfig(INTERVAL, LIVENESS, max_pending), now=0.0, id_prefix=b"b-")
 
 
-def take(core: BrokerCore) -> Out:
+def take(core: EmqpMachine) -> Out:
     out, core.out = core.out, []
     return out
 
@@ -50,7 +52,7 @@ def requests_to(out: Out, identity: bytes) -> list[Request]:
 
 
 def inform(
-    core: BrokerCore,
+    core: EmqpMachine,
     ident: bytes,
     queues: bytes = b'[[10, "default"]]',
     meta: dict[str, Any] | None = None,
@@ -63,14 +65,14 @@ def inform(
     return take(core)
 
 
-def ready(core: BrokerCore, ident: bytes, now: float = 0.0, times: int = 1) -> Out:
+def ready(core: EmqpMachine, ident: bytes, now: float = 0.0, times: int = 1) -> Out:
     for n in range(times):
         core.on_backend(ident, [b"", P, b"READY", ident + b"-ready-%d" % n], now)
     return take(core)
 
 
 def request(
-    core: BrokerCore,
+    core: EmqpMachine,
     client: bytes,
     msgid: bytes,
     queue: bytes = b"default",
@@ -82,7 +84,7 @@ def request(
 
 
 def reply(
-    core: BrokerCore,
+    core: EmqpMachine,
     ident: bytes,
     attempt_id: bytes,
     status: bytes | None = b"ok,ready",
@@ -96,11 +98,11 @@ def reply(
     return take(core)
 
 
-def heartbeat(core: BrokerCore, ident: bytes, now: float) -> None:
+def heartbeat(core: EmqpMachine, ident: bytes, now: float) -> None:
     core.on_backend(ident, [b"", P, b"HEARTBEAT", ident + b"-hb", b"%f" % now], now)
 
 
-def tick(core: BrokerCore, now: float, keep_alive: tuple[bytes, ...] = ()) -> Out:
+def tick(core: EmqpMachine, now: float, keep_alive: tuple[bytes, ...] = ()) -> Out:
     for ident in keep_alive:
         heartbeat(core, ident, now)
     core.on_timer(now)
@@ -170,34 +172,7 @@ def test_schedule_is_forwarded_byte_identical_to_the_scheduler() -> None:
     assert (FRONTEND, b"sched", frames) in out
 
 
-# ---- dispatch --------------------------------------------------------------
-
-
-def test_dispatch_goes_to_the_highest_weight_with_credit() -> None:
-    core = make_core()
-    inform(core, b"light", b'[[10, "default"]]')
-    inform(core, b"heavy", b'[[40, "default"]]')
-    ready(core, b"light")
-    ready(core, b"heavy")
-    out = request(core, b"client", b"c1")
-    assert [r.msgid for r in requests_to(out, b"heavy")] == [b"c1#1"]
-    assert requests_to(out, b"light") == []
-    # heavy has no credit left: the next job goes to the lighter one
-    out = request(core, b"client", b"c2")
-    assert [r.msgid for r in requests_to(out, b"light")] == [b"c2#1"]
-
-
-def test_dispatch_rotates_among_equal_weights() -> None:
-    core = make_core()
-    for ident in (b"a", b"b"):
-        inform(core, ident)
-    ready(core, b"a", times=2)
-    ready(core, b"b", times=2)
-    targets = []
-    for n in range(4):
-        out = request(core, b"client", b"c%d" % n)
-        targets += [i for s, i, f in out if s == BACKEND]
-    assert targets == [b"a", b"b", b"a", b"b"]
+# ---- dispatch (the core's choices: test_core_dispatch.py) ---------------------------
 
 
 def test_dispatched_request_has_eventmq_frames() -> None:
@@ -212,62 +187,6 @@ def test_dispatched_request_has_eventmq_frames() -> None:
             [b"", P, b"REQUEST", b"c1#1", b"default", b"reply-requested,guarantee", BODY],
         )
     ]
-
-
-def test_credit_from_ready_and_from_reply_ok_ready() -> None:
-    core = make_core()
-    inform(core, b"w")
-    ready(core, b"w", times=2)
-    sent = [r.msgid for n in range(3) for r in requests_to(request(core, b"c", b"j%d" % n), b"w")]
-    assert sent == [b"j0#1", b"j1#1"]  # two credits, the third job waits
-    assert len(core.queues["default"].pending) == 1
-    # a REPLY without `ready` (EventMQ's) gives no credit back
-    assert requests_to(reply(core, b"w", b"j0#1", status=None), b"w") == []
-    assert len(core.queues["default"].pending) == 1
-    # a REPLY with `ok,ready` gives it back: the waiting job goes out at once
-    assert [r.msgid for r in requests_to(reply(core, b"w", b"j1#1"), b"w")] == [b"j2#1"]
-    assert not core.queues["default"].pending
-    # a separate READY gives one more credit: the next job goes out immediately
-    ready(core, b"w")
-    assert [r.msgid for r in requests_to(request(core, b"c", b"j3"), b"w")] == [b"j3#1"]
-    assert core.peers[b"w"].credit == 0
-    assert core.counters["succeeded"] == 2
-
-
-def test_job_for_an_unserved_queue_waits_until_a_job_manager_serves_it() -> None:
-    core = make_core()
-    inform(core, b"default-only")
-    ready(core, b"default-only")
-    out = request(core, b"client", b"e1", queue=b"email")
-    assert is_ack_of(sent_to(out, FRONTEND, b"client")[0], b"e1")
-    assert [s for s, _, _ in out] == [FRONTEND]  # nothing to the default worker
-    assert len(core.queues["email"].pending) == 1
-    inform(core, b"mailer", b'[[40, "email"], [10, "default"]]')
-    out = ready(core, b"mailer")
-    assert [(r.msgid, r.queue) for r in requests_to(out, b"mailer")] == [(b"e1#1", "email")]
-    assert not core.queues["email"].pending
-
-
-def test_ready_takes_the_job_of_the_highest_weight_queue_first() -> None:
-    core = make_core()
-    request(core, b"client", b"d1", queue=b"default")
-    request(core, b"client", b"e1", queue=b"email")
-    inform(core, b"w", b'[[10, "default"], [40, "email"]]')
-    out = ready(core, b"w", times=2)
-    assert [r.msgid for r in requests_to(out, b"w")] == [b"e1#1", b"d1#1"]
-
-
-def test_pending_bound_refuses_with_queue_full() -> None:
-    core = make_core(max_pending=2)
-    for n in range(2):
-        request(core, b"client", b"c%d" % n)
-    out = request(core, b"client", b"c2")
-    cmds = sent_to(out, FRONTEND, b"client")
-    assert len(cmds) == 1 and isinstance(cmds[0], Error)
-    assert cmds[0].ref_msgid == b"c2" and cmds[0].code == "queue-full"
-    assert "full" in cmds[0].reason
-    assert len(core.queues["default"].pending) == 2
-    assert core.counters["refused"] == 1
 
 
 # ---- replies ---------------------------------------------------------------
@@ -328,7 +247,7 @@ def test_headers_sent_to_the_worker_always_ask_for_a_reply(
     assert (req.headers.guarantee, req.headers.timeout) == (original.guarantee, original.timeout)
 
 
-# ---- heartbeats and liveness -------------------------------------------------
+# ---- heartbeats (liveness, the core's part: test_core_liveness.py) ------------------
 
 
 def test_heartbeats_are_sent_each_interval_to_every_peer() -> None:
@@ -354,46 +273,6 @@ def test_heartbeats_are_sent_each_interval_to_every_peer() -> None:
     assert stamps == pytest.approx([1.0] * 3 + [2.0] * 3 + [3.0] * 3)
 
 
-def test_silent_peer_is_dropped_and_its_jobs_go_to_another_peer() -> None:
-    # the attempt it was running counts (issue 12): with a retry left it runs again
-    core = make_core()
-    inform(core, b"silent")
-    ready(core, b"silent")
-    request(core, b"client", b"j1", headers=b"reply-requested,retry-count:1")
-    assert core.inflight[b"j1#1"].peer.identity == b"silent"
-    inform(core, b"alive")
-    ready(core, b"alive")
-    for now in (1.0, 2.0):
-        tick(core, now, keep_alive=(b"alive",))
-    assert b"silent" in core.peers  # not yet: fewer than `liveness` intervals
-    requeued: list[Request] = []
-    for now in (3.0, 11.0, 13.0):  # plain (EventMQ) peers: 3 s x liveness + 1; backoff
-        requeued += requests_to(tick(core, now, keep_alive=(b"alive",)), b"alive")
-    assert b"silent" not in core.peers
-    assert core.counters["peers_expired"] == 1 and core.counters["worker_lost"] == 1
-    assert core.counters["retried"] == 1
-    assert [r.msgid for r in requeued] == [b"j1#2"]
-    assert list(core.inflight) == [b"j1#2"]
-    # the result of the second attempt still reaches the client with its own msgid
-    out = reply(core, b"alive", b"j1#2", now=13.0)
-    assert [c.request_msgid for c in sent_to(out, FRONTEND, b"client")] == [b"j1"]
-
-
-def test_requeued_job_waits_when_no_other_peer_has_credit() -> None:
-    core = make_core()
-    inform(core, b"silent")
-    ready(core, b"silent")
-    request(core, b"client", b"j1", headers=b"retry-count:1")
-    for now in (1.0, 2.0, 3.0, 11.0, 13.0):  # dropped at 11, retried after the backoff
-        tick(core, now)
-    assert not core.peers
-    assert [j.id for j in core.queues["default"].pending] == [b"j1"]
-    assert core.queues["default"].in_flight == 0
-    inform(core, b"new", now=11.0)
-    out = ready(core, b"new", now=13.0)
-    assert [r.msgid for r in requests_to(out, b"new")] == [b"j1#2"]
-
-
 MANAGER = {"role": "manager", "manager": "jm1", "host": "h", "pid": 100, "concurrency": 2}
 
 
@@ -401,69 +280,31 @@ def slot_meta(n: int, manager: str = "jm1") -> dict[str, Any]:
     return {"role": "slot", "manager": manager, "slot": n, "pid": 200 + n}
 
 
-def test_busy_slot_is_kept_while_its_manager_is_alive_and_dropped_with_it() -> None:
-    core = make_core()
+# the held-attempts scene over eMQP (test_reconnect.py; test_held_attempts.py has it on
+# typed effects)
+AT_MOST_ONCE = b"reply-requested"
+
+
+def replies_to(out: Any, client: bytes = b"client") -> dict[bytes, Reply]:
+    return {c.request_msgid: c for c in sent_to(out, FRONTEND, client) if isinstance(c, Reply)}
+
+
+def busy_slot(core: EmqpMachine, jobs: dict[bytes, bytes]) -> None:
+    """The job manager ``mgr`` with slot0 holding ``jobs`` (msgid -> headers), in
+    order, and slot1 ready for one job (what goes back to the queue goes there)."""
     inform(core, b"mgr", meta=MANAGER)
     inform(core, b"slot0", meta=slot_meta(0))
+    ready(core, b"slot0", times=len(jobs))
+    for msgid, headers in jobs.items():
+        request(core, b"client", msgid, headers=headers)
+    assert all(core.inflight[m + b"#1"].peer.identity == b"slot0" for m in jobs)
     inform(core, b"slot1", meta=slot_meta(1))
-    ready(core, b"slot0")
-    request(core, b"client", b"long", headers=b"retry-count:1")
-    assert core.inflight[b"long#1"].peer.identity == b"slot0"
-    # slot0 is busy in a long job and silent; slot1 is idle and silent too
-    for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
-        tick(core, now, keep_alive=(b"mgr",))
-    assert b"slot0" in core.peers
-    assert b"slot1" not in core.peers  # idle and silent: dropped as usual
-    assert core.counters["requeued"] == 0
-    # the manager goes silent too: both it and its busy slot go
-    for now in (7.0, 8.0, 9.0, 10.0):
-        tick(core, now)
-    assert b"mgr" not in core.peers
+
+
+def lose_slot0(core: EmqpMachine, now: float = 0.1) -> None:
+    """The broker finds slot0 unreachable before its job manager's word."""
+    core.peer_unreachable(BACKEND, b"slot0", now)
     assert b"slot0" not in core.peers
-    # the attempt it was running counts (issue 12; it used to be requeued uncounted)
-    assert core.counters["worker_lost"] == 1 and core.counters["retried"] == 1
-    tick(core, 12.0)  # after the backoff it waits for a job manager
-    assert [j.id for j in core.queues["default"].pending] == [b"long"]
-
-
-def test_busy_slot_whose_manager_is_gone_is_dropped() -> None:
-    core = make_core()
-    inform(core, b"slot0", meta=slot_meta(0, manager="other"))
-    ready(core, b"slot0")
-    request(core, b"client", b"long")
-    for now in (1.0, 2.0, 3.0, 4.0):
-        tick(core, now)
-    assert b"slot0" not in core.peers
-    assert core.counters["worker_lost"] == 1  # its attempt counts: retries=0, so final
-    assert core.counters["failed"] == 1 and len(core.dead) == 1
-
-
-def test_manager_reply_failed_lost_drops_its_slot() -> None:
-    core = make_core()
-    inform(core, b"mgr", meta=MANAGER)
-    inform(core, b"slot0", meta=slot_meta(0))
-    ready(core, b"slot0")
-    request(core, b"client", b"doomed", headers=b"reply-requested")
-    body = b'{"error": {"type": "WorkerLost", "message": "killed", "traceback": ""}}'
-    out = reply(core, b"mgr", b"doomed#1", status=b"failed,lost", body=body, now=0.5)
-    assert b"slot0" not in core.peers
-    assert b"mgr" in core.peers
-    replies = [c for c in sent_to(out, FRONTEND, b"client") if isinstance(c, Reply)]
-    assert [(r.request_msgid, r.failed, r.body) for r in replies] == [(b"doomed", True, body)]
-    assert core.counters["failed"] == 1 and core.counters["stale_replies"] == 0
-    assert core.counters["requeued"] == 0  # answered as failed, not run again
-    assert core.queues["default"].in_flight == 0 and not core.inflight
-
-
-def test_another_managers_reply_for_a_slot_is_stale() -> None:
-    core = make_core()
-    inform(core, b"mgr2", meta={**MANAGER, "manager": "jm2"})
-    inform(core, b"slot0", meta=slot_meta(0))
-    ready(core, b"slot0")
-    request(core, b"client", b"j")
-    reply(core, b"mgr2", b"j#1", status=b"failed,lost")
-    assert core.counters["stale_replies"] == 1
-    assert b"slot0" in core.peers and b"j#1" in core.inflight
 
 
 # ---- goodbyes --------------------------------------------------------------
@@ -747,7 +588,7 @@ def test_random_frames_never_break_the_core() -> None:
 # ---- monitor documents -------------------------------------------------------
 
 
-def _monitor_core() -> BrokerCore:
+def _monitor_core() -> EmqpMachine:
     core = make_core()
     inform(core, b"mgr", b'[[40, "email"], [10, "default"]]', meta=MANAGER)
     inform(core, b"slot0", b'[[40, "email"], [10, "default"]]', meta=slot_meta(0))
@@ -840,7 +681,7 @@ def test_nameless_manager_cannot_answer_for_a_plain_workers_job(rogue_meta: dict
 def test_eventmq_peer_gets_its_own_heartbeat_allowance() -> None:
     """EventMQ's job manager beats every 3 s whatever our interval: with a 0.5 s
     interval it must not be dropped after 1.5 s, only after 3 s x liveness."""
-    core = BrokerCore(BrokerConfig(heartbeat_interval=0.5, heartbeat_liveness=3), 0.0)
+    core = EmqpMachine(BrokerConfig(heartbeat_interval=0.5, heartbeat_liveness=3), 0.0)
     inform(core, b"emq-jm")
     core.on_timer(2.0)
     assert b"emq-jm" in core.peers

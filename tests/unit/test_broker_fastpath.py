@@ -9,21 +9,20 @@ from emq_django.broker.core import BrokerConfig
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import PROTOCOL, Error, decode
 from emq_django.protocol import frames as F
-from tests.emqp_machine import FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
+from tests.emqp_machine import FRONTEND, EmqpMachine
 
 P = PROTOCOL
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
 
 
-def machine() -> BrokerCore:
-    core = BrokerCore(BrokerConfig(1.0, 3), now=0.0)
+def machine() -> EmqpMachine:
+    core = EmqpMachine(BrokerConfig(1.0, 3), now=0.0)
     core.on_backend(b"w", [b"", P, b"INFORM", b"i", b'[[10, "q"]]', b"worker"], 0.0)
     core.out.clear()
     return core
 
 
-def errors(core: BrokerCore) -> list[tuple[int, str]]:
+def errors(core: EmqpMachine) -> list[tuple[int, str]]:
     out, core.out = core.out, []
     return [(s, cmd.code) for s, _, f in out if isinstance(cmd := decode(f), Error)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from emq_django.settings_reference import settings_reference
-from tests.conftest import REPO_ROOT
+from tests.support import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from emq_django.broker import exposure
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import get_settings
-from tests.conftest import free_tcp_port
+from tests.support import free_tcp_port
 
 
 @pytest.mark.parametrize(

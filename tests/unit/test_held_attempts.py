@@ -1,7 +1,7 @@
 """A worker process of our job manager is gone with several jobs in flight (credit,
 batched REQUESTs): the broker holds them all under its job manager until that
 says which one ran (no guess), and a job that runs at most once is never run
-again when nobody says. The core with its eMQP ports, no sockets, a fake clock.
+again when nobody says. The core through its harness (typed commands and effects), a fake clock.
 """
 
 from __future__ import annotations
@@ -9,40 +9,46 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from emq_django.protocol import Reply
-from emq_django.protocol import frames as F
-from tests.emqp_machine import BACKEND, FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
-from tests.unit.test_broker_core import (
-    INTERVAL,
-    LIVENESS,
-    MANAGER,
-    inform,
-    make_core,
-    ready,
-    reply,
-    request,
-    requests_to,
-    sent_to,
-    slot_meta,
-    take,
-    tick,
-)
+from emq_django.broker.core import BrokerConfig
+from emq_django.broker.effects import Answer, Deliver, Effect, Outcome
+from tests.support.core_harness import CoreHarness, failed
+from tests.unit.test_broker_core import INTERVAL, LIVENESS, MANAGER, slot_meta
+from tests.unit.test_lifecycle import ready, reply, request, take, tick
 
-LOST = b"failed,lost:exit code 1,error:emq_django.exceptions.WorkerLost"
+LOST = failed("emq_django.exceptions.WorkerLost", ready=False, lost="exit code 1")
+OK = Outcome(failed=False)  # a REPLY's "ok": no credit given back
 DEADLINE = INTERVAL * LIVENESS
+Out = list[Effect]
 
 
-def replies_to(out: Any, client: bytes = b"client") -> dict[bytes, Reply]:
-    return {c.request_msgid: c for c in sent_to(out, FRONTEND, client) if isinstance(c, Reply)}
+def make_core() -> CoreHarness:
+    return CoreHarness(BrokerConfig(INTERVAL, LIVENESS, 100_000))
 
 
-def ended(core: BrokerCore, manager: bytes, pid: int, now: float = 0.0) -> Any:
-    core.on_backend(manager, F.Ended(manager + b"-ended", pid, "exit code 1").encode(), now)
-    return take(core)
+def inform(
+    core: CoreHarness, ident: bytes, meta: dict[str, Any] | None = None, now: float = 0.0
+) -> Out:
+    return core.join(ident, meta=meta, now=now)
 
 
-def busy_slot(core: BrokerCore, jobs: dict[bytes, bytes]) -> None:
+def requests_to(out: Out, ident: bytes) -> list[bytes]:
+    """The attempt ids delivered to ``ident``."""
+    return [e.job.attempt_id for e in out if isinstance(e, Deliver) and e.peer.identity == ident]
+
+
+def answers_to(out: Out, client: bytes = b"client") -> list[Answer]:
+    return [e for e in out if isinstance(e, Answer) and e.final and e.client.identity == client]
+
+
+def replies_to(out: Out, client: bytes = b"client") -> dict[bytes, Answer]:
+    return {a.job.id: a for a in answers_to(out, client)}
+
+
+def ended(core: CoreHarness, manager: bytes, pid: int, now: float = 0.0) -> Out:
+    return core.ended(manager, pid, "exit code 1", now=now)
+
+
+def busy_slot(core: CoreHarness, jobs: dict[bytes, bytes]) -> None:
     """The job manager ``mgr`` with slot0 holding ``jobs`` (msgid -> headers), in
     order, and slot1 ready for one job (what goes back to the queue goes there)."""
     inform(core, b"mgr", meta=MANAGER)
@@ -54,10 +60,11 @@ def busy_slot(core: BrokerCore, jobs: dict[bytes, bytes]) -> None:
     inform(core, b"slot1", meta=slot_meta(1))
 
 
-def lose_slot0(core: BrokerCore, now: float = 0.1) -> None:
+def lose_slot0(core: CoreHarness, now: float = 0.1) -> Out:
     """The broker finds slot0 unreachable before its job manager's word."""
-    core.peer_unreachable(BACKEND, b"slot0", now)
+    out = core.unreachable(b"slot0", now)
     assert b"slot0" not in core.peers
+    return out
 
 
 AT_MOST_ONCE = b"reply-requested"
@@ -67,20 +74,21 @@ RETRY_ONCE = b"reply-requested,retry-count:1"
 def test_every_attempt_of_a_lost_process_is_held_until_its_manager_says_which_ran() -> None:
     core = make_core()
     busy_slot(core, {b"j1": AT_MOST_ONCE, b"j2": AT_MOST_ONCE, b"j3": AT_MOST_ONCE})
-    lose_slot0(core)
-    out = take(core)
+    out = lose_slot0(core)
     assert sorted(core.core.held) == [b"j1#1", b"j2#1", b"j3#1"]
     assert core.counters["requeued"] == core.counters["worker_lost"] == 0
     assert not replies_to(out)
     # its job manager: j1 finished (an answer that died in the process's socket,
     # sent again without its credit), j2 was running, j3 never started
-    out = reply(core, b"mgr", b"j1#1", status=b"ok", now=0.2)
+    out = reply(core, b"mgr", b"j1#1", status=OK, now=0.2)
     out += ready(core, b"slot1", now=0.2)
     assert not requests_to(out, b"slot1")  # j3 is still held: nothing goes out yet
     out += reply(core, b"mgr", b"j2#1", status=LOST, body=b'{"error": {}}', now=0.3)
     answers = replies_to(out)
-    assert not answers[b"j1"].failed and answers[b"j2"].failed and b"j3" not in answers
-    assert [r.msgid for r in requests_to(out, b"slot1")] == [b"j3#2"]
+    assert (
+        not answers[b"j1"].outcome.failed and answers[b"j2"].outcome.failed and b"j3" not in answers
+    )
+    assert [m for m in requests_to(out, b"slot1")] == [b"j3#2"]
     assert core.counters["requeued"] == 1 and core.counters["worker_lost"] == 1
     assert not core.core.held and not core.core.held_slots
     assert not core.core.managers["jm1"].inflight
@@ -103,9 +111,9 @@ def test_at_most_once_jobs_are_never_run_again_when_the_word_never_comes() -> No
     # the oldest counts as the one that ran; j3 may have run too: it fails; j2 runs
     # again (it may run twice: it has a retry), uncounted
     answers = replies_to(out)
-    assert sorted(answers) == [b"j1", b"j3"] and all(r.failed for r in answers.values())
+    assert sorted(answers) == [b"j1", b"j3"] and all(r.outcome.failed for r in answers.values())
     assert "may have started" in json.loads(answers[b"j3"].body)["error"]["message"]
-    assert [r.msgid for r in requests_to(out, b"slot1")] == [b"j2#2"]
+    assert [m for m in requests_to(out, b"slot1")] == [b"j2#2"]
     assert core.core.inflight[b"j2#2"].failures == 0
     assert core.counters["worker_lost"] == 2 and core.counters["requeued"] == 1
     assert not core.core.held and not core.core.held_slots
@@ -124,7 +132,7 @@ def test_at_most_once_jobs_are_never_run_again_when_the_job_manager_dies() -> No
         out += tick(core, now)
     assert b"mgr" not in core.peers
     answers = replies_to(out)
-    assert sorted(answers) == [b"j2"] and answers[b"j2"].failed
+    assert sorted(answers) == [b"j2"] and answers[b"j2"].outcome.failed
     assert "job manager lost" in json.loads(answers[b"j2"].body)["error"]["message"]
     # j1 counts as the one that ran (retried after the backoff), j3 goes back uncounted
     assert core.counters["worker_lost"] == 2 and core.counters["retried"] == 1
@@ -139,10 +147,10 @@ def test_ended_with_nothing_running_releases_the_held_attempts() -> None:
     ready(core, b"slot1", times=2)
     lose_slot0(core)
     take(core)
-    out = reply(core, b"mgr", b"j1#1", status=b"ok", now=0.2)  # sent again
+    out = reply(core, b"mgr", b"j1#1", status=OK, now=0.2)  # sent again
     out += ended(core, b"mgr", pid=200, now=0.3)  # slot0's process: it ran nothing else
-    assert not replies_to(out)[b"j1"].failed
-    assert [r.msgid for r in requests_to(out, b"slot1")] == [b"j2#2"]
+    assert not replies_to(out)[b"j1"].outcome.failed
+    assert [m for m in requests_to(out, b"slot1")] == [b"j2#2"]
     assert core.counters["worker_lost"] == 0 and core.counters["requeued"] == 1
     assert not core.core.held and not core.core.held_slots
 
@@ -151,11 +159,11 @@ def test_ended_before_the_broker_noticed_drops_the_process_and_requeues_its_jobs
     core = make_core()
     busy_slot(core, {b"j1": AT_MOST_ONCE, b"j2": AT_MOST_ONCE})
     ready(core, b"slot1", times=2)
-    out = reply(core, b"mgr", b"j1#1", status=b"ok", now=0.2)  # answered for slot0
+    out = reply(core, b"mgr", b"j1#1", status=OK, now=0.2)  # answered for slot0
     out += ended(core, b"mgr", pid=200, now=0.3)
     assert b"slot0" not in core.peers and b"slot1" in core.peers
-    assert not replies_to(out)[b"j1"].failed
-    assert [r.msgid for r in requests_to(out, b"slot1")] == [b"j2#2"]
+    assert not replies_to(out)[b"j1"].outcome.failed
+    assert [m for m in requests_to(out, b"slot1")] == [b"j2#2"]
     assert core.counters["worker_lost"] == 0
     # another job manager's ENDED naming the same pid changes nothing
     inform(core, b"mgr2", meta={**MANAGER, "manager": "jm2"})
@@ -166,15 +174,15 @@ def test_ended_before_the_broker_noticed_drops_the_process_and_requeues_its_jobs
 def test_an_answer_the_broker_has_is_dropped_when_sent_again() -> None:
     core = make_core()
     busy_slot(core, {b"j1": AT_MOST_ONCE, b"j2": AT_MOST_ONCE})
-    out = reply(core, b"slot0", b"j1#1", status=b"ok", now=0.1)  # it arrived
-    lose_slot0(core, now=0.2)
+    out = reply(core, b"slot0", b"j1#1", status=OK, now=0.1)  # it arrived
+    out += lose_slot0(core, now=0.2)
     # the job manager sends it again (it may have died in the socket), then the
     # lost answer of j2: the client gets one answer each
-    out += reply(core, b"mgr", b"j1#1", status=b"ok", body=b'{"value": 99}', now=0.3)
+    out += reply(core, b"mgr", b"j1#1", status=OK, body=b'{"value": 99}', now=0.3)
     out += reply(core, b"mgr", b"j2#1", status=LOST, now=0.4)
-    answers = [c for c in sent_to(out, FRONTEND, b"client") if isinstance(c, Reply)]
-    assert sorted(r.request_msgid for r in answers) == [b"j1", b"j2"]
-    assert next(r for r in answers if r.request_msgid == b"j1").body == b'{"value": 3}'
+    answers = answers_to(out)
+    assert sorted(r.job.id for r in answers) == [b"j1", b"j2"]
+    assert next(r for r in answers if r.job.id == b"j1").body == b'{"value": 3}'
     assert core.counters["stale_resends"] == 1 and core.counters["stale_replies"] == 0
     assert core.counters["succeeded"] == 1 and core.counters["worker_lost"] == 1
 
@@ -204,8 +212,8 @@ def test_held_attempts_follow_their_job_manager_when_it_connects_again() -> None
     assert b"mgr" not in core.peers
     assert sorted(core.core.held) == [b"j1#1", b"j2#1"]  # waiting still, under the new one
     out = reply(core, b"mgr-again", b"j2#1", status=LOST, now=3.6)
-    assert replies_to(out)[b"j2"].failed
-    assert [r.msgid for r in requests_to(out, b"slot1")] == [b"j1#2"]
+    assert replies_to(out)[b"j2"].outcome.failed
+    assert [m for m in requests_to(out, b"slot1")] == [b"j1#2"]
     assert not core.core.held
 
 
@@ -215,8 +223,7 @@ def test_eventmq_job_managers_keep_the_old_rule_every_job_counts() -> None:
     ready(core, b"legacy", times=2)
     request(core, b"client", b"j1", headers=AT_MOST_ONCE)
     request(core, b"client", b"j2", headers=RETRY_ONCE)
-    core.peer_unreachable(BACKEND, b"legacy", 0.1)
-    out = take(core)
+    out = core.unreachable(b"legacy", 0.1)
     assert not core.core.held
     assert sorted(replies_to(out)) == [b"j1"]  # j2 has a retry
     assert core.counters["worker_lost"] == 2 and core.counters["retried"] == 1

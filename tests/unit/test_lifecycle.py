@@ -1,6 +1,7 @@
 """A job's life in BrokerCore after it is accepted: retries with backoff, emq.Retry,
 dead letters, run-after, de-duplication, the journal ops, the memory bound with spill
-to disk, and restore from the journal. Pure: decoded frames in, frames out, fake ``now``.
+to disk, and restore from the journal. Pure: typed commands in, typed effects out
+(tests/support/core_harness.py), fake ``now``.
 """
 
 from __future__ import annotations
@@ -12,26 +13,20 @@ from typing import Any
 import pytest
 
 from emq_django.broker.core import BrokerConfig
+from emq_django.broker.effects import (
+    OK_READY,
+    Acknowledge,
+    Answer,
+    Deliver,
+    Effect,
+    Outcome,
+    Refuse,
+)
 from emq_django.broker.journal import Journal
 from emq_django.broker.lifecycle import RETRY_REQUESTED_LIMIT
-from emq_django.protocol import Error, Reply
-from tests.emqp_machine import FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
-from tests.unit.test_broker_core import (
-    BODY,
-    Out,
-    P,
-    inform,
-    is_ack_of,
-    ready,
-    reply,
-    request,
-    requests_to,
-    sent_to,
-    take,
-    tick,
-)
+from tests.support.core_harness import CoreHarness, failed
 
+BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
 WALL = 1_000_000.0  # core.wall_offset: wall clock = now + WALL
 # a long heartbeat interval: peers that never beat stay alive for the whole test, and
 # next_deadline() is not cluttered by heartbeats and expiry checks
@@ -39,42 +34,84 @@ INTERVAL = 100.0
 LIVENESS = 3
 W = b"jm-1"
 CLIENT = b"client"
-FAIL = b"failed,ready,error:ValueError"
-OK = b"ok,ready"
+FAIL = failed("ValueError")
+OK = OK_READY
+
+Out = list[Effect]
 
 
-def make_core(journal: bool = False, trace: bool = False, **config: Any) -> BrokerCore:
-    core = BrokerCore(
+def make_core(journal: bool = False, trace: bool = False, **config: Any) -> CoreHarness:
+    return CoreHarness(
         BrokerConfig(heartbeat_interval=INTERVAL, heartbeat_liveness=LIVENESS, **config),
-        now=0.0,
-        id_prefix=b"b-",
+        wall_offset=WALL,
+        journal=journal,
+        trace=trace,
         seed=1,
     )
-    core.wall_offset = WALL
-    if journal:
-        core.journal_ops = []
-    if trace:
-        core.trace = []
-    return core
+
+
+# ---- typed commands in, typed effects out --------------------------------------
+
+
+def inform(
+    core: CoreHarness, ident: bytes, queues: Any = ((10, "default"),), now: float = 0.0
+) -> Out:
+    return core.join(ident, queues, now=now)
+
+
+def ready(core: CoreHarness, ident: bytes, now: float = 0.0, times: int = 1) -> Out:
+    return core.ready(ident, times, now=now)
+
+
+def request(
+    core: CoreHarness,
+    client: bytes,
+    msgid: bytes,
+    queue: str = "default",
+    headers: bytes = b"",
+    now: float = 0.0,
+) -> Out:
+    return core.request(client, msgid, queue, headers, BODY, now=now)
+
+
+def reply(
+    core: CoreHarness,
+    ident: bytes,
+    attempt_id: bytes,
+    status: Outcome = OK,
+    body: bytes = b'{"value": 3}',
+    now: float = 0.0,
+) -> Out:
+    return core.result(ident, attempt_id, status, body, now=now)
+
+
+def tick(core: CoreHarness, now: float, keep_alive: tuple[bytes, ...] = ()) -> Out:
+    return core.tick(now, keep_alive)
+
+
+def take(core: CoreHarness) -> Out:
+    return core.take()
 
 
 def acks(out: Out, msgid: bytes, client: bytes = CLIENT) -> int:
-    return sum(is_ack_of(c, msgid) for c in sent_to(out, FRONTEND, client))
+    return sum(
+        isinstance(e, Acknowledge) and e.client.identity == client and e.msgid == msgid for e in out
+    )
 
 
-def replies(out: Out, client: bytes = CLIENT) -> list[Reply]:
-    return [c for c in sent_to(out, FRONTEND, client) if isinstance(c, Reply)]
+def replies(out: Out, client: bytes = CLIENT) -> list[Answer]:
+    return [e for e in out if isinstance(e, Answer) and e.final and e.client.identity == client]
 
 
-def errors(out: Out, client: bytes = CLIENT) -> list[Error]:
-    return [c for c in sent_to(out, FRONTEND, client) if isinstance(c, Error)]
+def errors(out: Out, client: bytes = CLIENT) -> list[Refuse]:
+    return [e for e in out if isinstance(e, Refuse) and e.client.identity == client]
 
 
 def dispatched(out: Out, ident: bytes = W) -> list[bytes]:
-    return [r.msgid for r in requests_to(out, ident)]
+    return [e.job.attempt_id for e in out if isinstance(e, Deliver) and e.peer.identity == ident]
 
 
-def events(core: BrokerCore, job_id: bytes | None = None) -> list[tuple[Any, ...]]:
+def events(core: CoreHarness, job_id: bytes | None = None) -> list[tuple[Any, ...]]:
     """The trace lines as (event, ts, job, attempt, queue, task, jm, error, -, -, delay)."""
     assert core.trace is not None
     found = []
@@ -98,22 +135,22 @@ def events(core: BrokerCore, job_id: bytes | None = None) -> list[tuple[Any, ...
     return found
 
 
-def ops_for(core: BrokerCore, job_id: bytes) -> list[tuple[Any, ...]]:
+def ops_for(core: CoreHarness, job_id: bytes) -> list[tuple[Any, ...]]:
     assert core.journal_ops is not None
     return [op for op in core.journal_ops if len(op) > 1 and op[1] == job_id]
 
 
 def fail_until_final(
-    core: BrokerCore, first: list[bytes], status: bytes, now: float = 0.0, limit: int = 20
-) -> tuple[list[bytes], list[float], list[Reply], float]:
+    core: CoreHarness, first: list[bytes], status: Outcome, now: float = 0.0, limit: int = 20
+) -> tuple[list[bytes], list[float], list[Answer], float]:
     """Answer every dispatch of one job with ``status``, waking the core exactly when
     each retry is due, until an answer is final (nothing more is delayed).
 
-    Returns (attempt ids dispatched, delays between attempts, REPLYs to the client,
+    Returns (attempt ids dispatched, delays between attempts, final answers to the client,
     the time of the last answer)."""
     attempts = list(first)
     delays: list[float] = []
-    to_client: list[Reply] = []
+    to_client: list[Answer] = []
     for _ in range(limit):
         assert attempts, "the job was never dispatched"
         out = reply(core, W, attempts[-1], status, body=b'{"error": "boom"}', now=now)
@@ -179,8 +216,8 @@ def test_failing_job_with_three_retries_runs_four_times_then_is_dead_lettered(
     assert (c["retried"], c["failed"], c["dead_lettered"], c["dispatched"]) == (3, 1, 1, 4)
     assert c["succeeded"] == 0
     if reply_requested:
-        assert [r.request_msgid for r in to_client] == [b"j1"]  # only the final one
-        assert to_client[0].failed and to_client[0].body == b'{"error": "boom"}'
+        assert [r.job.id for r in to_client] == [b"j1"]  # only the final one
+        assert to_client[0].outcome.failed and to_client[0].body == b'{"error": "boom"}'
     else:
         assert to_client == []
     (letter,) = core.dead_letters()
@@ -195,7 +232,7 @@ def test_failing_job_without_retries_fails_once_and_is_forgotten() -> None:
     out = request(core, CLIENT, b"j1", headers=b"reply-requested")
     attempts, delays, to_client, _ = fail_until_final(core, dispatched(out), FAIL)
     assert attempts == [b"j1#1"] and delays == []
-    assert [r.request_msgid for r in to_client] == [b"j1"]
+    assert [r.job.id for r in to_client] == [b"j1"]
     c = core.counters
     assert (c["failed"], c["retried"], c["dead_lettered"]) == (1, 0, 0)
     assert core.dead_letters() == []
@@ -213,7 +250,7 @@ def test_successful_retry_ends_the_job() -> None:
     due = core.delayed.next_due()
     assert dispatched(tick(core, due)) == [b"j1#2"]
     out = reply(core, W, b"j1#2", OK, now=due)
-    assert [r.request_msgid for r in replies(out)] == [b"j1"] and not replies(out)[0].failed
+    assert [r.job.id for r in replies(out)] == [b"j1"] and not replies(out)[0].outcome.failed
     c = core.counters
     assert (c["retried"], c["succeeded"], c["failed"], c["dead_lettered"]) == (1, 1, 0, 0)
     assert b"j1" not in core.jobs and core.dead_letters() == []
@@ -224,7 +261,7 @@ def test_timeout_failure_is_traced_as_timed_out() -> None:
     inform(core, W)
     ready(core, W)
     out = request(core, CLIENT, b"j1")
-    fail_until_final(core, dispatched(out), b"failed,ready,error:TimeoutError")
+    fail_until_final(core, dispatched(out), failed("TimeoutError"))
     assert [(e[0], e[7]) for e in events(core, b"j1")][-1] == ("timed_out", "TimeoutError")
 
 
@@ -236,7 +273,7 @@ def test_retry_with_seconds_uses_that_delay() -> None:
     inform(core, W)
     ready(core, W)
     out = request(core, CLIENT, b"j1", now=5.0)
-    reply(core, W, dispatched(out)[0], b"failed,ready,error:emq.Retry,retry:2.5", now=5.0)
+    reply(core, W, dispatched(out)[0], failed("emq.Retry", retry=2.5), now=5.0)
     assert core.delayed.next_due() == pytest.approx(7.5)
     assert [e[10] for e in events(core, b"j1") if e[0] == "retried"] == [pytest.approx(2.5)]
     assert dispatched(tick(core, 7.49)) == []
@@ -246,20 +283,21 @@ def test_retry_with_seconds_uses_that_delay() -> None:
 
 def test_retry_status_written_by_the_worker_is_understood_by_the_broker() -> None:
     """The status frame comes from worker.execution.Outcome.status (emq.Retry(2.5))."""
-    from emq_django.worker.execution import Outcome
+    from emq_django.broker.ports.emqp_workers import outcome_of
+    from emq_django.worker.execution import Outcome as WorkerOutcome
 
-    status = Outcome(b"{}", True, "emq_django.exceptions.Retry", retry=2.5).status(True)
+    status = WorkerOutcome(b"{}", True, "emq_django.exceptions.Retry", retry=2.5).status(True)
     core = make_core()
     inform(core, W)
     ready(core, W)
     out = request(core, CLIENT, b"j1")
-    reply(core, W, dispatched(out)[0], status)
+    reply(core, W, dispatched(out)[0], outcome_of(status))  # the eMQP port's codec
     assert core.delayed.next_due() == pytest.approx(2.5)
     assert core.counters["retried"] == 1
     # emq.Retry() with no delay: the backoff
-    bare = Outcome(b"{}", True, "emq_django.exceptions.Retry", retry=-1.0).status(True)
+    bare = WorkerOutcome(b"{}", True, "emq_django.exceptions.Retry", retry=-1.0).status(True)
     assert dispatched(tick(core, 2.5)) == [b"j1#2"]
-    reply(core, W, b"j1#2", bare, now=2.5)
+    reply(core, W, b"j1#2", outcome_of(bare), now=2.5)
     assert 2.5 + 0.8 * 2 <= core.delayed.next_due() <= 2.5 + 1.2 * 2
     assert core.counters["retried"] == 2
 
@@ -270,13 +308,13 @@ def test_bare_retry_without_retry_count_is_retried_up_to_the_limit() -> None:
     inform(core, W)
     ready(core, W)
     out = request(core, CLIENT, b"j1", headers=b"reply-requested")
-    status = b"failed,ready,error:emq_django.exceptions.Retry,retry"
+    status = failed("emq_django.exceptions.Retry", retry=-1.0)
     attempts, delays, to_client, _ = fail_until_final(core, dispatched(out), status)
     assert attempts == [b"j1#1", b"j1#2", b"j1#3", b"j1#4"]
     assert delays[0] < delays[1] < delays[2]  # the backoff
     c = core.counters
     assert (c["retried"], c["failed"]) == (3, 1)
-    assert [r.request_msgid for r in to_client] == [b"j1"]
+    assert [r.job.id for r in to_client] == [b"j1"]
 
 
 def test_retry_count_header_wins_over_the_requested_limit() -> None:
@@ -284,7 +322,7 @@ def test_retry_count_header_wins_over_the_requested_limit() -> None:
     inform(core, W)
     ready(core, W)
     out = request(core, CLIENT, b"j1", headers=b"retry-count:5")
-    attempts, delays, _, _ = fail_until_final(core, dispatched(out), b"failed,ready,retry:0.5")
+    attempts, delays, _, _ = fail_until_final(core, dispatched(out), failed(retry=0.5))
     assert len(attempts) == 6 and delays == [pytest.approx(0.5)] * 5
 
 
@@ -457,7 +495,7 @@ def test_over_the_bound_plain_jobs_are_refused_and_guaranteed_ones_spill(
     out = request(core, CLIENT, b"plain")
     assert acks(out, b"plain") == 0
     (err,) = errors(out)
-    assert (err.ref_msgid, err.code) == (b"plain", "queue-full")
+    assert (err.msgid, err.code) == (b"plain", "queue-full")
     assert core.counters["refused"] == 1
 
     out = request(core, CLIENT, b"g1", headers=b"guarantee")
@@ -573,13 +611,11 @@ def test_a_new_core_restores_waiting_delayed_dead_and_done_jobs(tmp_path: Path) 
     assert dispatched(tick(old, due)) == [b"dead#2"]
     reply(old, W, b"dead#2", FAIL, now=due)
     # waiting on a queue nobody serves, and delayed
-    request(old, CLIENT, b"ready", queue=b"later", headers=b"guarantee", now=due)
+    request(old, CLIENT, b"ready", queue="later", headers=b"guarantee", now=due)
     run_after = WALL + 100.0
-    request(
-        old, CLIENT, b"delayed", queue=b"later", headers=b"guarantee,run-after:%.6f" % run_after
-    )
+    request(old, CLIENT, b"delayed", queue="later", headers=b"guarantee,run-after:%.6f" % run_after)
     # not guaranteed: lost with the old core
-    request(old, CLIENT, b"plain", queue=b"later", now=due)
+    request(old, CLIENT, b"plain", queue="later", now=due)
 
     journal = Journal(tmp_path / "journal.sqlite3")
     journal.apply(old.journal_ops or [])
@@ -603,7 +639,7 @@ def test_a_new_core_restores_waiting_delayed_dead_and_done_jobs(tmp_path: Path) 
     assert b"done" not in core.jobs and ops_for(core, b"done") == []
     assert b"plain" not in core.jobs
 
-    inform(core, b"jm-later", b'[[10, "later"]]', now=11.0)
+    inform(core, b"jm-later", ((10, "later"),), now=11.0)
     out = ready(core, b"jm-later", now=11.0)
     assert dispatched(out, b"jm-later") == [b"ready#1"]
     ready(core, b"jm-later", now=11.0)
@@ -653,7 +689,7 @@ def test_restored_spilled_jobs_are_asked_for(tmp_path: Path) -> None:
 # ---- dead letters ----------------------------------------------------------------
 
 
-def dead_job(core: BrokerCore) -> float:
+def dead_job(core: CoreHarness) -> float:
     inform(core, W)
     ready(core, W)
     out = request(core, CLIENT, b"x1", headers=b"retry-count:3,task:pkg.tasks.add")
@@ -703,13 +739,15 @@ def test_requeued_guaranteed_dead_letter_is_ready_in_the_journal() -> None:
     inform(core, W)
     request(core, CLIENT, b"g1", headers=b"guarantee,retry-count:0,task:t")
     ready(core, W)
-    reply(core, W, b"g1#1", b"failed,error:ValueError,retry")  # no ready: no credit back
+    reply(
+        core, W, b"g1#1", failed("ValueError", ready=False, retry=-1.0)
+    )  # no ready: no credit back
     for _ in range(3):
         due = core.delayed.next_due()
         tick(core, due)  # waits: the job manager has no credit
         ready(core, W, now=due)
         attempt = core.jobs[b"g1"].attempt_id
-        reply(core, W, attempt, b"failed,error:ValueError,retry", now=due)
+        reply(core, W, attempt, failed("ValueError", ready=False, retry=-1.0), now=due)
     assert [d["id"] for d in core.dead_letters()] == ["g1"]
     assert ops_for(core, b"g1")[-1][:3] == ("state", b"g1", "dead")
     assert core.requeue_dead(None, 50.0) == 1
@@ -777,14 +815,14 @@ def test_a_guaranteed_job_failing_during_shutdown_keeps_its_retries() -> None:
 
 
 def test_cancel_a_waiting_job_removes_it_and_remembers_its_id() -> None:
-    core = BrokerCore(BrokerConfig(), now=0.0, id_prefix=b"b-", seed=1)
-    core.on_frontend(b"c", [b"", P, b"REQUEST", b"j1", b"q", b"", b"[]"], 0.0)
+    core = CoreHarness(BrokerConfig(), seed=1)
+    core.request(b"c", b"j1", "q", b"", b"[]", now=0.0)
     assert core.cancel(b"j1", 1.0) == "cancelled"
     assert not core.queues["q"].pending and core.queues["q"].pending_bytes == 0
     assert core.counters["cancelled"] == 1
     assert core.cancel(b"j1", 2.0) == "unknown"
-    core.out.clear()
-    core.on_frontend(b"c", [b"", P, b"REQUEST", b"j1", b"q", b"", b"[]"], 3.0)  # a resend
+    core.take()
+    core.request(b"c", b"j1", "q", b"", b"[]", now=3.0)  # a resend
     assert core.counters["duplicates"] == 1 and not core.queues["q"].pending
 
 
@@ -801,8 +839,10 @@ def test_cancel_of_a_job_that_never_started_says_so() -> None:
     request(core, CLIENT, b"j2", headers=b"reply-requested")
     take(core)
     assert core.cancel(b"j2", 1.0) == "running"
-    got += replies(reply(core, W, b"j2#1", status=b"failed,requeue", body=b"{}", now=2.0))
-    assert [r.request_msgid for r in got] == [b"j1", b"j2"]
+    got += replies(
+        reply(core, W, b"j2#1", status=failed(ready=False, requeue=True), body=b"{}", now=2.0)
+    )
+    assert [r.job.id for r in got] == [b"j1", b"j2"]
     for answer in got:
         error = json.loads(answer.body)["error"]
         assert error["type"] == "emq_django.exceptions.Cancelled"
@@ -811,12 +851,12 @@ def test_cancel_of_a_job_that_never_started_says_so() -> None:
 
 
 def test_cancel_a_running_job_stops_its_retries() -> None:
-    core = BrokerCore(BrokerConfig(), now=0.0, id_prefix=b"b-", seed=1)
-    core.on_backend(b"w", [b"", P, b"INFORM", b"i", b'[[10, "q"]]', b"worker"], 0.0)
-    core.on_backend(b"w", [b"", P, b"READY", b"r"], 0.0)
-    core.on_frontend(b"c", [b"", P, b"REQUEST", b"j1", b"q", b"retry-count:3", b"[]"], 0.0)
+    core = CoreHarness(BrokerConfig(), seed=1)
+    core.join(b"w", [(10, "q")], now=0.0)
+    core.ready(b"w", now=0.0)
+    core.request(b"c", b"j1", "q", b"retry-count:3", b"[]", now=0.0)
     assert core.cancel(b"j1", 1.0) == "running"  # an EventMQ peer: it cannot be stopped
-    core.on_backend(b"w", [b"", P, b"REPLY", b"x", b"{}", b"j1#1", b"failed,error:E"], 2.0)
+    core.result(b"w", b"j1#1", failed("E", ready=False), b"{}", now=2.0)
     # it ends as cancelled (it used to count as failed)
     assert core.counters["retried"] == 0 and core.counters["cancelled"] == 1
     assert len(core.delayed) == 0

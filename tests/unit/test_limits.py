@@ -22,8 +22,7 @@ from emq_django.protocol.limits import (
     nested_deeper_than,
     refusal_counter,
 )
-from tests.emqp_machine import FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
+from tests.emqp_machine import FRONTEND, EmqpMachine
 
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
 
@@ -138,11 +137,11 @@ def test_format_headers_refuses_what_the_broker_would() -> None:
         format_headers(retry_count="3")  # type: ignore[arg-type]
 
 
-def core_with(**config: Any) -> BrokerCore:
-    return BrokerCore(BrokerConfig(**config), now=100.0, id_prefix=b"b-")
+def core_with(**config: Any) -> EmqpMachine:
+    return EmqpMachine(BrokerConfig(**config), now=100.0, id_prefix=b"b-")
 
 
-def refusals(core: BrokerCore) -> list[Error]:
+def refusals(core: EmqpMachine) -> list[Error]:
     out, core.out = core.out, []
     return [c for s, _, f in out if s == FRONTEND and isinstance(c := decode(f), Error)]
 

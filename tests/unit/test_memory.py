@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from emq_django.broker.core import BrokerConfig
+from emq_django.broker.effects import Acknowledge, Answer, Deliver, Refuse
 from emq_django.broker.holding import RecentIds
 from emq_django.broker.memory import (
     DRAINING,
@@ -18,12 +19,7 @@ from emq_django.broker.memory import (
     rss_bytes,
     trim_heap,
 )
-from emq_django.protocol import PROTOCOL, Ack, Request, decode
-from tests.emqp_machine import BACKEND, FRONTEND
-from tests.emqp_machine import EmqpMachine as BrokerCore
-
-P = PROTOCOL
-BODY = b'["run", {"callable": "noop", "path": "pkg.tasks", "args": [1], "kwargs": {}}]'
+from tests.support.core_harness import CoreHarness, of_type
 
 
 def reclaimer() -> Reclaimer:
@@ -80,27 +76,25 @@ def test_trim_heap_where_glibc_is() -> None:
         assert rss_bytes() > 0
 
 
-def drained_core(n: int) -> BrokerCore:
+def drained_core(n: int) -> CoreHarness:
     """A core that queued ``n`` jobs and ran them all on one worker."""
-    core = BrokerCore(BrokerConfig(max_pending=n + 1), now=0.0)
+    h = CoreHarness(BrokerConfig(max_pending=n + 1))
     for i in range(n):
-        core.on_frontend(b"c", [b"", P, b"REQUEST", b"job-%d" % i, b"q", b"", BODY], 0.0)
-    core.on_backend(b"w", [b"", P, b"INFORM", b"w-i", b'[[10, "q"]]', b"worker"], 0.0)
-    core.on_backend(b"w", [b"", P, b"READY", b"w-r"], 0.0)
+        h.request(b"c", b"job-%d" % i, queue="q")
+    h.join(b"w", queues=[(10, "q")])
+    out = h.ready(b"w")
     for k in range(n):
-        frames = [f for s, i, f in core.out if s == BACKEND and i == b"w"]
-        core.out = []
-        requests = [c for c in map(decode, frames) if isinstance(c, Request)]
-        assert len(requests) == 1, f"job {k}: {len(requests)} deliveries"
-        attempt = requests[0].msgid
-        core.on_backend(b"w", [b"", P, b"REPLY", b"w-%d" % k, b"null", attempt, b"ok,ready"], 1.0)
-    core.out = []
-    return core
+        deliveries = of_type(out, Deliver)
+        assert len(deliveries) == 1, f"job {k}: {len(deliveries)} deliveries"
+        out = h.result(b"w", deliveries[0].job.attempt_id, now=1.0)
+    h.take()
+    return h
 
 
 def test_compact_drops_the_backlogs_tables_and_keeps_the_dedupe_window() -> None:
     n = 5000
-    core = drained_core(n)
+    h = drained_core(n)
+    core = h.core
     assert not core.life.jobs and core.counters["succeeded"] == n
     big = sys.getsizeof(core.life.jobs)
     recent_before = list(core.life.recent._ids)
@@ -112,36 +106,36 @@ def test_compact_drops_the_backlogs_tables_and_keeps_the_dedupe_window() -> None
     assert all(a is not b for a, b in zip(recent_after, recent_before, strict=True))  # fresh
 
     # a client resending a finished job gets its ACK and the job does not run again
-    core.on_frontend(b"c", [b"", P, b"REQUEST", b"job-7", b"q", b"", BODY], 2.0)
-    out = core.out
-    assert [decode(f).ack_msgid for s, _, f in out if s == FRONTEND] == [b"job-7"]
-    assert not [f for s, _, f in out if s == BACKEND]
+    out = h.request(b"c", b"job-7", queue="q", now=2.0)
+    to_clients = [e for e in out if isinstance(e, (Acknowledge, Answer, Refuse))]
+    assert [(type(e), e.msgid) for e in to_clients] == [(Acknowledge, b"job-7")]  # type: ignore[union-attr]
+    assert not of_type(out, Deliver)
     assert core.counters["duplicates"] == 1
 
 
 def test_compact_keeps_waiting_and_running_jobs() -> None:
-    core = BrokerCore(BrokerConfig(), now=0.0)
+    h = CoreHarness(BrokerConfig())
+    core = h.core
     for i in range(3):
-        core.on_frontend(b"c", [b"", P, b"REQUEST", b"job-%d" % i, b"q", b"", BODY], 0.0)
-    core.on_backend(b"w", [b"", P, b"INFORM", b"w-i", b'[[10, "q"]]', b"worker"], 0.0)
-    core.on_backend(b"w", [b"", P, b"READY", b"w-r"], 0.0)
-    core.out = []
+        h.request(b"c", b"job-%d" % i, queue="q")
+    h.join(b"w", queues=[(10, "q")])
+    h.ready(b"w")
     core.compact()
     assert set(core.life.jobs) == {b"job-0", b"job-1", b"job-2"}
     assert list(core.inflight) == [b"job-0#1"]
-    core.on_backend(b"w", [b"", P, b"REPLY", b"w-1", b"null", b"job-0#1", b"ok,ready"], 1.0)
-    delivered = [decode(f) for s, _, f in core.out if s == BACKEND]
-    assert [c.msgid for c in delivered if isinstance(c, Request)] == [b"job-1#1"]
+    out = h.result(b"w", b"job-0#1", now=1.0)
+    assert [d.job.attempt_id for d in of_type(out, Deliver)] == [b"job-1#1"]
     assert core.counters["succeeded"] == 1
 
 
 @pytest.mark.parametrize("n", [0, 1])
 def test_compact_of_an_empty_core_is_harmless(n: int) -> None:
-    core = drained_core(n) if n else BrokerCore(BrokerConfig(), now=0.0)
+    h = drained_core(n) if n else CoreHarness(BrokerConfig())
+    core = h.core
     core.compact()
     core.compact()
     assert core.footprint() == 0 and len(core.life.recent) == n
-    assert not [decode(f) for _, _, f in core.out if isinstance(decode(f), Ack)]
+    assert not of_type(h.take(), Acknowledge)
 
 
 def test_recent_ids_expire_after_the_window_oldest_first() -> None:

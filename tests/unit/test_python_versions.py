@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.support import REPO_ROOT
 
 VERSIONS = ["3.11", "3.12", "3.13"]
 

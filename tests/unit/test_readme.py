@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import REPO_ROOT
+from tests.support import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 

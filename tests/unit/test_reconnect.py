@@ -9,18 +9,21 @@ from __future__ import annotations
 from typing import Any
 
 from tests.unit.test_broker_core import (
+    AT_MOST_ONCE,
     INTERVAL,
     LIVENESS,
     MANAGER,
+    busy_slot,
     inform,
+    lose_slot0,
     make_core,
+    replies_to,
     reply,
     requests_to,
     slot_meta,
     take,
     tick,
 )
-from tests.unit.test_held_attempts import AT_MOST_ONCE, busy_slot, lose_slot0, replies_to
 
 STALL = 8.0  # seconds the broker was stopped
 

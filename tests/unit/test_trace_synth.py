@@ -110,8 +110,17 @@ def synth_story(randoms: list[float], retries: int, timeout: float = 0.0) -> lis
 def broker_story(steps: list[bytes], retries: int) -> list[dict]:
     """The broker core's trace of one job whose attempts end as ``steps`` says:
     a worker status, or b"lost" (its delivery could not leave: requeued)."""
-    from tests.unit.test_broker_core import request, requests_to, tick
-    from tests.unit.test_lifecycle import W, dispatched, inform, make_core, ready, reply
+    from emq_django.broker.ports.emqp_workers import outcome_of
+    from tests.unit.test_lifecycle import (
+        W,
+        dispatched,
+        inform,
+        make_core,
+        ready,
+        reply,
+        request,
+        tick,
+    )
 
     core = make_core(trace=True)
     inform(core, W)
@@ -126,8 +135,8 @@ def broker_story(steps: list[bytes], retries: int) -> list[dict]:
             core.worker_unsent(core.peers[W], attempt[0], now)
             out = ready(core, W, now=now)
         else:
-            out = reply(core, W, attempt[0], step, now=now)
-        attempt = [r.msgid for r in requests_to(out, W)]
+            out = reply(core, W, attempt[0], outcome_of(step), now=now)  # the port's codec
+        attempt = dispatched(out)
         if not attempt and len(core.delayed):
             now = core.delayed.next_due()
             attempt = dispatched(tick(core, now))
