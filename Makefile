@@ -20,7 +20,7 @@ DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py
 DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
 
-.PHONY: help venv browser test test-dj6 test-pythons faults lint format typecheck docs demo bench clean distclean
+.PHONY: help venv browser test test-dj6 test-pythons which-python faults lint format typecheck docs demo bench clean distclean
 
 help:
 	@echo "make demo       broker + job manager + scheduler + admin + sample producer"
@@ -98,8 +98,12 @@ $(STAMP6): pyproject.toml
 # or under pyenv, in .venv-py3.X, or a message says it was skipped.
 PYTHONS := 3.11 3.12 3.13
 find_python = for p in python$(1) $(HOME)/.pyenv/versions/$(1).*/bin/python$(1); do \
-	"$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(1)")' 2>/dev/null \
+	"$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != sys.argv[1])' "$(1)" 2>/dev/null \
 	&& { command -v "$$p"; break; }; done
+
+# The interpreter test-pythons would take for Python $(V) (empty when none): make which-python V=3.12
+which-python:
+	@v=$(V); $(call find_python,$$v)
 
 test-pythons: $(STAMP)
 	@main=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \

@@ -56,3 +56,28 @@ def test_an_interpreter_not_found_is_skipped_with_a_message() -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "no Python 3.99 found, so its unit and integration run was skipped" in run.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+def test_an_interpreter_that_exists_is_found() -> None:
+    """The running interpreter's version is found (the check once compared the
+    version with a literal "$v" inside single quotes, so every other Python was
+    reported missing and its run skipped)."""
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    found = subprocess.run(
+        ["make", "-s", "--no-print-directory", "which-python", f"V={version}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert found, f"make which-python found no Python {version}"
+    said = subprocess.run(
+        [found, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert said == version
