@@ -38,6 +38,11 @@ from emq_django.exceptions import JournalError
 
 log = logging.getLogger(__name__)
 
+# ms a stepping-down broker gives the refusals of its last turn (guaranteed jobs
+# whose commit was fenced off) to leave before its sockets are dropped; nothing
+# else waits to go then, since the loop left before reading anything more
+STEP_DOWN_LINGER_MS = 100
+
 
 def broker_name(settings: EmqSettings) -> str:
     """``EMQ_BROKER_NAME``, else ``hostname-pid``."""
@@ -148,10 +153,14 @@ class HaBroker:
                 server.request_shutdown()
             if on_bound is not None:
                 on_bound()
-            return server.run()
-        finally:
+            left = server.run()
+        except BaseException:
             self.current = None
             server.close()
+            raise
+        self.current = None
+        server.close(linger=STEP_DOWN_LINGER_MS if isinstance(watch, ActiveWatch) and left else 0)
+        return left
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_requests += 1

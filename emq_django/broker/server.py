@@ -849,7 +849,7 @@ class BrokerServer:
             len(waiting) - kept + len(in_flight) - kept_running,
         )
 
-    def close(self) -> None:
+    def close(self, linger: int = 0) -> None:  # linger: ms for last refusals to leave
         self.turns.unwatch_gc()
         if self.reloader is not None:
             self.reloader.stop()
@@ -869,7 +869,7 @@ class BrokerServer:
         if self._signals_installed:
             signal.set_wakeup_fd(-1)
         for _, _, sock, _, _ in self.endpoints:
-            sock.close(linger=0)
+            sock.close(linger=linger)
         self._wake_r.close()
         self._wake_w.close()
         if self.tracer is not None:
