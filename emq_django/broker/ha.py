@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket as pysocket
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -109,10 +110,11 @@ class HaBroker:
         log.info("broker %s took the lease (epoch %d): restoring the journal", self.name, epoch)
         ttl = self.settings.LEASE_TTL
         try:
-            journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
-            journal.fence(epoch, ttl)
-            watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
-            server = BrokerServer(self.server_settings, journal=journal, ha=watch)
+            with _Renewing(self.lease, self.settings.LEASE_RENEW):  # a long restore
+                journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
+                journal.fence(epoch, ttl)
+                watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
+                server = BrokerServer(self.server_settings, journal=journal, ha=watch)
         except JournalError as exc:
             self._release()
             return f"the journal could not be restored: {exc}"
@@ -175,3 +177,32 @@ class HaBroker:
             log.info("broker %s released the lease", self.name)
         except JournalError as exc:
             log.warning("could not release the lease (it expires by itself): %s", exc)
+
+
+class _Renewing:
+    """Renew the lease from a thread while the loop cannot: restoring a large
+    journal may take longer than the TTL, and a lease lost meanwhile would send the
+    broker back to standby as soon as it served. Renewal failures are left to the
+    loop's first renewal (right after binding) to find."""
+
+    def __init__(self, lease: Lease, interval: float) -> None:
+        self.lease = lease
+        self.interval = interval
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="emq-lease-restore", daemon=True)
+
+    def __enter__(self) -> _Renewing:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.interval):
+            try:
+                if not self.lease.renew():
+                    return
+            except JournalError:
+                continue
