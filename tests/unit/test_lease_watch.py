@@ -29,7 +29,7 @@ class ScriptedLease:
     def try_acquire(self) -> int | None:
         epoch = self._next(self.acquire, None)
         self.epoch = epoch
-        return epoch  # type: ignore[no-any-return]
+        return epoch
 
     def renew(self) -> bool:
         return bool(self._next(self.renewals, True))
