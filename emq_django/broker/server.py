@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.backend import Socket as _BackendSocket
@@ -32,6 +32,7 @@ from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError, PutJob
+from emq_django.broker.journals import open_journal
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import FULL, GONE, NEVER, SENT, Handler, SocketSpec
@@ -46,6 +47,9 @@ from emq_django.security.handshakes import HandshakeWatch
 from emq_django.security.keys import server_keys
 from emq_django.security.roles import zap_domain
 from emq_django.security.zap import ZapHandler
+
+if TYPE_CHECKING:
+    from emq_django.broker.journal_pg import PgJournal
 
 log = logging.getLogger(__name__)
 
@@ -167,15 +171,15 @@ class BrokerServer:
             topics=TopicSpace(settings.TOPIC_RETENTION),
         )
         self.core.wall_offset = time.time() - clock()
-        self.journal: Journal | None = None
-        if settings.JOURNAL_PATH:
-            self.journal = Journal(settings.JOURNAL_PATH, settings.JOURNAL_SYNC, new=new_journal)
+        # EMQ_JOURNAL_URL: PostgreSQL; else EMQ_JOURNAL_PATH: SQLite (broker/journals.py)
+        self.journal: Journal | PgJournal | None = open_journal(settings, new=new_journal)
+        if self.journal is not None:
             self.core.life.journal_ops = []
             counts = self.core.restore(self.journal.load(), clock())
             waiting = sum(n for state, n in counts.items() if state != "done")
             log.info(
                 "journal %s: %d guaranteed jobs reloaded %s",
-                settings.JOURNAL_PATH,
+                self.journal.path,
                 waiting,
                 {k: v for k, v in counts.items() if k != "done"},
             )
