@@ -71,8 +71,8 @@ class HaBroker:
         self.lease = lease or Lease(
             settings.JOURNAL_URL, self.name, settings.LEASE_TTL, broker_info(settings)
         )
-        # the servers run without the SQLite journal: PostgreSQL's takes its place
-        self.server_settings = replace(settings, JOURNAL_PATH="")
+        # the servers open no journal: the active one is given PostgreSQL's, fenced
+        self.server_settings = replace(settings, JOURNAL_PATH="", JOURNAL_URL="")
         self.stop_requests = 0
         self.current: BrokerServer | None = None
         self.step_downs = 0
