@@ -108,29 +108,30 @@ class HaBroker:
         """Restore the journal, bind and serve under ``epoch``; the reason it left
         (the lease lost), or None when stopped by a signal (the lease released)."""
         log.info("broker %s took the lease (epoch %d): restoring the journal", self.name, epoch)
-        ttl = self.settings.LEASE_TTL
+        journal: PgJournal | None = None
         try:
             with _Renewing(self.lease, self.settings.LEASE_RENEW):  # a long restore
                 journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
-                journal.fence(epoch, ttl)
+                journal.fence(epoch, self.settings.LEASE_TTL)
                 watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
                 server = BrokerServer(self.server_settings, journal=journal, ha=watch)
         except JournalError as exc:
+            if journal is not None:
+                journal.close()
             self._release()
             return f"the journal could not be restored: {exc}"
-        took = time.monotonic() - taken_at
-        left = self._serve(server, watch, on_bound=lambda: self._served(took, epoch))
+        left = self._serve(server, watch, on_bound=lambda: self._served(taken_at, epoch))
         if left is None:
             self._release()
         return left
 
-    def _served(self, took: float, epoch: int) -> None:
+    def _served(self, taken_at: float, epoch: int) -> None:
         """Bound: record when (the failover's duration, for everyone's monitor)."""
         log.info(
             "broker %s is active (epoch %d), serving %.3f s after taking the lease",
             self.name,
             epoch,
-            took,
+            time.monotonic() - taken_at,
         )
         try:  # the failover's duration: from the last holder's expiry (PostgreSQL's clock)
             self.lease.mark_serving()
