@@ -313,8 +313,9 @@ class BrokerServer:
                 raise zmq.ZMQError(
                     exc.errno, f"cannot bind {spec.address} ({spec.name}): {exc.strerror}"
                 ) from exc
-        log.info(
-            "broker up: %s (pid %d)",
+        log.info(  # a standby's is not "broker up": it serves nothing yet
+            "%s up: %s (pid %d)",
+            "standby" if self.ha is not None and self.ha.role == "standby" else "broker",
             ", ".join(f"{spec.name} on {spec.address}" for _, spec, _, _, _ in self.endpoints),
             os.getpid(),
         )
