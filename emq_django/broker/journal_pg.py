@@ -38,6 +38,7 @@ from emq_django.broker.journal_sql import (
     ONE,
     SCHEMA,
     TABLES,
+    as_arrays,
     in_rule,
     row_event,
 )
@@ -163,7 +164,10 @@ class PgJournal:
                 for op in run:
                     counts[op[2]] = counts.get(op[2], 0) + 1
             many = MANY.get(kind)
-            if many is not None:
+            arrays = as_arrays(kind, run)
+            if arrays is not None:
+                cur.execute(*arrays)
+            elif many is not None:
                 cur.executemany(many[0], [many[1](op) for op in run])
             elif kind == "prune_events":
                 started = time.perf_counter()
