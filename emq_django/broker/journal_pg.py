@@ -121,7 +121,11 @@ class PgJournal:
         pg = import_psycopg()
         self.last_prune_s = 0.0
         counts = self._rule_counts  # kept up to date in place; None again on failure
-        conn = self._get()
+        try:
+            conn = self._get()
+        except JournalError:
+            self.errors += 1
+            raise
         epoch = self._epoch
         try:
             cur = conn.cursor()
@@ -271,7 +275,6 @@ class PgJournal:
         try:
             return self.link.get()
         except JournalError as exc:
-            self.errors += 1
             raise JournalError(f"journal {exc}") from exc
 
     def _read(self, call: Any) -> Any:
