@@ -31,11 +31,10 @@ import pytest
 
 from emq_django.client import Client
 from emq_django.exceptions import BrokerUnavailable, JobRefused
-from emq_django.management.commands.emq_status import Command as StatusCommand
 from emq_django.monitor_client import query, status
 from emq_django.protocol.headers import format_headers
 from emq_django.results.metrics import render
-from tests.e2e.test_spine import IMPORTS
+from tests.e2e.test_spine import IMPORTS, run_manage
 from tests.support import EmqProcesses, ManagedProcess, free_tcp_ports, wait_until
 from tests.support.ports import port_accepts, port_of
 from tests.support.postgres import PgCluster
@@ -164,7 +163,9 @@ def test_one_serves_and_the_standby_takes_over_after_kill_9(
     doc = status(env2["EMQ_MONITOR_URL"], timeout=1.0)
     failover = doc["ha"]["last_failover"]
     assert (failover["from"], failover["to"]) == ("b1", "b2") and failover["took_s"] is not None
-    text = StatusCommand.render(doc)
+    shown = run_manage({"DJANGO_SETTINGS_MODULE": "project.settings", **env2}, "emq_status")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
     assert "High availability" in text and "this broker: b2 (active); active: b2" in text
     assert "last failover: b1 -> b2" in text
     metrics = render({"ok": True, "monitor": doc})
@@ -224,6 +225,8 @@ def test_a_paused_active_acknowledges_nothing_and_steps_down_by_itself(
     assert "steps down to standby" in pair.b1.stderr()
     assert (ha(env2) or {}).get("role") == "active"
     assert queue_depth(env2, "spine") == 0  # never journaled: never acknowledged
+    pair_procs.send_signal(pair.b1, signal.SIGTERM)  # a standby stops at once, cleanly
+    assert pair_procs.wait_for_exit(pair.b1, timeout=10) == 0
 
 
 def test_postgresql_down_refuses_guaranteed_jobs_serves_plain_ones_and_recovers(
