@@ -49,6 +49,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         from emq_django.broker.server import BrokerServer
+        from emq_django.security.store import load_authorized_keys, save_last_seen
 
         configure_command_logging(opts["verbosity"])
         settings = get_settings(
@@ -62,7 +63,12 @@ class Command(BaseCommand):
         if getattr(self, "_called_from_command_line", False):  # not call_command()
             self._reexec_with_allocator(settings.BROKER_PYTHONMALLOC)
         try:
-            server = BrokerServer(settings, new_journal=opts["new_journal"])
+            server = BrokerServer(
+                settings,
+                new_journal=opts["new_journal"],
+                load_keys=load_authorized_keys,
+                save_seen=save_last_seen,
+            )
         except JournalError as exc:
             raise CommandError(str(exc)) from exc
         try:
