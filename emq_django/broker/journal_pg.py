@@ -72,6 +72,9 @@ _kind = itemgetter(0)
 
 
 class PgJournal:
+    # the server commits its turns of puts and dones on a thread (journal_writer.py)
+    commits_off_loop = True
+
     def __init__(self, url: str, name: str = "", new: bool = False) -> None:
         """Connect and create the tables if missing. A wrong URL, a missing database
         or role, a refused permission or PostgreSQL down raise ``JournalError`` here:
