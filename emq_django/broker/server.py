@@ -783,7 +783,8 @@ class BrokerServer:
             return
         core.out = kept
         for effect in ahead:
-            effect.peer.port.post(effect.peer, effect)
+            to: Any = effect.peer  # a worker's peer has its port
+            to.port.post(to, effect)
         for port in self._holding:  # what the ports held back to go together
             self._hold_due = min(self._hold_due, port.flush(False))
 
