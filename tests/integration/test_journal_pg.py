@@ -13,8 +13,11 @@ import pytest
 from emq_django.broker.journal_pg import PgJournal
 from emq_django.broker.lease import Lease
 from emq_django.exceptions import JournalError, LeaseLost
+from tests.integration import test_broker_server as base
 from tests.support import wait_until
 from tests.support.postgres import PgCluster
+
+start_broker = base.start_broker  # the fixture: a BrokerServer in a thread
 
 WALL = 1_000_000.0
 TTL = 0.5
@@ -130,3 +133,131 @@ def test_a_new_journal_moves_the_old_tables_aside(journal: PgJournal, pg_url: st
     finally:
         fresh.close()
     assert ids(pg_url) == [b"new"]
+
+
+def stored(url: str) -> dict[bytes, tuple[str, bytes, int, float]]:
+    """Each committed job's state, body, attempts and last update."""
+    other = PgJournal(url, name="reader")
+    try:
+        return {r.id: (r.state, bytes(r.body), r.attempts, r.updated_at) for r in other.load()}
+    finally:
+        other.close()
+
+
+def test_a_turn_of_puts_and_dones_is_written_as_the_statement_path_writes_it(
+    journal: PgJournal, pg_url: str
+) -> None:
+    """The one-statement path (puts and dones only, ``fold_jobs``) against the
+    statement-by-statement one (a turn with another operation): the same rows.
+    A job put and ended within the turn is a done row without its body; a done of
+    an earlier turn's job, a put again of a known job (a new state and attempts,
+    its body kept) and a done of a job the journal never had are as before."""
+    a = Lease(pg_url, "broker-a", TTL)
+    try:
+        journal.fence(a.try_acquire(), TTL)
+        for tag, extra in ((b"f", []), (b"s", [("delete", b"never-there")])):
+            journal.apply([put(tag + b"-old"), put(tag + b"-again")])
+            again = (
+                "put",
+                tag + b"-again",
+                "default",
+                b"g",
+                b"new",
+                "ready",
+                3,
+                5.0,
+                WALL,
+                WALL + 3,
+            )
+            journal.apply(
+                [
+                    put(tag + b"-new"),
+                    put(tag + b"-short"),
+                    ("done", tag + b"-old", WALL + 1),
+                    ("done", tag + b"-short", WALL + 2),
+                    again,
+                    ("done", tag + b"-unknown", WALL + 4),
+                    *extra,
+                ]
+            )
+        got = stored(pg_url)
+        for tag in (b"f", b"s"):
+            assert got[tag + b"-new"] == ("ready", b"body", 0, WALL)
+            assert got[tag + b"-short"] == ("done", b"", 0, WALL + 2)
+            assert got[tag + b"-old"] == ("done", b"", 0, WALL + 1)
+            assert got[tag + b"-again"] == ("ready", b"body", 3, WALL + 3)
+            assert tag + b"-unknown" not in got
+        assert journal.commits == 4
+    finally:
+        a.close()
+
+
+def test_a_job_named_twice_in_a_turn_is_written_in_order(journal: PgJournal, pg_url: str) -> None:
+    """A turn that puts a job, ends it and puts it again (or ends it twice) cannot be
+    one statement (it would touch a row twice): it is written statement by statement,
+    in order."""
+    journal.apply([put(b"x"), ("done", b"x", WALL + 1), put(b"x", "delayed"), put(b"y")])
+    journal.apply([("done", b"y", WALL + 2), ("done", b"y", WALL + 3)])
+    got = stored(pg_url)
+    assert got[b"x"][0] == "delayed"
+    assert got[b"y"] == ("done", b"", 0, WALL + 3)
+
+
+def test_the_broker_reads_on_while_a_commit_waits_and_acks_after_it(
+    start_broker: Any, pg_url: str
+) -> None:
+    """A BrokerServer on the PostgreSQL journal commits on its writer thread: while a
+    commit waits (on a real table lock held by another connection) the loop still
+    answers its monitor, and the guaranteed job's ACK comes only after the commit."""
+    import psycopg
+    import zmq
+
+    from emq_django.protocol import Ack
+    from tests.integration.test_broker_server import recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="")
+    client = broker.client()
+    send_request(client, b"g-0", headers=b"guarantee")
+    assert recv_command(client, Ack).ack_msgid == b"g-0"
+    with psycopg.connect(pg_url) as other:
+        other.execute("LOCK TABLE emq_jobs IN EXCLUSIVE MODE")  # the next commit waits
+        send_request(client, b"g-1", headers=b"guarantee")
+        req = broker.socket(zmq.REQ, broker.monitor)
+        req.send(b"DEADLETTERS LIST")
+        answered = bool(req.poll(500))  # within the journal's lock_timeout (1 s)
+        acked_early = bool(client.poll(0))
+        other.rollback()
+    assert answered, "the loop was held by the commit"
+    assert not acked_early, "ACKed before its commit"
+    assert recv_command(client, Ack).ack_msgid == b"g-1"
+    assert b"g-1" in ids(pg_url)
+
+
+def test_a_commit_that_fails_on_the_writer_refuses_its_jobs_and_delivers_none(
+    start_broker: Any, pg_url: str
+) -> None:
+    """The writer's commit fails (the table lock outlasts the journal's lock_timeout):
+    the guaranteed job is refused with the reason, no worker gets it, and the next
+    one is saved and ACKed once the lock is gone."""
+    import psycopg
+
+    from emq_django.protocol import Ack, Error, Request
+    from tests.integration.test_broker_journal import no_request_within
+    from tests.integration.test_broker_server import P, recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="")
+    worker = broker.worker()
+    worker.send_multipart([b"", P, b"READY", b"r"])
+    client = broker.client()
+    with psycopg.connect(pg_url) as other:
+        other.execute("LOCK TABLE emq_jobs IN EXCLUSIVE MODE")
+        send_request(client, b"g-1", headers=b"guarantee")
+        err = recv_command(client, Error, timeout=10)  # after lock_timeout (1 s)
+        other.rollback()
+    assert (err.ref_msgid, err.code) == (b"g-1", "journal-error")
+    assert "not saved" in err.reason and "lock" in err.reason
+    assert [c for c in no_request_within(worker, 0.5) if isinstance(c, Request)] == []
+    send_request(client, b"g-2", headers=b"guarantee")
+    assert recv_command(client, Ack).ack_msgid == b"g-2"
+    assert recv_command(worker, Request).msgid == b"g-2#1"
+    assert ids(pg_url) == [b"g-2"]
