@@ -212,3 +212,23 @@ def test_a_plain_job_running_at_a_failover_is_lost(brokers: Brokers) -> None:
     with pytest.raises(JobLost):
         plain.get(timeout=15)
     assert tasks.runs("plain") == 1
+
+
+def test_a_paused_broker_is_left_for_the_live_one(brokers: Brokers) -> None:
+    """SIGSTOP of broker 1 (its kernel still holds the TCP connections open): the
+    ZMTP heartbeats drop its connections, so the client and the job manager send
+    to broker 2 only. Plain jobs and no journal (two brokers run at once here)."""
+    first = brokers.start(0, journal="")
+    start_jm(brokers, concurrency=2)
+    assert tasks.triple.delay(1).get(timeout=10) == 3
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        brokers.start(1, journal="")
+        # the job manager left the paused broker and INFORMed broker 2
+        wait_jm_ready(brokers.env, "fo", 2, brokers.running[1:])
+        # every job now goes to broker 2: none is stuck with the paused one
+        handles = [tasks.triple.delay(x) for x in range(20)]
+        assert [h.get(timeout=10) for h in handles] == [3 * x for x in range(20)]
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        os.kill(first.pid, signal.SIGCONT)
