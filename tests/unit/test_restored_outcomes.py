@@ -33,7 +33,8 @@ def manager(name: str) -> dict[str, Any]:
 
 
 def answers(out: list[Effect], client: bytes) -> list[bytes]:
-    return [e.body for e in out if isinstance(e, Answer) and e.final and e.client.identity == client]
+    finals = [e for e in out if isinstance(e, Answer) and e.final]
+    return [e.body for e in finals if e.client.identity == client]
 
 
 def stale(core: CoreHarness) -> int:
