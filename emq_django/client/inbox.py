@@ -151,7 +151,7 @@ class Inbox(Connection):
                 slice_ms = 20 if threading.active_count() > 1 + _Flusher.alive else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
-                if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
+                if self._poll(sock, max(int(wait), 1)):
                     self._drain(sock, ready=True)
                 else:  # a quiet slice: was the broker refusing us, or is it gone?
                     if self._watch is not None:
@@ -166,7 +166,7 @@ class Inbox(Connection):
         reached the new one, or ``ack_timeout`` says it did not)."""
         from emq_django.exceptions import JobLost
 
-        if msgid in self._unacked_at_change or msgid in self._pending:
+        if msgid not in self._lost and (msgid in self._unacked_at_change or msgid in self._pending):
             return
         raise JobLost(
             JobLost.TYPE,
@@ -195,8 +195,35 @@ class Inbox(Connection):
                 "accepted are lost, and their get() raises JobLost",
                 self.url,
             )
+            self._incarnation = incarnation
+            self._ack_head = _MARK + incarnation
+            self._broker_replaced()
+            return
         self._incarnation = incarnation
         self._ack_head = _MARK + incarnation
+
+    def _broker_replaced(self) -> None:
+        """Another broker answers now (restarted, or a standby took over): send the
+        guaranteed jobs whose REPLY we wait for again under their ids (it restored
+        them from its journal, and now knows who waits for them; one it finished
+        meanwhile is answered at once). With failover, the plain jobs that the
+        broker that is gone had not acknowledged went with it (each connection has
+        its own queue: nothing of them reaches the new one): at most once, they are
+        never sent again, and their ``get()`` raises ``JobLost``."""
+        sock = self._sock
+        if sock is not None:
+            for frames in self._awaiting.values():
+                try:
+                    wire.send(sock, frames)
+                except zmq.Again:
+                    break  # no room now: the next change sends them (get() times out)
+        if self._failover:
+            lost = [m for m in self._pending if m not in self._resending]
+            for msgid in lost:
+                del self._pending[msgid]
+                self._lost[msgid] = None
+            while len(self._lost) > MAX_KEPT_REPLIES:
+                self._lost.popitem(last=False)
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -375,6 +402,8 @@ class Inbox(Connection):
             answered.extend(acked)
 
     def _keep_reply(self, reply: F.Reply) -> None:
+        if self._awaiting:
+            self._awaiting.pop(reply.request_msgid, None)
         replies = self._replies
         replies[reply.request_msgid] = reply
         if len(replies) > MAX_KEPT_REPLIES:
@@ -401,6 +430,7 @@ class Inbox(Connection):
             self._keep_partial(cmd)
         elif type(cmd) is F.Error:
             self._pending.pop(cmd.ref_msgid, None)
+            self._awaiting.pop(cmd.ref_msgid, None)
             if self._answered is not None:
                 self._answered.append(cmd.ref_msgid)
             self._errors[cmd.ref_msgid] = cmd
@@ -417,25 +447,37 @@ class Inbox(Connection):
 
     def _wait_ack(self, msgid: bytes, resend: list[bytes] | None = None) -> None:
         """Wait for ``msgid``'s ACK. With ``resend``, send the same message again
-        every quarter of the timeout: a broker that crashed and came back never got
-        it, and one that did get it de-duplicates by msgid."""
+        every quarter of the timeout, and at once when the socket connects again
+        (with failover: perhaps to another broker, which then has its full
+        ``ack_timeout``): a broker that crashed and came back never got it, and one
+        that did get it de-duplicates by msgid."""
         self._flush_buffer()
         start = time.monotonic()
         deadline = start + self.ack_timeout
         step = self.ack_timeout / 4
         next_resend = start + step
         sock = self._socket()
-        while msgid in self._pending:
-            now = time.monotonic()
-            if now >= deadline:
-                self._unavailable()
-            if resend is not None and now >= next_resend:
-                self._check_handshake()
-                self._send_frames(sock, resend)
-                next_resend = now + step
-            wait = min(deadline, next_resend if resend is not None else deadline) - now
-            if self._poll(sock, int(wait * 1000) + 1):
-                self._drain(sock, ready=True)
+        connected = self._connected
+        if resend is not None:
+            self._resending.add(msgid)
+        try:
+            while msgid in self._pending:
+                now = time.monotonic()
+                if resend is not None and self._connected != connected:
+                    connected = self._connected
+                    next_resend = now
+                    deadline = max(deadline, now + self.ack_timeout)
+                if now >= deadline:
+                    self._unavailable()
+                if resend is not None and now >= next_resend:
+                    self._check_handshake()
+                    self._send_frames(sock, resend)
+                    next_resend = now + step
+                wait = min(deadline, next_resend if resend is not None else deadline) - now
+                if self._poll(sock, int(wait * 1000) + 1):
+                    self._drain(sock, ready=True)
+        finally:
+            self._resending.discard(msgid)
         if msgid in self._errors:
             if self._refused:  # raised here: not again by the next call
                 ref = msgid.decode(errors="replace")

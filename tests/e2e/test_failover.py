@@ -1,0 +1,201 @@
+"""Failover in our peers (issue 32, C): clients, job managers, the scheduler and
+subscribers given a list of brokers move to the one that serves.
+
+No PostgreSQL needed: broker 1 runs on an SQLite journal file J at its own ports;
+it is killed (``kill -9``), then broker 2 starts on the same file J at other
+ports - one after the other, never both at once, as an active broker and the
+standby that took over would. Every peer of ours is given both addresses
+(``EMQ_BROKER_URL=tcp://P1,tcp://P2``). The tasks are in
+tests/e2e/failover_tasks.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emq_django.client import get_client, reset_client
+from emq_django.conf import reset_cached_settings
+from emq_django.exceptions import JobLost
+from emq_django.monitor_client import status
+from tests.e2e import failover_tasks as tasks
+from tests.e2e.test_spine import wait_jm_ready
+from tests.support import EmqProcesses, ManagedProcess, free_tcp_ports, port_of, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+IMPORTS = "tests.e2e.failover_tasks"
+# the ports each broker binds; its peers are given both brokers' (a list)
+BOUND = (
+    "FRONTEND",
+    "BACKEND",
+    "MONITOR",
+    "BUS_SNAPSHOT",
+    "BUS_PUBLISH",
+    "BUS_COLLECT",
+)
+LISTED = {  # the setting a peer reads -> the broker's setting it names
+    "EMQ_BROKER_URL": "FRONTEND",
+    "EMQ_WORKER_URL": "BACKEND",
+    "EMQ_MONITOR_URL": "MONITOR",
+    "EMQ_BUS_SNAPSHOT_URL": "BUS_SNAPSHOT",
+    "EMQ_BUS_PUBLISH_URL": "BUS_PUBLISH",
+    "EMQ_BUS_COLLECT_URL": "BUS_COLLECT",
+}
+ACK_TIMEOUT = 20.0  # long: a resend on its quarter (5 s) would show
+
+
+@dataclass
+class Brokers:
+    """Two brokers' settings (``binds[0]``, ``binds[1]``), started one at a time."""
+
+    procs: EmqProcesses
+    env: dict[str, str]  # every peer's: both brokers listed
+    binds: list[dict[str, str]]
+    running: list[ManagedProcess] = field(default_factory=list)
+
+    def start(self, which: int, journal: str | None = None) -> ManagedProcess:
+        extra = dict(self.binds[which])
+        if journal is not None:
+            extra["EMQ_JOURNAL_PATH"] = journal
+        broker = self.procs.start("emq_broker", name=f"broker-{which + 1}", env=extra)
+        for key in ("EMQ_FRONTEND_BIND", "EMQ_BACKEND_BIND", "EMQ_MONITOR_BIND"):
+            self.procs.wait_for_port(port_of(extra[key]), proc=broker)
+        self.running.append(broker)
+        return broker
+
+    def kill(self, broker: ManagedProcess) -> None:
+        """``kill -9``, and wait until it is gone (its ports free)."""
+        os.kill(broker.pid, signal.SIGKILL)
+        broker.popen.wait(timeout=10)
+
+    def port(self, which: int, name: str) -> int:
+        return port_of(self.binds[which][f"EMQ_{name}_BIND"])
+
+
+@pytest.fixture
+def brokers(
+    emq_env: dict[str, str],
+    emq_processes: EmqProcesses,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Brokers]:
+    """Two brokers' ports; this test process, its job managers and schedulers are
+    given both (the lists), and share one SQLite journal file."""
+    first = {f"EMQ_{name}_BIND": emq_env[f"EMQ_{name}_BIND"] for name in BOUND}
+    second = {
+        f"EMQ_{name}_BIND": f"tcp://127.0.0.1:{port}"
+        for name, port in zip(BOUND, free_tcp_ports(len(BOUND)), strict=True)
+    }
+    # Majordomo, PZQ and mc0 off: not the subject, and their ports would be shared
+    off = {k: "" for k in emq_env if k.endswith("_BIND") and k[4:-5] not in BOUND}
+    listed = {key: f"{first[f'EMQ_{b}_BIND']},{second[f'EMQ_{b}_BIND']}" for key, b in LISTED.items()}
+    extra = {
+        **off,
+        **listed,
+        "EMQ_IMPORTS": IMPORTS,
+        "EMQ_FAILOVER_LOG": str(tmp_path / "runs.jsonl"),
+        "EMQ_RECORDER": "",
+        "EMQ_ACK_TIMEOUT": str(ACK_TIMEOUT),
+        "EMQ_TRACE_DIR": str(tmp_path / "trace"),
+    }
+    emq_env.update(extra)
+    emq_processes.env.update(extra)
+    for key, value in emq_env.items():
+        if key != "DATABASE_URL":
+            monkeypatch.setenv(key, value)
+    reset_cached_settings()
+    reset_client()
+    yield Brokers(emq_processes, emq_env, [first, second])
+    reset_client()
+    reset_cached_settings()
+
+
+def start_jm(brokers: Brokers, name: str = "fo", concurrency: int = 2) -> ManagedProcess:
+    jm = brokers.procs.start(
+        "emq_jobmanager",
+        "--queues",
+        "failover:10",
+        "--concurrency",
+        str(concurrency),
+        "--name",
+        name,
+        name=f"jm-{name}",
+    )
+    wait_jm_ready(brokers.env, name, concurrency, [jm, *brokers.running])
+    return jm
+
+
+class Sender(threading.Thread):
+    """Sends guaranteed jobs one after the other (each waits for its ACK) until
+    told to stop; keeps their handles, and any exception that reached it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.handles: list[tuple[int, Any, float, float]] = []  # (x, handle, start, end)
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        x = 0
+        while not self.stop.is_set():
+            start = time.monotonic()
+            try:
+                handle = tasks.double.delay(x)
+            except BaseException as exc:  # what must never reach application code
+                self.errors.append(exc)
+                return
+            self.handles.append((x, handle, start, time.monotonic()))
+            x += 1
+            time.sleep(0.01)
+
+
+def test_guaranteed_jobs_go_on_through_a_failover_and_a_running_one_answers(
+    brokers: Brokers,
+) -> None:
+    journal = brokers.env["EMQ_JOURNAL_PATH"]
+    first = brokers.start(0, journal)
+    start_jm(brokers)
+    running = tasks.slow.delay("across", 3.0)  # guaranteed, with a reply
+    plain = tasks.slow_plain.delay("plain", 3.0)  # at most once
+    wait_until(lambda: tasks.runs("across") and tasks.runs("plain"), "both jobs running")
+    sender = Sender()
+    sender.start()
+    wait_until(lambda: len(sender.handles) >= 20 or sender.errors, "jobs sent to broker 1")
+
+    brokers.kill(first)
+    killed = time.monotonic()
+    brokers.start(1, journal)  # the same journal file, other ports
+    up = time.monotonic()
+    count = len(sender.handles)
+    wait_until(
+        lambda: len(sender.handles) >= count + 20 or sender.errors, "jobs sent to broker 2"
+    )
+    sender.stop.set()
+    sender.join(timeout=ACK_TIMEOUT)
+
+    assert sender.errors == []
+    # the send that straddled the failover went on as soon as broker 2 was connected,
+    # not on the resend timer (a quarter of the ACK timeout)
+    straddling = [end - up for _, _, start, end in sender.handles if start <= up and end >= killed]
+    assert straddling and max(straddling) < ACK_TIMEOUT / 4, straddling
+    for x, handle, _, _ in sender.handles:
+        assert handle.get(timeout=15) == 2 * x
+    # the guaranteed job that ran at the failover: its outcome, once
+    assert running.get(timeout=20) == "done across"
+    assert get_client().take_reply(running.id.encode()) is None
+    # ... handed over by the job manager: broker 2 took it (no second run needed;
+    # one that started meanwhile is a duplicate in flight, its outcome dropped)
+    counters = status(brokers.env["EMQ_MONITOR_URL"])["counters"]
+    assert counters["restored_outcomes"] == 1
+    assert tasks.runs("across") in (1, 2)
+    with pytest.raises(JobLost):
+        plain.get(timeout=20)
