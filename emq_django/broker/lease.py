@@ -106,7 +106,11 @@ class Lease:
         self.info = dict(info or {})
         self.epoch: int | None = None  # ours while held
         self.link = PgLink(url, f"emq-broker lease {self.name}", SESSION)
-        self._run(lambda c: ensure_schema(c, LEASE_SCHEMA))
+        try:
+            self._run(lambda c: ensure_schema(c, LEASE_SCHEMA))
+        except BaseException:
+            self.link.close()
+            raise
 
     def _run(self, call: Any) -> Any:
         psycopg = import_psycopg()

@@ -75,9 +75,13 @@ def connect(url: str, app: str, session: dict[str, str]) -> psycopg.Connection[A
     extra.setdefault("application_name", app[:63])
     try:
         conn: psycopg.Connection[Any] = pg.connect(make_conninfo(url, **extra), autocommit=True)
+    except pg.Error as exc:
+        raise JournalError(f"PostgreSQL at {redact(url)}: {_reason(exc)}") from exc
+    try:
         for name, value in session.items():
             conn.execute(f"SET {name} = '{value}'")  # noqa: S608 - our own constants
     except pg.Error as exc:
+        conn.close()
         raise JournalError(f"PostgreSQL at {redact(url)}: {_reason(exc)}") from exc
     return conn
 

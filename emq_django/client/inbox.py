@@ -206,10 +206,14 @@ class Inbox(Connection):
         """Another broker answers now (restarted, or a standby took over): send the
         guaranteed jobs whose REPLY we wait for again under their ids (it restored
         them from its journal, and now knows who waits for them; one it finished
-        meanwhile is answered at once). With failover, the plain jobs that the
-        broker that is gone had not acknowledged went with it (each connection has
-        its own queue: nothing of them reaches the new one): at most once, they are
-        never sent again, and their ``get()`` raises ``JobLost``."""
+        meanwhile is answered at once).
+
+        With failover, a plain job not acknowledged yet went either to the broker
+        that is gone (each connection has its own queue: nothing of it reaches the
+        new one), or to the new one, which acknowledges it. At most once: none is
+        sent again. Each gets a full ``ack_timeout`` from now; those still without an
+        ACK then are lost (``_give_up_lost``: their ``get()`` raises ``JobLost``),
+        where they would have made the wait raise ``BrokerUnavailable``."""
         sock = self._sock
         if sock is not None:
             for frames in self._awaiting.values():
@@ -218,12 +222,34 @@ class Inbox(Connection):
                 except zmq.Again:
                     break  # no room now: the next change sends them (get() times out)
         if self._failover:
-            lost = [m for m in self._pending if m not in self._resending]
-            for msgid in lost:
+            now = _monotonic()
+            for msgid in [m for m in self._pending if m not in self._resending]:
                 del self._pending[msgid]
-                self._lost[msgid] = None
-            while len(self._lost) > MAX_KEPT_REPLIES:
-                self._lost.popitem(last=False)
+                self._pending[msgid] = now  # (to the end: _pending is oldest first)
+
+    def _give_up_lost(self) -> bool:
+        """With failover, after a wait for ACKs ran out: the plain jobs that were
+        unacknowledged when the broker changed and still are went to the broker
+        that is gone; they are lost (``JobLost``), not a sign that the new broker is
+        unavailable. Returns whether there were any."""
+        if not self._failover or not self._unacked_at_change:
+            return False
+        gone = [
+            m for m in self._pending if m in self._unacked_at_change and m not in self._resending
+        ]
+        for msgid in gone:
+            del self._pending[msgid]
+            self._lost[msgid] = None
+        while len(self._lost) > MAX_KEPT_REPLIES:
+            self._lost.popitem(last=False)
+        if gone:
+            log.warning(
+                "%d plain jobs sent to the broker at %s before it was replaced were never "
+                "acknowledged: lost (at most once), their get() raises JobLost",
+                len(gone),
+                self.url,
+            )
+        return bool(gone)
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -493,7 +519,7 @@ class Inbox(Connection):
         while self._unacked() >= limit:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._poll(sock, int(remaining * 1000) + 1):
-                if self._unacked() >= limit:
+                if self._unacked() >= limit and not self._give_up_lost():
                     self._unavailable()
                 continue
             self._drain(sock, ready=True)
@@ -505,4 +531,7 @@ class Inbox(Connection):
             self._drain(self._socket())
             oldest = self._oldest()
             if oldest is not None and time.monotonic() - oldest > self.ack_timeout:
+                if self._give_up_lost():
+                    self._check_overdue()
+                    return
                 self._unavailable()
