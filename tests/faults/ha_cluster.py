@@ -62,12 +62,15 @@ class Load:
         target = len(self.acks()) + more
         wait_until(lambda: len(self.acks()) >= target, f"{more} more ACKs", timeout, [self.process])
 
-    def first_ack_after(self, t: float) -> float | None:
+    def first_ack_after(self, t: float, takeover: bool = True) -> float | None:
         """When the first guaranteed job acknowledged by the broker that took over
         after a fault at ``t`` was: the first ACK after ``t`` read on a connection
         to a new broker (the client's count of broker changes went up), or, if the
-        client does not count them, the first ACK past NO_TAKEOVER_BEFORE."""
+        client does not count them, the first ACK past NO_TAKEOVER_BEFORE. Without
+        ``takeover``: the first ACK after ``t``, whoever sent it."""
         acks = self.acks()
+        if not takeover:  # the same broker may answer: any ACK after t
+            return next((float(a["t"]) for a in acks if a["t"] > t), None)
         before = [a["changes"] for a in acks if a["t"] <= t and a["changes"] is not None]
         after = [a for a in acks if a["t"] > t]
         if before:

@@ -11,7 +11,8 @@ then waits for the results of the jobs that have one and exits 0. Each kind:
   failover); ``pn``: plain, no result.
 
 A send that raises is written down (``errors.jsonl``: type, reason, time) and made
-again under the same id until the broker acknowledges it; each acknowledged send
+again under the same id a moment later (the load goes on meanwhile) until the
+broker acknowledges it; each acknowledged send
 is a line of ``accepted.jsonl`` with the time it returned (for a guaranteed job:
 the broker's ACK, after its journal commit) and the client's count of broker
 changes at that moment. ``results.jsonl``: each get(), its value or error.
@@ -23,6 +24,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -62,29 +64,40 @@ def main(out_dir: Path, prefix: str) -> None:
 
     stop = out_dir / "stop"
     handles: dict[str, tuple[str, Any]] = {}
+    again: deque[tuple[float, str, str]] = deque()  # (when, kind, key): refused sends
     with (
         (out_dir / "accepted.jsonl").open("a") as accepted,
         (out_dir / "errors.jsonl").open("a") as errors,
     ):
+
+        def attempt(kind: str, key: str) -> None:
+            try:
+                handle = send(kind, key)
+            except Exception as exc:  # noqa: BLE001 - every error is the finding
+                line(errors, key=key, kind=kind, t=time.time(), type=type(exc).__name__,
+                     error=str(exc))  # fmt: skip
+                again.append((time.monotonic() + RETRY_PAUSE, kind, key))
+                return
+            changes = getattr(get_client(), "broker_changes", None)
+            line(accepted, key=key, kind=kind, t=time.time(), changes=changes)
+            if kind in ("gr", "p"):
+                handles[key] = (kind, handle)
+
         n = 0
         print("sending", flush=True)
         while not stop.exists():
             n += 1
             kind = KINDS[n % len(KINDS)]
-            key = f"{prefix}-{kind}-{n}"
-            while True:
-                try:
-                    handle = send(kind, key)
-                    break
-                except Exception as exc:  # noqa: BLE001 - every error is the finding
-                    line(errors, key=key, kind=kind, t=time.time(), type=type(exc).__name__,
-                         error=str(exc))  # fmt: skip
-                    time.sleep(RETRY_PAUSE)
-            changes = getattr(get_client(), "broker_changes", None)
-            line(accepted, key=key, kind=kind, t=time.time(), changes=changes)
-            if kind in ("gr", "p"):
-                handles[key] = (kind, handle)
+            attempt(kind, f"{prefix}-{kind}-{n}")  # new jobs go on: plain ones keep flowing
+            if again and again[0][0] <= time.monotonic():
+                _, kind, key = again.popleft()  # a refused job, sent again under its id
+                attempt(kind, key)
             time.sleep(PACE)
+        deadline = time.monotonic() + RESULTS_WAIT
+        while again and time.monotonic() < deadline:  # the last refused ones
+            when, kind, key = again.popleft()
+            time.sleep(max(0.0, when - time.monotonic()))
+            attempt(kind, key)
     deadline = time.monotonic() + RESULTS_WAIT
     with (out_dir / "results.jsonl").open("a") as results:
         for key, (kind, handle) in handles.items():
