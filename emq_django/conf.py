@@ -148,6 +148,20 @@ def default_journal_path() -> str:
     return str(Path(xdg) / "emq-django" / name)
 
 
+def _validate_ha(s: EmqSettings) -> None:
+    """The PostgreSQL journal and the lease: a renewal slower than the lease lasts
+    would hand the lease to a standby while the active broker is well."""
+    if s.JOURNAL_URL and not s.JOURNAL_URL.startswith(("postgresql://", "postgres://")):
+        raise ImproperlyConfigured(
+            "EMQ_JOURNAL_URL must be a PostgreSQL URL (postgresql://user@host:port/db)"
+        )
+    if s.LEASE_RENEW >= s.LEASE_TTL or s.LEASE_POLL >= s.LEASE_TTL:
+        raise ImproperlyConfigured(
+            "EMQ_LEASE_RENEW and EMQ_LEASE_POLL must be below EMQ_LEASE_TTL "
+            f"(renew {s.LEASE_RENEW:g} s, poll {s.LEASE_POLL:g} s, ttl {s.LEASE_TTL:g} s)"
+        )
+
+
 def _validate(s: EmqSettings) -> None:
     if s.HEARTBEAT_INTERVAL <= 0 or s.HEARTBEAT_INTERVAL > 3:
         raise ImproperlyConfigured(
@@ -160,6 +174,7 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_ACK_TIMEOUT must be > 0 seconds")
     if s.JOURNAL_SYNC not in ("normal", "full"):
         raise ImproperlyConfigured("EMQ_JOURNAL_SYNC must be 'normal' or 'full'")
+    _validate_ha(s)
     if s.RETRY_BASE < 0 or s.RETRY_CAP < s.RETRY_BASE:
         raise ImproperlyConfigured("EMQ_RETRY_BASE must be >= 0 and <= EMQ_RETRY_CAP")
     if s.TIME_LIMIT_GRACE <= 0:
@@ -175,18 +190,21 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(
             "EMQ_RECORD_INTERVAL must be >= 0, EMQ_RECORD_BATCH and EMQ_RECORD_BUFFER >= 1"
         )
-    for name in (
-        "BROKER_URL",
-        "WORKER_URL",
-        "MONITOR_URL",
-        "FRONTEND_BIND",
-        "BACKEND_BIND",
-        "MONITOR_BIND",
-    ):
+    for name in ("BROKER_URL", "WORKER_URL", "MONITOR_URL"):
+        # one broker, or a comma-separated list of brokers (failover: transport.addresses)
         url = getattr(s, name)
-        if "://" not in url:
+        for address in url.split(",") if "," in url else (url,):
+            if "://" not in address:
+                raise ImproperlyConfigured(
+                    f"EMQ_{name}={url!r}: {address.strip()!r} is not a ZeroMQ address such as "
+                    "tcp://127.0.0.1:47291 (several brokers: a comma-separated list)"
+                )
+    for name in ("FRONTEND_BIND", "BACKEND_BIND", "MONITOR_BIND"):
+        url = getattr(s, name)
+        if "://" not in url or "," in url:
             raise ImproperlyConfigured(
-                f"EMQ_{name}={url!r} is not a ZeroMQ address such as tcp://127.0.0.1:47291"
+                f"EMQ_{name}={url!r} is not one ZeroMQ address such as tcp://127.0.0.1:47291 "
+                "(a broker binds one; its peers' EMQ_*_URL may list several brokers)"
             )
     if s.PZQ_ACK_TIMEOUT <= 0 or s.PZQ_MAX_DELIVERIES < 1 or s.PZQ_MAX_INFLIGHT < 1:
         raise ImproperlyConfigured(

@@ -196,6 +196,7 @@ class HandshakeWatch:
         "sock",
         "events",
         "server_from",
+        "failover",
     )
 
     def __init__(
@@ -219,6 +220,11 @@ class HandshakeWatch:
         # a connection attempt failed before any handshake (with CONNECT_RETRIED in
         # ``events``): nobody listens at ``url`` now
         self.unreached = False
+        # several brokers (a failover list): one of them paused or cut off may fail
+        # handshake after handshake without a reason (its kernel accepts the TCP
+        # connection, nobody answers the greeting) while another serves, so such
+        # failures are no refusal there; a refusal with a reason still is
+        self.failover = is_failover(url)
 
     def _monitor(self, events: int) -> Socket:
         """Start (or replace) the socket's monitor; returns the PAIR its events come on."""
@@ -271,7 +277,7 @@ class HandshakeWatch:
             elif event == _NO_DETAIL:
                 self.succeeded = False
                 self.quiet_failures += 1
-                if self.quiet_failures >= NO_DETAIL_LIMIT:
+                if self.quiet_failures >= NO_DETAIL_LIMIT and not self.failover:
                     raise self.refusal("no-detail", value)
             elif event == CONNECT_RETRIED and not self.quiet_failures:
                 self.unreached = True  # (after a failed handshake it says nothing new)

@@ -17,7 +17,7 @@ import zmq
 from zmq.backend import zmq_poll as _zmq_poll
 
 from emq_django import wire
-from emq_django.client.connection import Connection
+from emq_django.client.incarnations import MAX_KEPT_REPLIES, Incarnations
 from emq_django.client.lifetime import _Flusher
 from emq_django.exceptions import (
     JobRefused,
@@ -51,7 +51,6 @@ _SEP = B.PACK_SEPARATOR
 _LF = _SEP[0]
 _second = itemgetter(1)
 
-MAX_KEPT_REPLIES = 100_000
 # Partial results (PARTIAL) wait here until ``Result.stream()`` takes them. A job's
 # partials are dropped when ``get()`` takes its REPLY; a result nobody streams keeps
 # at most MAX_PARTIALS_PER_JOB (the oldest go first), and at most MAX_STREAMED_JOBS
@@ -78,7 +77,7 @@ def refusal(error: F.Error) -> JobRefused | QueueFull:
 _refusal = refusal
 
 
-class Inbox(Connection):
+class Inbox(Incarnations):
     def _unacked(self) -> int:
         """Jobs sent or buffered and not yet acknowledged (nor refused)."""
         return len(self._pending) + self._sent_jobs + self._buf_jobs
@@ -158,98 +157,6 @@ class Inbox(Connection):
                         self._check_handshake()
                     if self._pending or self._sent:
                         self._check_overdue()
-
-    def _check_lost(self, msgid: bytes) -> None:
-        """Raise ``JobLost`` if the plain job ``msgid``, sent before the broker's
-        incarnation changed, had been acknowledged by then: the broker that took it
-        is gone, and its successor never had it (one not acknowledged then may have
-        reached the new one, or ``ack_timeout`` says it did not)."""
-        from emq_django.exceptions import JobLost
-
-        if msgid not in self._lost and (msgid in self._unacked_at_change or msgid in self._pending):
-            return
-        raise JobLost(
-            JobLost.TYPE,
-            f"job {msgid.decode(errors='replace')} was a plain job (not guaranteed) that "
-            f"the broker at {self.url} had accepted, and that broker has restarted since "
-            "(a new incarnation): it kept the job in memory only, so the job is lost and "
-            "may or may not have run. Send it again if it must run; jobs that must "
-            "survive a broker restart are sent with guarantee=True",
-        )
-
-    def _ack_from(self, ack_id: bytes) -> None:
-        """Our broker's ACK names its incarnation (``B.ack_id``): note a change."""
-        incarnation = B.ack_incarnation(ack_id)
-        if incarnation is not None and incarnation != self._incarnation:
-            self._note_incarnation(incarnation)
-
-    def _note_incarnation(self, incarnation: bytes) -> None:
-        """The broker said which incarnation it is. Another than before: the plain
-        jobs acknowledged until now are lost (``_check_lost``)."""
-        if self._incarnation and incarnation != self._incarnation:
-            self._settle()
-            self._unacked_at_change = frozenset(self._pending)
-            self.broker_changes += 1
-            log.warning(
-                "the broker at %s restarted (a new incarnation): the plain jobs it had "
-                "accepted are lost, and their get() raises JobLost",
-                self.url,
-            )
-            self._incarnation = incarnation
-            self._ack_head = _MARK + incarnation
-            self._broker_replaced()
-            return
-        self._incarnation = incarnation
-        self._ack_head = _MARK + incarnation
-
-    def _broker_replaced(self) -> None:
-        """Another broker answers now (restarted, or a standby took over): send the
-        guaranteed jobs whose REPLY we wait for again under their ids (it restored
-        them from its journal, and now knows who waits for them; one it finished
-        meanwhile is answered at once).
-
-        With failover, a plain job not acknowledged yet went either to the broker
-        that is gone (each connection has its own queue: nothing of it reaches the
-        new one), or to the new one, which acknowledges it. At most once: none is
-        sent again. Each gets a full ``ack_timeout`` from now; those still without an
-        ACK then are lost (``_give_up_lost``: their ``get()`` raises ``JobLost``),
-        where they would have made the wait raise ``BrokerUnavailable``."""
-        sock = self._sock
-        if sock is not None:
-            for frames in self._awaiting.values():
-                try:
-                    wire.send(sock, frames)
-                except zmq.Again:
-                    break  # no room now: the next change sends them (get() times out)
-        if self._failover:
-            now = _monotonic()
-            for msgid in [m for m in self._pending if m not in self._resending]:
-                del self._pending[msgid]
-                self._pending[msgid] = now  # (to the end: _pending is oldest first)
-
-    def _give_up_lost(self) -> bool:
-        """With failover, after a wait for ACKs ran out: the plain jobs that were
-        unacknowledged when the broker changed and still are went to the broker
-        that is gone; they are lost (``JobLost``), not a sign that the new broker is
-        unavailable. Returns whether there were any."""
-        if not self._failover or not self._unacked_at_change:
-            return False
-        gone = [
-            m for m in self._pending if m in self._unacked_at_change and m not in self._resending
-        ]
-        for msgid in gone:
-            del self._pending[msgid]
-            self._lost[msgid] = None
-        while len(self._lost) > MAX_KEPT_REPLIES:
-            self._lost.popitem(last=False)
-        if gone:
-            log.warning(
-                "%d plain jobs sent to the broker at %s before it was replaced were never "
-                "acknowledged: lost (at most once), their get() raises JobLost",
-                len(gone),
-                self.url,
-            )
-        return bool(gone)
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)

@@ -11,10 +11,13 @@ tests/e2e/failover_tasks.py.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +29,17 @@ from emq_django.client import get_client, reset_client
 from emq_django.conf import reset_cached_settings
 from emq_django.exceptions import JobLost
 from emq_django.monitor_client import status
+from emq_django.pubsub import subscribe
 from tests.e2e import failover_tasks as tasks
+from tests.e2e import scheduler_tasks
+from tests.e2e.scheduler_support import (
+    TICK,
+    history,
+    manage,
+    shell,
+    start_jobmanager,
+    start_scheduler,
+)
 from tests.e2e.test_spine import wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, free_tcp_ports, port_of, wait_until
 
@@ -50,6 +63,7 @@ LISTED = {  # the setting a peer reads -> the broker's setting it names
     "EMQ_BUS_PUBLISH_URL": "BUS_PUBLISH",
     "EMQ_BUS_COLLECT_URL": "BUS_COLLECT",
 }
+SENT = re.compile(r"sent (\S+) for schedule (\S+) \(due ([^)]+)\)")  # the scheduler's log
 ACK_TIMEOUT = 20.0  # long: a resend on its quarter (5 s) would show
 
 
@@ -212,3 +226,108 @@ def test_a_plain_job_running_at_a_failover_is_lost(brokers: Brokers) -> None:
     with pytest.raises(JobLost):
         plain.get(timeout=15)
     assert tasks.runs("plain") == 1
+
+
+def test_a_paused_broker_is_left_for_the_live_one(brokers: Brokers) -> None:
+    """SIGSTOP of broker 1 (its kernel still holds the TCP connections open): the
+    ZMTP heartbeats drop its connections, so the client and the job manager send
+    to broker 2 only. Plain jobs and no journal (two brokers run at once here)."""
+    first = brokers.start(0, journal="")
+    start_jm(brokers, concurrency=2)
+    assert tasks.triple.delay(1).get(timeout=10) == 3
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        brokers.start(1, journal="")
+        # the job manager left the paused broker and INFORMed broker 2
+        wait_jm_ready(brokers.env, "fo", 2, brokers.running[1:])
+        # every job now goes to broker 2: none is stuck with the paused one
+        handles = [tasks.triple.delay(x) for x in range(20)]
+        assert [h.get(timeout=10) for h in handles] == [3 * x for x in range(20)]
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        os.kill(first.pid, signal.SIGCONT)
+
+
+def publish(brokers: Brokers, first: int, count: int) -> None:
+    """Publish events ``first`` .. ``first + count - 1`` on ``fo.events`` from another
+    process, which waits for the broker's confirmation of each before it exits."""
+    code = (
+        f"import emq_django as emq; emq.publish_many('fo.events', range({first}, {first + count}))"
+    )
+    manage(brokers.env, "shell", "-c", code)
+
+
+def test_a_subscriber_gets_every_event_once_in_order_across_a_failover(
+    brokers: Brokers,
+) -> None:
+    """The topic store is in the journal: broker 2 numbers on from broker 1's last
+    event, and the subscriber re-synchronises from its snapshot after the last
+    sequence it had."""
+    journal = brokers.env["EMQ_JOURNAL_PATH"]
+    first = brokers.start(0, journal)
+    got: list[tuple[int, Any]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        with subscribe("fo.", since=0, idle_check=0.2) as sub:
+            while len(got) < 100 and not done.is_set():
+                event = sub.next(timeout=0.2)
+                if event is not None:
+                    got.append((event.seq, event.data))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        publish(brokers, 0, 50)
+        wait_until(lambda: len(got) >= 50, "the events of broker 1")
+        brokers.kill(first)
+        brokers.start(1, journal)
+        publish(brokers, 50, 50)
+        wait_until(lambda: len(got) >= 100, "the events of broker 2", timeout=20)
+    finally:
+        done.set()
+        reader.join(timeout=5)
+    assert [data for _, data in got] == list(range(100))
+    seqs = [seq for seq, _ in got]
+    assert seqs == sorted(set(seqs)), "every event once, in order"
+
+
+def test_the_scheduler_fires_every_tick_once_across_a_failover(
+    brokers: Brokers, tmp_path: Path
+) -> None:
+    """A 1 s schedule across a failover, with the catch-up policy ``all``: the ticks
+    due while no broker served are sent once broker 2 is connected, and every tick
+    is sent once (the scheduler's own account, ``sent ... (due <time>)``)."""
+    marker = tmp_path / "ticks.log"
+    extra = {
+        scheduler_tasks.MARKER_ENV: str(marker),
+        "EMQ_SCHEDULER_CATCH_UP": "all",
+        "EMQ_ACK_TIMEOUT": "5",
+    }
+    brokers.env.update(extra)
+    brokers.procs.env.update(extra)
+    manage(brokers.env, "migrate", "-v0")
+    journal = brokers.env["EMQ_JOURNAL_PATH"]
+    first = brokers.start(0, journal)
+    start_jobmanager(brokers.procs)
+    scheduler = start_scheduler(brokers.procs)
+    code = "import emq_django as emq; emq.{}({!r}, {}args=['fo'])"
+    shell(brokers.env, code.format("schedule", TICK, "every=1, queue='sched', guarantee=True, "))
+
+    def sent() -> list[dt.datetime]:
+        return sorted(dt.datetime.fromisoformat(m[2]) for m in SENT.findall(scheduler.stderr()))
+
+    wait_until(lambda: len(sent()) >= 3, "three ticks through broker 1", timeout=20)
+    brokers.kill(first)
+    brokers.start(1, journal)
+    count = len(sent())
+    wait_until(lambda: len(sent()) >= count + 4, "ticks through broker 2", timeout=30)
+    shell(brokers.env, code.format("unschedule", TICK, ""))
+
+    every = sent()
+    duplicated = [t for t, n in Counter(every).items() if n > 1]
+    steps = {round((b - a).total_seconds(), 6) for a, b in zip(every, every[1:], strict=False)}
+    assert duplicated == [], "a tick was sent twice"
+    assert steps == {1.0}, f"a tick was skipped: steps {sorted(steps)}"
+    # each tick's job ran (guaranteed: those broker 1 took are in the journal)
+    wait_until(lambda: len(history(marker, "fo")) >= len(every), "every tick's run")
