@@ -42,6 +42,7 @@ KILLS = 20
 PARTITION = 10.0  # seconds
 PAUSE = 5.0  # seconds
 PG_OUTAGE = 3.0  # seconds
+LEASE_TTL = 1.0  # seconds: EMQ_LEASE_TTL's default, which the brokers run with
 SANITY = 10.0  # seconds: a failover slower than this is broken, not slow
 
 
@@ -193,6 +194,12 @@ def isolate(cluster: HaCluster, load: Load, name: str, cut: bool) -> None:
     cluster.history.fault(t, back + 2.0)
     assert broker.alive(), broker.log_tail()
     assert cluster.role(standby) == "active"
+    # fencing, as the client saw it: no ACK read on its connection to the old active
+    # (the count of broker changes it had before the fault) once that one's lease
+    # had run out; what the old one could not commit it could not acknowledge
+    changes = [a["changes"] for a in load.acks() if a["t"] <= t]
+    late = [a for a in load.acks() if a["t"] > t + LEASE_TTL and a["changes"] == changes[-1]]
+    assert changes[-1] is None or late == [], f"ACKs by the old active: {late[:5]}"
     taken = (cluster.ha(standby) or {}).get("epoch")
     assert isinstance(epoch, int) and isinstance(taken, int) and taken > epoch, (epoch, taken)
     load.wait_acks(50)  # the new active serves on, the old one stays out of the way
