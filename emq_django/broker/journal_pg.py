@@ -34,11 +34,14 @@ from emq_django.broker.journal import EXPIRED_KEY, JournalOp, PruneEvents, Store
 from emq_django.broker.journal_sql import (
     FENCE,
     JOB_COLUMNS,
+    JOBS_FENCED,
+    JOBS_ONLY,
     MANY,
     ONE,
     SCHEMA,
     TABLES,
     as_arrays,
+    fold_jobs,
     in_rule,
     row_event,
 )
@@ -129,7 +132,13 @@ class PgJournal:
         epoch = self._epoch
         try:
             cur = conn.cursor()
-            if any(op[0] == "prune_events" for op in ops):
+            folded = fold_jobs(ops)
+            if folded is not None:  # puts and dones only: one statement (journal_sql)
+                if epoch is None:
+                    cur.execute(JOBS_ONLY, folded, prepare=True)
+                else:
+                    cur.execute(JOBS_FENCED, [*folded, self._ttl, self.name, epoch], prepare=True)
+            elif any(op[0] == "prune_events" for op in ops):
                 # retention reads counts as it goes: statement by statement
                 with conn.transaction():
                     counts = self._apply_all(cur, ops, counts)

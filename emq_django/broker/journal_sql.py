@@ -172,3 +172,65 @@ def row_event(row: tuple[Any, ...]) -> Event:
     seq, topic, data, producer, uuid, ts, ctype, headers = row
     pairs = tuple((str(k), str(v)) for k, v in json.loads(headers)) if headers else ()
     return Event(seq, topic, bytes(data), producer, bytes(uuid), ts, ctype, pairs)
+
+
+# the turn of a broker that only takes and ends guaranteed jobs (the hot path),
+# as ONE statement: its puts, its dones and the fence as data-modifying CTEs, in
+# autocommit (a statement is its own transaction): one round trip, one statement
+# to parse, plan (prepared: always the same text) and execute, instead of BEGIN,
+# a statement per kind, the fence and COMMIT. A job put and ended within the
+# turn is one put of a 'done' row (``fold_jobs``): the CTEs of one statement
+# must not touch a row twice. The fence's division by zero fails the statement,
+# so nothing of it is written (``PgJournal.apply`` raises LeaseLost).
+_FOLDED_PUT = (
+    "p AS (INSERT INTO emq_jobs (id, queue, headers, body, state, attempts, run_after,"
+    " enqueued_at, updated_at) SELECT * FROM unnest(%b::bytea[], %b::text[], %b::bytea[],"
+    " %b::bytea[], %b::text[], %b::integer[], %b::float8[], %b::float8[], %b::float8[])"
+    " ON CONFLICT (id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,"
+    " run_after = excluded.run_after, updated_at = excluded.updated_at,"
+    " body = CASE WHEN excluded.state = 'done' THEN NULL ELSE emq_jobs.body END)"
+)
+_FOLDED_DONE = (
+    "d AS (UPDATE emq_jobs AS j SET state = 'done', body = NULL, updated_at = d.at"
+    " FROM unnest(%b::bytea[], %b::float8[]) AS d(id, at) WHERE j.id = d.id)"
+)
+JOBS_ONLY = f"WITH {_FOLDED_PUT}, {_FOLDED_DONE} SELECT 1"
+JOBS_FENCED = (
+    f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, f AS (UPDATE emq_lease SET expires_at ="
+    " clock_timestamp() + make_interval(secs => %b::float8)"
+    " WHERE id = 1 AND name = %b::text AND epoch = %b::bigint RETURNING 1)"
+    " SELECT 1 / (SELECT COUNT(*)::integer FROM f)"
+)
+
+
+def fold_jobs(ops: list[Any]) -> list[list[Any]] | None:
+    """A turn of puts and dones only, as the parameters of ``JOBS_ONLY``: the puts'
+    columns then the dones' (ids, times); a job both put and ended here is one put
+    in state 'done' without a body. None: the turn has other operations, or names
+    a job twice otherwise (the statement-by-statement path writes it)."""
+    puts: dict[bytes, list[Any]] = {}
+    dones: dict[bytes, float] = {}
+    for op in ops:
+        kind = op[0]
+        if kind == "put":
+            _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
+            if job_id in puts or job_id in dones:
+                return None
+            puts[job_id] = [job_id, queue, headers, body, state, int(attempts)]
+            puts[job_id] += [float(run_after), float(enqueued_at), float(now)]
+        elif kind == "done":
+            job_id, at = op[1], op[2]
+            row = puts.get(job_id)
+            if job_id in dones or (row is not None and row[4] == "done"):
+                return None
+            if row is not None:
+                row[3], row[4], row[8] = None, "done", float(at)
+            else:
+                dones[job_id] = float(at)
+        else:
+            return None
+    columns: list[list[Any]] = [list(c) for c in zip(*puts.values(), strict=True)] or [
+        [] for _ in range(9)
+    ]
+    columns += [list(dones), list(dones.values())]
+    return columns

@@ -37,10 +37,11 @@ class Incarnations(Connection):
         raise JobLost(
             JobLost.TYPE,
             f"job {msgid.decode(errors='replace')} was a plain job (not guaranteed) that "
-            f"the broker at {self.url} had accepted, and that broker has restarted since "
-            "(a new incarnation): it kept the job in memory only, so the job is lost and "
-            "may or may not have run. Send it again if it must run; jobs that must "
-            "survive a broker restart are sent with guarantee=True",
+            f"the broker at {self.url} had accepted (or was sent to it), and that broker "
+            "has restarted since or another took over (a new incarnation): it kept the job "
+            "in memory only, so the job is lost and may or may not have run. Send it again "
+            "if it must run; jobs that must survive a broker restart or a failover are sent "
+            "with guarantee=True",
         )
 
     def _ack_from(self, ack_id: bytes) -> None:
@@ -57,8 +58,9 @@ class Incarnations(Connection):
             self._unacked_at_change = frozenset(self._pending)
             self.broker_changes += 1
             log.warning(
-                "the broker at %s restarted (a new incarnation): the plain jobs it had "
-                "accepted are lost, and their get() raises JobLost",
+                "the broker at %s restarted or another took over (a new incarnation): the "
+                "plain jobs it had accepted are lost, and their get() raises JobLost; the "
+                "guaranteed ones awaited go on",
                 self.url,
             )
             self._incarnation = incarnation

@@ -331,3 +331,39 @@ def test_the_scheduler_fires_every_tick_once_across_a_failover(
     assert steps == {1.0}, f"a tick was skipped: steps {sorted(steps)}"
     # each tick's job ran (guaranteed: those broker 1 took are in the journal)
     wait_until(lambda: len(history(marker, "fo")) >= len(every), "every tick's run")
+
+
+def test_map_of_guaranteed_jobs_keeps_its_promise_across_a_failover(brokers: Brokers) -> None:
+    """``map()`` calls go on through the failover: each returns once the broker
+    that serves has acknowledged every job (those sent to the one that died are
+    sent again under their ids as soon as broker 2 is connected), with no
+    exception, and every job's ``get()`` returns its value."""
+    journal = brokers.env["EMQ_JOURNAL_PATH"]
+    first = brokers.start(0, journal)
+    start_jm(brokers, concurrency=2)
+    batches: list[tuple[int, list[Any]]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def mapper() -> None:
+        x = 0
+        while not stop.is_set():
+            try:
+                batches.append((x, tasks.double.map(range(x, x + 50))))
+            except BaseException as exc:  # what must never reach application code
+                errors.append(exc)
+                return
+            x += 50
+
+    thread = threading.Thread(target=mapper, daemon=True)
+    thread.start()
+    wait_until(lambda: len(batches) >= 3 or errors, "batches through broker 1")
+    brokers.kill(first)
+    brokers.start(1, journal)
+    count = len(batches)
+    wait_until(lambda: len(batches) >= count + 3 or errors, "batches through broker 2")
+    stop.set()
+    thread.join(timeout=ACK_TIMEOUT)
+    assert errors == []
+    for x, handles in batches:
+        assert [h.get(timeout=20) for h in handles] == [2 * i for i in range(x, x + 50)]

@@ -130,3 +130,71 @@ def test_a_new_journal_moves_the_old_tables_aside(journal: PgJournal, pg_url: st
     finally:
         fresh.close()
     assert ids(pg_url) == [b"new"]
+
+
+def stored(url: str) -> dict[bytes, tuple[str, bytes, int, float]]:
+    """Each committed job's state, body, attempts and last update."""
+    other = PgJournal(url, name="reader")
+    try:
+        return {r.id: (r.state, bytes(r.body), r.attempts, r.updated_at) for r in other.load()}
+    finally:
+        other.close()
+
+
+def test_a_turn_of_puts_and_dones_is_written_as_the_statement_path_writes_it(
+    journal: PgJournal, pg_url: str
+) -> None:
+    """The one-statement path (puts and dones only, ``fold_jobs``) against the
+    statement-by-statement one (a turn with another operation): the same rows.
+    A job put and ended within the turn is a done row without its body; a done of
+    an earlier turn's job, a put again of a known job (a new state and attempts,
+    its body kept) and a done of a job the journal never had are as before."""
+    a = Lease(pg_url, "broker-a", TTL)
+    try:
+        journal.fence(a.try_acquire(), TTL)
+        for tag, extra in ((b"f", []), (b"s", [("delete", b"never-there")])):
+            journal.apply([put(tag + b"-old"), put(tag + b"-again")])
+            again = (
+                "put",
+                tag + b"-again",
+                "default",
+                b"g",
+                b"new",
+                "ready",
+                3,
+                5.0,
+                WALL,
+                WALL + 3,
+            )
+            journal.apply(
+                [
+                    put(tag + b"-new"),
+                    put(tag + b"-short"),
+                    ("done", tag + b"-old", WALL + 1),
+                    ("done", tag + b"-short", WALL + 2),
+                    again,
+                    ("done", tag + b"-unknown", WALL + 4),
+                    *extra,
+                ]
+            )
+        got = stored(pg_url)
+        for tag in (b"f", b"s"):
+            assert got[tag + b"-new"] == ("ready", b"body", 0, WALL)
+            assert got[tag + b"-short"] == ("done", b"", 0, WALL + 2)
+            assert got[tag + b"-old"] == ("done", b"", 0, WALL + 1)
+            assert got[tag + b"-again"] == ("ready", b"body", 3, WALL + 3)
+            assert tag + b"-unknown" not in got
+        assert journal.commits == 4
+    finally:
+        a.close()
+
+
+def test_a_job_named_twice_in_a_turn_is_written_in_order(journal: PgJournal, pg_url: str) -> None:
+    """A turn that puts a job, ends it and puts it again (or ends it twice) cannot be
+    one statement (it would touch a row twice): it is written statement by statement,
+    in order."""
+    journal.apply([put(b"x"), ("done", b"x", WALL + 1), put(b"x", "delayed"), put(b"y")])
+    journal.apply([("done", b"y", WALL + 2), ("done", b"y", WALL + 3)])
+    got = stored(pg_url)
+    assert got[b"x"][0] == "delayed"
+    assert got[b"y"] == ("done", b"", 0, WALL + 3)
