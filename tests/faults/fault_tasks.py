@@ -101,3 +101,25 @@ def dies_silently(key: str) -> None:
     """Kills its worker process: an EventMQ job manager sends no REPLY for it."""
     record("run", key)
     os._exit(1)
+
+
+@emq.task(queue="faults", guarantee=True)
+def echo_g(key: str) -> str:  # guaranteed, with a result its caller get()s
+    record("done", key)
+    return key
+
+
+@emq.task(queue="faults", guarantee=True, reply=False, retries=1)
+def flaky(key: str) -> None:
+    """Fails its first attempt (a marker file per key, next to the history file,
+    says it has run before), succeeds on its one retry: a job in its retry delay
+    at a failover must keep that retry (its first failure counted once)."""
+    marks = os.path.join(os.path.dirname(os.environ["EMQ_FAULT_HISTORY"]), "marks")
+    os.makedirs(marks, exist_ok=True)
+    try:
+        os.close(os.open(os.path.join(marks, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        record("done", key)
+        return
+    record("failed", key)
+    raise RuntimeError(f"{key} fails its first attempt")
