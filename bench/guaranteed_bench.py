@@ -307,7 +307,9 @@ def main() -> None:
     ratios = {
         f"{a}/{b}": {
             "jobs_per_s": med[a]["jobs_per_s"] / med[b]["jobs_per_s"],
-            "per_round": [x["jobs_per_s"] / y["jobs_per_s"] for x, y in zip(runs[a], runs[b], strict=True)],
+            "per_round": [
+                x["jobs_per_s"] / y["jobs_per_s"] for x, y in zip(runs[a], runs[b], strict=True)
+            ],
             "ack_p50": med[a]["ack_p50_ms"] / med[b]["ack_p50_ms"],
             "ack_p99": med[a]["ack_p99_ms"] / med[b]["ack_p99_ms"],
         }
