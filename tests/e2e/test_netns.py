@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import struct
 import subprocess
@@ -39,6 +38,7 @@ import pytest
 
 from emq_django.link import REFUSED_EXIT
 from tests.support import REPO_ROOT, EmqProcesses, ManagedProcess
+from tests.support.netns import ip, why_not
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -59,17 +59,7 @@ class Net:
 
 
 def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-
-
-def _why_not() -> str | None:
-    if shutil.which("ip") is None:
-        return "iproute2's `ip` is not installed (apt-get install iproute2)"
-    if os.geteuid() != 0:
-        return "network namespaces need root (make test runs as root in CI)"
-    return None
+    ip(*args)
 
 
 def _build(net: Net) -> None:
@@ -99,7 +89,7 @@ def _delete_orphans() -> None:
 
 @pytest.fixture(scope="module")
 def net() -> Iterator[Net]:
-    reason = _why_not()
+    reason = why_not()
     if reason:
         pytest.skip(reason)
     _delete_orphans()
