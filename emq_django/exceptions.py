@@ -243,6 +243,12 @@ class JournalError(EmqError):
     file, a database that refuses): guaranteed jobs must not vanish silently."""
 
 
+class LeaseLost(JournalError):
+    """This broker's lease of a shared PostgreSQL journal was taken by another broker
+    (a higher epoch): its journal writes are refused (fencing), so it can no longer
+    acknowledge guaranteed work, and it must step down to standby."""
+
+
 class CronError(EmqError, ValueError):
     """A cron expression that cannot be parsed, or that never fires (a ``ValueError``
     too, as every bad timing is)."""

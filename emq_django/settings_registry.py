@@ -22,6 +22,7 @@ SECTIONS = (
     "results",
     "scheduler",
     "analytics",
+    "ha",  # high availability: the PostgreSQL journal, active and standby brokers
 )
 # a check takes the value and returns what is wrong with it, or None
 Check = Callable[[Any], "str | None"]
@@ -265,6 +266,37 @@ class EmqSettings:
     )
     JOURNAL_SYNC: str = setting(
         "normal", "`normal` survives a process crash, `full` also a power loss", section="broker"
+    )
+    # high availability (broker/journal_pg.py, broker/lease.py)
+    JOURNAL_URL: str = setting(
+        "",
+        "`postgresql://user@host:port/db`: the journal in PostgreSQL, in place of "
+        "`EMQ_JOURNAL_PATH`; brokers sharing it run active/standby",
+        section="ha",
+    )
+    LEASE_TTL: float = setting(
+        1.0,
+        "seconds the active broker's lease lasts without renewal (PostgreSQL's clock)",
+        section="ha",
+        check=_positive,
+    )
+    LEASE_RENEW: float = setting(
+        0.2,
+        "seconds between the active broker's lease renewals (each journal commit renews too)",
+        section="ha",
+        check=_positive,
+    )
+    LEASE_POLL: float = setting(
+        0.1,
+        "seconds between a standby's attempts to take an expired lease",
+        section="ha",
+        check=_positive,
+    )
+    BROKER_NAME: str = setting(
+        "",
+        "this broker's name in the lease and the monitor",
+        section="ha",
+        shown="hostname-pid",
     )
     MAX_QUEUE_BYTES: int = setting(
         256 * 1024 * 1024, "job bodies waiting in memory per queue", section="broker"

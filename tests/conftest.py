@@ -16,7 +16,7 @@ import pytest
 from tests.support import EmqProcesses, free_tcp_ports, live_processes
 
 # the emq_broker fixture, as an installed emq-django gives it (its pytest11 entry point)
-pytest_plugins = ["emq_django.testing.pytest_plugin"]
+pytest_plugins = ["emq_django.testing.pytest_plugin", "tests.support.postgres"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,139 @@
+"""The PostgreSQL journal's tables and statements (broker/journal_pg.py).
+
+The same tables as the SQLite journal's (broker/journal.py), prefixed ``emq_`` since
+the database may be the Django project's own, and with PostgreSQL's types: ids and
+bodies are ``bytea``, wall-clock times ``double precision`` seconds as the broker
+gives them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from emq_django.broker.topics import Event
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS emq_jobs (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id bytea NOT NULL UNIQUE,
+    queue text NOT NULL,
+    headers bytea NOT NULL,
+    body bytea,
+    state text NOT NULL,            -- ready, delayed, spilled, dead, done
+    attempts integer NOT NULL DEFAULT 0,
+    run_after double precision NOT NULL DEFAULT 0,
+    enqueued_at double precision NOT NULL,
+    error text NOT NULL DEFAULT '',
+    updated_at double precision NOT NULL
+);
+CREATE INDEX IF NOT EXISTS emq_jobs_spilled ON emq_jobs (queue, seq) WHERE state = 'spilled';
+CREATE INDEX IF NOT EXISTS emq_jobs_done ON emq_jobs (updated_at) WHERE state = 'done';
+CREATE TABLE IF NOT EXISTS emq_events (
+    seq bigint PRIMARY KEY,         -- the broker's one event sequence
+    topic text NOT NULL,
+    rule text NOT NULL,             -- the retention rule's prefix when written
+    producer text NOT NULL,
+    uuid bytea NOT NULL,
+    ts double precision NOT NULL,   -- the producer's wall-clock time
+    content_type text NOT NULL,
+    headers text NOT NULL,          -- JSON list of [name, value]
+    data bytea NOT NULL
+);
+CREATE INDEX IF NOT EXISTS emq_events_topic ON emq_events (topic, seq);
+CREATE INDEX IF NOT EXISTS emq_events_rule_other ON emq_events (rule, seq) WHERE rule <> '';
+CREATE TABLE IF NOT EXISTS emq_topic_meta (key text PRIMARY KEY, value bigint NOT NULL);
+"""
+TABLES = ("emq_jobs", "emq_events", "emq_topic_meta")
+
+# the fence (``PgJournal.fence``): extend the lease if it is still ours, else fail
+# the transaction (1 / 0 rows: division by zero), which then rolls back
+FENCE = (
+    "WITH f AS (UPDATE emq_lease SET expires_at = clock_timestamp() + make_interval(secs => %s)"
+    " WHERE id = 1 AND name = %s AND epoch = %s RETURNING 1)"
+    " SELECT 1 / (SELECT COUNT(*)::integer FROM f)"
+)
+
+JOB_COLUMNS = (
+    "id, queue, headers, COALESCE(body, ''::bytea), state, attempts, run_after,"
+    " enqueued_at, error, updated_at"
+)
+PUT = (
+    "INSERT INTO emq_jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
+    " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+    " state = excluded.state, attempts = excluded.attempts,"
+    " run_after = excluded.run_after, updated_at = excluded.updated_at"
+)
+DONE = "UPDATE emq_jobs SET state = 'done', body = NULL, updated_at = %s WHERE id = %s"
+SET_STATE = (
+    "UPDATE emq_jobs SET state = %s, attempts = %s, run_after = %s, error = %s,"
+    " updated_at = %s WHERE id = %s"
+)
+INSERT_EVENT = (
+    "INSERT INTO emq_events (seq, topic, rule, producer, uuid, ts, content_type, headers, data)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _put(op: Any) -> tuple[Any, ...]:
+    _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
+    return (job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now)
+
+
+def _state(op: Any) -> tuple[Any, ...]:
+    _, job_id, state, attempts, run_after, error, now = op
+    return (state, attempts, run_after, error, now, job_id)
+
+
+def _done(op: Any) -> tuple[Any, ...]:
+    _, job_id, now = op
+    return (now, job_id)
+
+
+def _event(op: Any) -> tuple[Any, ...]:
+    _, e, rule = op
+    headers = json.dumps(e.headers) if e.headers else ""
+    return (e.seq, e.topic, rule, e.producer, e.uuid, e.ts, e.content_type, headers, e.data)
+
+
+def _delete(op: Any) -> tuple[Any, ...]:
+    _, job_id = op
+    return (job_id,)
+
+
+def _prune_done(op: Any) -> tuple[Any, ...]:
+    _, before = op
+    return (before,)
+
+
+Params = Callable[[Any], tuple[Any, ...]]
+# the operations that come in runs: one executemany per run (statement, parameters)
+MANY: dict[str, tuple[str, Params]] = {
+    "put": (PUT, _put),
+    "done": (DONE, _done),
+    "state": (SET_STATE, _state),
+    "event": (INSERT_EVENT, _event),
+}
+# the others, one statement each
+ONE: dict[str, tuple[str, Params]] = {
+    "delete": ("DELETE FROM emq_jobs WHERE id = %s", _delete),
+    "prune_done": ("DELETE FROM emq_jobs WHERE state = 'done' AND updated_at < %s", _prune_done),
+}
+
+
+def in_rule(prefix: str) -> tuple[str, tuple[str, ...]]:
+    """The condition for the events filed under the rule ``prefix`` (naming
+    ``rule <> ''`` for the others, so their partial index serves)."""
+    if not prefix:
+        return "rule = ''", ()
+    return "rule = %s AND rule <> ''", (prefix,)
+
+
+def row_event(row: tuple[Any, ...]) -> Event:
+    from emq_django.broker.topics import Event
+
+    seq, topic, data, producer, uuid, ts, ctype, headers = row
+    pairs = tuple((str(k), str(v)) for k, v in json.loads(headers)) if headers else ()
+    return Event(seq, topic, bytes(data), producer, bytes(uuid), ts, ctype, pairs)
