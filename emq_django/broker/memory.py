@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+# the cyclic collector's thresholds in the broker's process (``tune_gc``)
+GC_YOUNG = 50_000
+GC_OLDER = 20
 MIN_DROP = 50_000  # jobs: below this a reclaim returns too little to be worth it
 INTERVAL = 5.0  # seconds: at most one reclaim this often (a compaction copies indexes)
 CHECK_EVERY = 1.0  # seconds between two looks at the count
@@ -155,3 +159,20 @@ def rss_bytes() -> int:
     except (OSError, ValueError, IndexError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def tune_gc() -> None:
+    """Tune the cyclic garbage collector for the broker's process.
+
+    What the broker allocates per job (the job, its effects, frames, lists)
+    dies young and makes no cycles, and what lives long (Django, the ports,
+    the settings) was all made before the loop. Yet the collector runs every
+    700 net new objects, and while a backlog builds it goes through every
+    waiting job again and again (gen 1, then gen 2): about 5% of the broker's
+    CPU while it drained no-op jobs (perf). So: what start-up made is moved
+    out of the collector's sight (``gc.freeze``), and the young generation is
+    collected every ``GC_YOUNG`` net new objects instead. Cycles (rare here)
+    are still collected, a little later."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, GC_OLDER, GC_OLDER)

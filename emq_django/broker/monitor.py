@@ -150,6 +150,9 @@ def as_lines(doc: dict[str, Any]) -> bytes:
         "uptime": doc["broker"]["uptime"],
         **doc["counters"],
     }
+    ha = doc.get("ha")
+    if ha:
+        lines.update({f"ha.{k}": ha.get(k) for k in ("role", "name", "epoch", "active")})
     for q in doc["queues"]:
         lines[f"queue.{q['name']}.depth"] = q["depth"]
         lines[f"queue.{q['name']}.in_flight"] = q["in_flight"]

@@ -11,7 +11,6 @@ timer is due: an idle broker uses no CPU.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import select
@@ -27,11 +26,12 @@ import zmq
 from zmq.backend import Socket as _BackendSocket
 
 from emq_django import transport, wire
-from emq_django.broker import exposure, monitor
+from emq_django.broker import exposure, memory, monitor
 from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError, PutJob
+from emq_django.broker.lease_watch import LeaseWatch
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import FULL, GONE, NEVER, SENT, Handler, SocketSpec
@@ -52,9 +52,6 @@ log = logging.getLogger(__name__)
 CHUNK = 256  # messages from one socket before turning to the next
 REBIND_TRIES = 50  # a publisher bound again after a revocation (``_rebind_publishers``)
 REBIND_PAUSE = 0.01  # seconds between tries while libzmq closes the old listener
-# the cyclic collector's thresholds in the broker's process (``tune_gc``)
-GC_YOUNG = 50_000
-GC_OLDER = 20
 # the backend's getsockopt: ZMQ_EVENTS as a plain int (typed int | bytes)
 _get: Callable[[zmq.Socket[Any], int], int] = _BackendSocket.get  # type: ignore[assignment]
 _EVENTS = int(zmq.EVENTS)
@@ -151,11 +148,14 @@ class BrokerServer:
         new_journal: bool = False,
         load_keys: Loader | None = None,
         ports: Sequence[tuple[str, type[Port]]] = PORTS,
+        journal: Any = None,
+        ha: LeaseWatch | None = None,
     ) -> None:
         """``load_keys``: where the allow-list comes from when the broker runs CURVE
         (by default the ``AuthorizedKey`` table). ``ports``: the protocols served,
         each as the setting with its bind address and its port class (an empty or
-        missing address turns it off); by default ``ports.PORTS``."""
+        missing address turns it off); by default ``ports.PORTS``. ``journal``: opened
+        already (fenced), else EMQ_JOURNAL_PATH's. ``ha``: its lease (``broker/ha.py``)."""
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.clock = clock
@@ -167,15 +167,17 @@ class BrokerServer:
             topics=TopicSpace(settings.TOPIC_RETENTION),
         )
         self.core.wall_offset = time.time() - clock()
-        self.journal: Journal | None = None
-        if settings.JOURNAL_PATH:
+        self.ha = ha
+        self.journal: Journal | None = journal
+        if journal is None and settings.JOURNAL_PATH:
             self.journal = Journal(settings.JOURNAL_PATH, settings.JOURNAL_SYNC, new=new_journal)
+        if self.journal is not None:
             self.core.life.journal_ops = []
             counts = self.core.restore(self.journal.load(), clock())
             waiting = sum(n for state, n in counts.items() if state != "done")
             log.info(
                 "journal %s: %d guaranteed jobs reloaded %s",
-                settings.JOURNAL_PATH,
+                settings.JOURNAL_PATH or "in PostgreSQL",
                 waiting,
                 {k: v for k, v in counts.items() if k != "done"},
             )
@@ -301,8 +303,8 @@ class BrokerServer:
                 self.reloader.interval,
             )
         for _, spec, sock, _, _ in self.endpoints:
-            try:
-                sock.bind(spec.address)
+            try:  # with a lease, an address this process let go of a moment ago
+                self._bind_again(sock, spec) if self.ha else sock.bind(spec.address)
             except zmq.ZMQError as exc:
                 raise zmq.ZMQError(
                     exc.errno, f"cannot bind {spec.address} ({spec.name}): {exc.strerror}"
@@ -314,27 +316,16 @@ class BrokerServer:
         )
 
     def tune_gc(self) -> None:
-        """Tune the cyclic garbage collector for the broker's process (its command
-        calls this; tests that run a broker in their own process do not).
+        """The cyclic collector tuned for the broker's process (``memory.tune_gc``;
+        its command calls this, tests that run a broker in their own process do not)."""
+        memory.tune_gc()
 
-        What the broker allocates per job (the job, its effects, frames, lists)
-        dies young and makes no cycles, and what lives long (Django, the ports,
-        the settings) was all made before the loop. Yet the collector runs every
-        700 net new objects, and while a backlog builds it goes through every
-        waiting job again and again (gen 1, then gen 2): about 5% of the broker's
-        CPU while it drained no-op jobs (perf). So: what start-up made is moved
-        out of the collector's sight (``gc.freeze``), and the young generation is
-        collected every ``GC_YOUNG`` net new objects instead. Cycles (rare here)
-        are still collected, a little later."""
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(GC_YOUNG, GC_OLDER, GC_OLDER)
-
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self, handler: Callable[[int, Any], None] | None = None) -> None:
+        """SIGTERM and SIGINT go to ``handler`` (by default: shut down)."""
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         self._signals_installed = True
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+            signal.signal(sig, handler or self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request_shutdown()
@@ -354,9 +345,11 @@ class BrokerServer:
         except OSError:
             pass
 
-    def run(self) -> None:
-        """The loop. It sleeps in one ``poll`` of the sockets' ``ZMQ_FD`` file
-        descriptors and the wake-up pipe, not in ``zmq_poll`` of the sockets:
+    def run(self) -> str | None:
+        """The loop, until shut down (None) or the lease says to leave (its reason:
+        ``broker/lease_watch.py``, asked before any socket is read when due). It
+        sleeps in one ``poll`` of the sockets' ``ZMQ_FD`` file descriptors and the
+        wake-up pipe, not in ``zmq_poll`` of the sockets:
         ``zmq_poll`` asks every socket for ZMQ_EVENTS before and after it sleeps,
         and each ask of an idle socket is a ``poll`` and a ``getpid`` system call
         in libzmq; with this broker's nine sockets that was about 50 system calls
@@ -382,6 +375,7 @@ class BrokerServer:
         watch.watch_gc()
         watch.begin()
         slept_at, allowed = self.clock(), 0.0  # the last poll: when, and for how long
+        ha = self.ha
         while True:
             now = self.clock()
             held_up = now - slept_at - allowed  # past the poll's time-out: held up
@@ -399,7 +393,7 @@ class BrokerServer:
             if core.stopping and (core.drained or now >= deadline or self._shutdown_requests > 1):
                 self._flush(last=True)
                 self._log_exit()
-                return
+                return None
             if self.guard is not None and self.guard.version != self.guard.allow.version:
                 self.guard.revoke(self.ports, core, now)
                 self._rebind_publishers(self.guard.allow.take_lost_roles())
@@ -412,11 +406,11 @@ class BrokerServer:
             reclaim = self.reclaimer.due(core.footprint(), now)
             if reclaim is not None:
                 self._reclaim(reclaim)
-            ready = self._waiting()
+            ready, ha_due = self._waiting(), NEVER if ha is None else ha.due
             if ready:
                 timeout = 0  # messages wait: only see which other sockets have some
             else:
-                wake = min(core.next_deadline(), deadline, self._port_due, self._hold_due)
+                wake = min(core.next_deadline(), deadline, self._port_due, self._hold_due, ha_due)
                 if core.life.spill_requests:
                     wake = now  # a queue wants more of its spilled jobs: read on, after a poll
                 if core.tracer is not None and core.tracer.lines:
@@ -426,6 +420,8 @@ class BrokerServer:
             slept_at, allowed = self.clock(), timeout / 1000
             signalled = poller.poll(timeout)
             watch.begin()
+            if ha is not None and self.clock() >= ha.due and (leave := ha.tick(self.clock())):
+                return leave
             if not signalled and not ready:
                 # a timer's turn: ask every socket (a safety net, at the timers' pace)
                 self._touched.update(self._index)
@@ -730,6 +726,8 @@ class BrokerServer:
             log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
             core.unsave(unsaved, self.clock())
             core.refuse_unsaved(unsaved, str(exc), REFUSED_JOURNAL)
+            if self.ha is not None:
+                self.ha.commit_failed(exc)
         finally:
             watch.add("commit", time.perf_counter() - started)
             if journal.last_restart_s:
@@ -799,6 +797,8 @@ class BrokerServer:
         if self.journal is not None:
             doc["journal"] = self.journal.stats()
         doc["loop"] = self.turns.stats()
+        if self.ha is not None:
+            doc["ha"] = self.ha.status()
         doc["topics"] = self.core.topics.stats()
         doc["topics"]["ports"] = {
             port.name: {"subscribers": port.subscriber_count(), **port.topic_stats()}
@@ -849,7 +849,7 @@ class BrokerServer:
             len(waiting) - kept + len(in_flight) - kept_running,
         )
 
-    def close(self) -> None:
+    def close(self, linger: int = 0) -> None:  # linger: ms for last refusals to leave
         self.turns.unwatch_gc()
         if self.reloader is not None:
             self.reloader.stop()
@@ -869,7 +869,7 @@ class BrokerServer:
         if self._signals_installed:
             signal.set_wakeup_fd(-1)
         for _, _, sock, _, _ in self.endpoints:
-            sock.close(linger=0)
+            sock.close(linger=linger)
         self._wake_r.close()
         self._wake_w.close()
         if self.tracer is not None:

@@ -79,6 +79,7 @@ def render(state: dict[str, Any]) -> str:
         "emq_schedulers", "gauge", "Connected schedulers.", [("", len(doc.get("schedulers", [])))]
     )
     lines += _topic_metrics(doc)
+    lines += _ha_metrics(doc.get("ha"))
     if state.get("dead_letters") is not None:
         lines += _metric(
             "emq_dead_letters", "gauge", "Dead-lettered jobs.", [("", state["dead_letters"])]
@@ -126,6 +127,59 @@ def _topic_metrics(doc: dict[str, Any]) -> list[str]:
         "Topic subscribers connected to each port.",
         [(f'{{port="{_label(p["port"])}"}}', p["subscribers"]) for p in fig["ports"]],
     )
+    return lines
+
+
+def _ha_metrics(ha: Any) -> list[str]:
+    """The lease (``EMQ_JOURNAL_URL``): the answering broker's role, the epoch, the
+    brokers by role, the last failover's duration and when it was."""
+    if not isinstance(ha, dict):
+        return []
+    name = _label(ha.get("name"))
+    lines = list(
+        _metric(
+            "emq_ha_active",
+            "gauge",
+            "1 if the broker that answered holds the lease (active), 0 if a standby.",
+            [(f'{{broker="{name}"}}', int(ha.get("role") == "active"))],
+        )
+    )
+    lines += _metric(
+        "emq_ha_epoch",
+        "gauge",
+        "The lease's epoch (fencing token): +1 at each taking of the lease.",
+        [("", ha.get("epoch") or 0)],
+    )
+    brokers = ha.get("brokers") or []
+    roles = sorted({str(b.get("role")) for b in brokers} | {"active", "standby"})
+    lines += _metric(
+        "emq_ha_brokers",
+        "gauge",
+        "Brokers sharing the journal, seen in the last minute, by role.",
+        [(f'{{role="{_label(r)}"}}', sum(b.get("role") == r for b in brokers)) for r in roles],
+    )
+    if ha.get("expires_in") is not None:
+        lines += _metric(
+            "emq_ha_lease_expires_in_seconds",
+            "gauge",
+            "Seconds until the lease expires unless renewed (PostgreSQL's clock).",
+            [("", ha["expires_in"])],
+        )
+    failover = ha.get("last_failover")
+    if isinstance(failover, dict):
+        if failover.get("took_s") is not None:
+            lines += _metric(
+                "emq_ha_last_failover_seconds",
+                "gauge",
+                "The last failover: from the old lease's expiry to the new active serving.",
+                [("", failover["took_s"])],
+            )
+        lines += _metric(
+            "emq_ha_last_failover_timestamp_seconds",
+            "gauge",
+            "When the lease was last taken from another broker (Unix time).",
+            [("", failover.get("at") or 0)],
+        )
     return lines
 
 

@@ -23,6 +23,7 @@ from tests.support import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 KEYS_DIR = "/var/lib/emq-keys"
+BROKERS = ("broker", "broker2")  # active and standby, on one PostgreSQL journal
 BROKER_PORTS = {"47290", "47291", "47293", "5555", "11131", "11132", "11133"}
 
 
@@ -50,7 +51,8 @@ def generated_keys(compose: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def test_no_broker_port_is_published_on_the_host(compose: dict[str, Any]) -> None:
-    assert "ports" not in compose["services"]["broker"]
+    for broker in BROKERS:
+        assert "ports" not in compose["services"][broker]
     for name, svc in compose["services"].items():
         for mapping in svc.get("ports", []):
             parts = str(mapping).split(":")
@@ -59,10 +61,11 @@ def test_no_broker_port_is_published_on_the_host(compose: dict[str, Any]) -> Non
 
 
 def test_the_broker_binds_every_interface_only_with_curve(compose: dict[str, Any]) -> None:
-    env = compose["services"]["broker"]["environment"]
-    binds = [(k, v) for k, v in env.items() if k.endswith("_BIND")]
-    assert exposure.exposed(binds)  # the container's network: it needs CURVE
-    assert env["EMQ_CURVE_SECRET_KEY"] == f"{KEYS_DIR}/broker.key_secret"
+    for broker in BROKERS:
+        env = compose["services"][broker]["environment"]
+        binds = [(k, v) for k, v in env.items() if k.endswith("_BIND")]
+        assert exposure.exposed(binds)  # the container's network: it needs CURVE
+        assert env["EMQ_CURVE_SECRET_KEY"] == f"{KEYS_DIR}/broker.key_secret"
     for name, svc in compose["services"].items():
         assert "EMQ_ALLOW_PLAINTEXT" not in svc.get("environment", {}), name
 
@@ -78,7 +81,9 @@ def test_every_process_has_its_own_generated_key_with_its_roles(compose: dict[st
         assert key_name and key_name.group(1) in keys, (name, secret)
         secrets[name] = key_name.group(1)
         assert f"emqkeys:{KEYS_DIR}:ro" in svc["volumes"], name  # read-only for all but keys
-    assert len(set(secrets.values())) == len(secrets)  # no key shared by two services
+    # no key shared by two services, but the brokers' (clients check one public key)
+    assert {secrets[b] for b in BROKERS} == {"broker"}
+    assert len(set(secrets.values())) == len(secrets) - len(BROKERS) + 1
     assert keys["broker"] == set()  # its own pair, registered nowhere
     assert keys[secrets["jobmanager"]] == {"worker"}  # a job manager is no client
     assert keys[secrets["scheduler"]] == {"scheduler"}
@@ -90,12 +95,30 @@ def test_keys_are_made_after_migrate_and_before_the_broker(compose: dict[str, An
     services = compose["services"]
     done = {"condition": "service_completed_successfully"}
     assert services["keys"]["depends_on"]["migrate"] == done  # it registers them in the DB
-    assert services["broker"]["depends_on"]["keys"] == done
+    for broker in BROKERS:
+        assert services[broker]["depends_on"]["keys"] == done
     assert f"emqkeys:{KEYS_DIR}" in services["keys"]["volumes"]  # it alone writes there
     for name, svc in emq_services(compose).items():
-        if name != "broker":
+        if name not in BROKERS:
             assert "broker" in svc["depends_on"], name
     assert "emqkeys" in compose["volumes"]
+
+
+def test_two_brokers_share_one_postgresql_journal_and_every_peer_lists_both(
+    compose: dict[str, Any],
+) -> None:
+    envs = [compose["services"][b]["environment"] for b in BROKERS]
+    urls = {env["EMQ_JOURNAL_URL"] for env in envs}
+    assert len(urls) == 1 and urls.pop().startswith("postgresql://")
+    assert len({env["EMQ_BROKER_NAME"] for env in envs}) == len(BROKERS)
+    assert not any("EMQ_JOURNAL_PATH" in env for env in envs)  # PostgreSQL's takes its place
+    assert len({env["EMQ_TRACE_DIR"] for env in envs}) == len(BROKERS)
+    for name, svc in emq_services(compose).items():
+        if name in BROKERS:
+            continue
+        for key in ("EMQ_BROKER_URL", "EMQ_WORKER_URL", "EMQ_MONITOR_URL"):
+            hosts = [a.split("//")[1].split(":")[0] for a in svc["environment"][key].split(",")]
+            assert hosts == list(BROKERS), (name, key)
 
 
 def _compose_command() -> list[str] | None:

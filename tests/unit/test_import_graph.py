@@ -11,7 +11,8 @@ modules every layer shares placed below them:
      "the one transport module, where CURVE is applied";
 2. the broker core (``broker/`` but its server and ports);
 2.5. ports (``broker/ports/``);
-3. edges: the broker's server loop, the job manager and its workers, the client
+3. edges: the broker's server loop (and ``broker/ha.py``, the active/standby life
+   around it), the job manager and its workers, the client
    side (client, task, handles, pubsub, link, streaming, ...);
 4. the Django surface: apps' models, admin, results, scheduler, backends, checks,
    testing;
@@ -76,7 +77,7 @@ def layer(module: str) -> float:
         return 1.8
     if name.startswith("broker.ports"):
         return 2.5
-    if top == "broker" and name != "broker.server":
+    if top == "broker" and name not in ("broker.server", "broker.ha"):
         return 2
     if top == "analytics":
         return 5

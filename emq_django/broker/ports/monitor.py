@@ -128,3 +128,21 @@ class MonitorPort(Port):
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         return None  # answers go straight back from handle()
+
+
+class StandbyMonitorPort(MonitorPort):
+    """A standby broker's monitor channel (``broker/ha.py``): ``MONITOR`` and
+    ``MONITOR JSON`` tell its state (``ha``: role standby, the active broker);
+    every other command is answered with an error naming the active broker, since
+    a standby holds no jobs, dead letters or topics."""
+
+    def answer(self, request: bytes, now: float) -> bytes:
+        if b" ".join(request.split()[:2]).upper() in (b"MONITOR", b"MONITOR JSON"):
+            return super().answer(request, now)
+        self.core.counters["protocol_errors"] += 1
+        ha = self.status().get("ha") or {}
+        active = ha.get("active") or "none at the moment"
+        for broker in ha.get("brokers") or ():
+            if broker.get("name") == active and (broker.get("info") or {}).get("monitor"):
+                active += f" (monitor {broker['info']['monitor']})"
+        return f"ERROR standby: this broker serves nothing; the active broker is {active}".encode()

@@ -61,6 +61,9 @@ class Command(BaseCommand):
         )
         if getattr(self, "_called_from_command_line", False):  # not call_command()
             self._reexec_with_allocator(settings.BROKER_PYTHONMALLOC)
+        if settings.JOURNAL_URL:
+            self._run_with_lease(settings, opts["new_journal"])
+            return
         try:
             server = BrokerServer(settings, new_journal=opts["new_journal"])
         except JournalError as exc:
@@ -79,6 +82,28 @@ class Command(BaseCommand):
             server.run()
         finally:
             server.close()
+
+    def _run_with_lease(self, settings: Any, new_journal: bool) -> None:
+        """The journal in PostgreSQL: active or standby under its lease (``broker/ha.py``)."""
+        from emq_django.broker.ha import HaBroker
+        from emq_django.broker.memory import tune_gc
+
+        if new_journal:
+            raise CommandError(
+                "--new-journal does not apply to the PostgreSQL journal (EMQ_JOURNAL_URL): "
+                "a standby taking over must restore what the active broker wrote"
+            )
+        try:
+            broker = HaBroker(settings)
+        except JournalError as exc:
+            raise CommandError(str(exc)) from exc
+        tune_gc()
+        try:
+            broker.run()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        except zmq.ZMQError as exc:
+            raise CommandError(f"{exc}; is another broker running on this address?") from exc
 
     def _reexec_with_allocator(self, wanted: str) -> None:
         """Replace this process (same PID) by the same command under

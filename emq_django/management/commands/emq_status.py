@@ -25,6 +25,48 @@ def _ago(ts: float | None, now: float) -> str:
     return "-" if ts is None else f"{max(0.0, now - ts):.1f}s ago"
 
 
+def _ha(ha: dict[str, Any], now: float) -> list[str]:
+    """The lease (``EMQ_JOURNAL_URL``): who answered, who is active, the last
+    failover, and every broker sharing the journal."""
+    expires = ha.get("expires_in")
+    out = [
+        "",
+        "High availability",
+        f"this broker: {ha.get('name')} ({ha.get('role')}); active: {ha.get('active') or 'none'}"
+        f", epoch {ha.get('epoch')}"
+        + (f", lease expires in {expires:.2f} s" if isinstance(expires, int | float) else ""),
+    ]
+    failover = ha.get("last_failover")
+    if failover:
+        took = failover.get("took_s")
+        out.append(
+            f"last failover: {failover.get('from')} -> {failover.get('to')}, "
+            f"{_ago(failover.get('at'), now)}"
+            + (f", took {took:.3f} s" if isinstance(took, int | float) else "")
+        )
+    else:
+        out.append("last failover: none")
+    if ha.get("error"):
+        out.append(f"PostgreSQL: {ha['error']}")
+    rows = [
+        [
+            b.get("name"),
+            b.get("role"),
+            (b.get("info") or {}).get("host"),
+            (b.get("info") or {}).get("pid"),
+            (b.get("info") or {}).get("frontend"),
+            (b.get("info") or {}).get("monitor"),
+            f"{b.get('seen_ago', 0):.1f}s ago",
+        ]
+        for b in ha.get("brokers") or []
+    ]
+    if rows:
+        out.append(
+            _table(rows, ["broker", "role", "host", "pid", "frontend", "monitor", "last seen"])
+        )
+    return out
+
+
 class Command(BaseCommand):
     help = "Show the broker's queues, job managers and counters."
 
@@ -51,9 +93,10 @@ class Command(BaseCommand):
         out = [
             f"broker pid {b.get('pid')} on {b.get('host')}, up {b.get('uptime')} s"
             f"{' (stopping)' if b.get('stopping') else ''}",
-            "",
-            "Queues",
         ]
+        if doc.get("ha"):
+            out += _ha(doc["ha"], now)
+        out += ["", "Queues"]
         out.append(
             _table(
                 [

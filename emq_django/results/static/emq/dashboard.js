@@ -174,6 +174,7 @@
     text("emq-journal", d.journal ? (d.journal.size_bytes === null ? "?" : (d.journal.size_bytes / 1024).toFixed(0) + " KiB")
       + journalJobs(d.journal) : "n/a");
     text("emq-broker", "pid " + m.broker.pid + " · up " + Math.round(m.broker.uptime) + " s · " + d.address);
+    renderHa(m.ha, now);
     var rates = queueRates || {};
     fillTable("emq-queues", m.queues.map(function (q) {
       return [q.name, q.depth, q.in_flight, rates[q.name] === undefined ? 0 : rates[q.name],
@@ -186,6 +187,24 @@
     }));
     fillTable("emq-schedulers", (m.schedulers || []).map(function (s) {
       return [s.identity, s.host, s.pid, ago(s.last_heartbeat, now)];
+    }));
+  }
+
+  // the lease (EMQ_JOURNAL_URL): the answering broker's role, the epoch, the
+  // last failover and every broker sharing the journal
+  function renderHa(ha, now) {
+    $("emq-ha-card").hidden = !ha;
+    $("emq-ha-section").hidden = !ha;
+    if (!ha) return;
+    text("emq-ha", ha.role + " · epoch " + ha.epoch + " · active " + (ha.active || "none"));
+    var f = ha.last_failover;
+    text("emq-ha-failover", f ? "Last failover: " + f.from + " → " + f.to + ", " + ago(f.at, now)
+      + (f.took_s === null || f.took_s === undefined ? "" : ", took " + f.took_s.toFixed(3) + " s")
+      : "No failover yet.");
+    fillTable("emq-brokers", (ha.brokers || []).map(function (b) {
+      var info = b.info || {};
+      return [b.name, b.role, info.host, info.pid, info.frontend, info.monitor,
+        b.seen_ago === undefined ? "–" : b.seen_ago.toFixed(1) + " s ago"];
     }));
   }
 
