@@ -106,11 +106,14 @@ def pg_settings(server_url: str) -> dict[str, str]:
         return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
 
 
-def wait_port(port: int, timeout: float = 60.0) -> None:
+def wait_port(port: int, alive: Callable[[], bool], timeout: float = 60.0) -> None:
     """Until something accepts TCP connections on the loopback port (the active
-    broker binds its frontend only once it holds the lease)."""
+    broker binds its frontend only once it holds the lease); RuntimeError when the
+    process exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"exited before port {port} opened")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -122,6 +125,19 @@ def wait_port(port: int, timeout: float = 60.0) -> None:
 
 
 def start_emq(servers: ServerSet, args: argparse.Namespace, journal: dict[str, str]) -> dict:
+    """The broker and the job manager; tried again on fresh ports when the broker
+    could not bind one (another program took it between our choice and its bind)."""
+    for attempt in range(3):
+        try:
+            return start_emq_once(servers, args, journal)
+        except RuntimeError as exc:
+            if attempt == 2 or "Address already in use" not in servers.servers[-1].log_tail():
+                raise RuntimeError(f"{exc}:\n{servers.servers[-1].log_tail()}") from exc
+            servers.servers.pop()
+    raise AssertionError("unreachable")
+
+
+def start_emq_once(servers: ServerSet, args: argparse.Namespace, journal: dict[str, str]) -> dict:
     front, back, monitor = free_port(), free_port(), free_port()
     env = base_env(
         BENCH_DONE_URL=args.done_url,
@@ -140,7 +156,7 @@ def start_emq(servers: ServerSet, args: argparse.Namespace, journal: dict[str, s
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     broker = servers.start("emq-broker", "broker", [*manage, "emq_broker"], env)
-    wait_port(front)
+    wait_port(front, broker.alive)
     argv = [*manage, "emq_jobmanager", "--queues", "bench:10", "--concurrency", "2"]
     jm = servers.start("emq-jobmanager", "workers", argv, env)
     wait_output(jm.log_path, "worker processes on queues", jm.alive)  # its start-up is not counted
