@@ -166,7 +166,8 @@ def start_emq_once(servers: ServerSet, args: argparse.Namespace, journal: dict[s
 def start_emq_pg(servers: ServerSet, args: argparse.Namespace) -> dict:
     url = fresh_database(args.pg_url)
     started = start_emq(servers, args, {"EMQ_JOURNAL_URL": url, "EMQ_JOURNAL_PATH": ""})
-    started["broker"] += pg_backends(args.pg_url)
+    started["pg"] = pg_backends(args.pg_url)
+    started["broker"] += started["pg"]
     return started
 
 
@@ -222,6 +223,7 @@ def measure(name: str, args: argparse.Namespace, logs: str) -> dict[str, Any]:
         args.done_url = pull
         started = STARTERS[name](servers, args)
         broker_cpu = tree_cpu(started["broker"])
+        pg_cpu = tree_cpu(started.get("pg", []))
         workers_cpu = tree_cpu(started["workers"])
         out = os.path.join(servers.log_dir, "figures.json")
         argv = [*CLIENTS, started["producer"], "--sink", control, "--out", out]
@@ -233,6 +235,7 @@ def measure(name: str, args: argparse.Namespace, logs: str) -> dict[str, Any]:
             tails = "\n".join(f"--- {s.name}\n{s.log_tail()}" for s in servers.servers)
             raise RuntimeError(f"{name}: the producer exited with {code}\n{tails}")
         broker_s = cpu_delta(broker_cpu, tree_cpu(started["broker"]))
+        pg_s = cpu_delta(pg_cpu, tree_cpu(started.get("pg", [])))
         workers_s = cpu_delta(workers_cpu, tree_cpu(started["workers"]))
         with open(out) as f:
             figures: dict[str, Any] = json.load(f)
@@ -241,6 +244,8 @@ def measure(name: str, args: argparse.Namespace, logs: str) -> dict[str, Any]:
     total = args.warmup + args.jobs + args.latency_jobs
     figures["broker_cpu_us_per_job"] = broker_s / total * 1e6
     figures["consumers_cpu_us_per_job"] = workers_s / total * 1e6
+    if pg_s:  # PostgreSQL's backends, counted in the broker's figure too
+        figures["postgres_cpu_us_per_job"] = pg_s / total * 1e6
     figures["load_before"] = load_before
     return figures
 
@@ -260,11 +265,13 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def print_run(round_: int, name: str, f: dict[str, Any]) -> None:
+    pg = f.get("postgres_cpu_us_per_job")
     print(
         f"round {round_} {name:12s} {f['jobs_per_s']:8,.0f} jobs/s "
         f"(confirmed {f['confirmed_per_s']:8,.0f}/s), ack p50 {f['ack']['p50_ms']:.2f} ms "
-        f"p99 {f['ack']['p99_ms']:.2f} ms; CPU us/job broker {f['broker_cpu_us_per_job']:.0f}, "
-        f"consumers {f['consumers_cpu_us_per_job']:.0f}; load {f['load_before']:.1f}",
+        f"p99 {f['ack']['p99_ms']:.2f} ms; CPU us/job broker {f['broker_cpu_us_per_job']:.0f}"
+        + ("" if pg is None else f" (PostgreSQL {pg:.0f} of it)")
+        + f", consumers {f['consumers_cpu_us_per_job']:.0f}; load {f['load_before']:.1f}",
         flush=True,
     )
 
