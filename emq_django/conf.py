@@ -148,6 +148,20 @@ def default_journal_path() -> str:
     return str(Path(xdg) / "emq-django" / name)
 
 
+def _validate_ha(s: EmqSettings) -> None:
+    """The PostgreSQL journal and the lease: a renewal slower than the lease lasts
+    would hand the lease to a standby while the active broker is well."""
+    if s.JOURNAL_URL and not s.JOURNAL_URL.startswith(("postgresql://", "postgres://")):
+        raise ImproperlyConfigured(
+            "EMQ_JOURNAL_URL must be a PostgreSQL URL (postgresql://user@host:port/db)"
+        )
+    if s.LEASE_RENEW >= s.LEASE_TTL or s.LEASE_POLL >= s.LEASE_TTL:
+        raise ImproperlyConfigured(
+            "EMQ_LEASE_RENEW and EMQ_LEASE_POLL must be below EMQ_LEASE_TTL "
+            f"(renew {s.LEASE_RENEW:g} s, poll {s.LEASE_POLL:g} s, ttl {s.LEASE_TTL:g} s)"
+        )
+
+
 def _validate(s: EmqSettings) -> None:
     if s.HEARTBEAT_INTERVAL <= 0 or s.HEARTBEAT_INTERVAL > 3:
         raise ImproperlyConfigured(
@@ -160,6 +174,7 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured("EMQ_ACK_TIMEOUT must be > 0 seconds")
     if s.JOURNAL_SYNC not in ("normal", "full"):
         raise ImproperlyConfigured("EMQ_JOURNAL_SYNC must be 'normal' or 'full'")
+    _validate_ha(s)
     if s.RETRY_BASE < 0 or s.RETRY_CAP < s.RETRY_BASE:
         raise ImproperlyConfigured("EMQ_RETRY_BASE must be >= 0 and <= EMQ_RETRY_CAP")
     if s.TIME_LIMIT_GRACE <= 0:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket as pysocket
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -70,8 +71,8 @@ class HaBroker:
         self.lease = lease or Lease(
             settings.JOURNAL_URL, self.name, settings.LEASE_TTL, broker_info(settings)
         )
-        # the servers run without the SQLite journal: PostgreSQL's takes its place
-        self.server_settings = replace(settings, JOURNAL_PATH="")
+        # the servers open no journal: the active one is given PostgreSQL's, fenced
+        self.server_settings = replace(settings, JOURNAL_PATH="", JOURNAL_URL="")
         self.stop_requests = 0
         self.current: BrokerServer | None = None
         self.step_downs = 0
@@ -107,28 +108,30 @@ class HaBroker:
         """Restore the journal, bind and serve under ``epoch``; the reason it left
         (the lease lost), or None when stopped by a signal (the lease released)."""
         log.info("broker %s took the lease (epoch %d): restoring the journal", self.name, epoch)
-        ttl = self.settings.LEASE_TTL
+        journal: PgJournal | None = None
         try:
-            journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
-            journal.fence(epoch, ttl)
-            watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
-            server = BrokerServer(self.server_settings, journal=journal, ha=watch)
+            with _Renewing(self.lease, self.settings.LEASE_RENEW):  # a long restore
+                journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
+                journal.fence(epoch, self.settings.LEASE_TTL)
+                watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
+                server = BrokerServer(self.server_settings, journal=journal, ha=watch)
         except JournalError as exc:
+            if journal is not None:
+                journal.close()
             self._release()
             return f"the journal could not be restored: {exc}"
-        took = time.monotonic() - taken_at
-        left = self._serve(server, watch, on_bound=lambda: self._served(took, epoch))
+        left = self._serve(server, watch, on_bound=lambda: self._served(taken_at, epoch))
         if left is None:
             self._release()
         return left
 
-    def _served(self, took: float, epoch: int) -> None:
+    def _served(self, taken_at: float, epoch: int) -> None:
         """Bound: record when (the failover's duration, for everyone's monitor)."""
         log.info(
             "broker %s is active (epoch %d), serving %.3f s after taking the lease",
             self.name,
             epoch,
-            took,
+            time.monotonic() - taken_at,
         )
         try:  # the failover's duration: from the last holder's expiry (PostgreSQL's clock)
             self.lease.mark_serving()
@@ -175,3 +178,32 @@ class HaBroker:
             log.info("broker %s released the lease", self.name)
         except JournalError as exc:
             log.warning("could not release the lease (it expires by itself): %s", exc)
+
+
+class _Renewing:
+    """Renew the lease from a thread while the loop cannot: restoring a large
+    journal may take longer than the TTL, and a lease lost meanwhile would send the
+    broker back to standby as soon as it served. Renewal failures are left to the
+    loop's first renewal (right after binding) to find."""
+
+    def __init__(self, lease: Lease, interval: float) -> None:
+        self.lease = lease
+        self.interval = interval
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="emq-lease-restore", daemon=True)
+
+    def __enter__(self) -> _Renewing:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.interval):
+            try:
+                if not self.lease.renew():
+                    return
+            except JournalError:
+                continue

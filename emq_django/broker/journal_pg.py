@@ -38,6 +38,7 @@ from emq_django.broker.journal_sql import (
     ONE,
     SCHEMA,
     TABLES,
+    as_arrays,
     in_rule,
     row_event,
 )
@@ -120,7 +121,11 @@ class PgJournal:
         pg = import_psycopg()
         self.last_prune_s = 0.0
         counts = self._rule_counts  # kept up to date in place; None again on failure
-        conn = self._get()
+        try:
+            conn = self._get()
+        except JournalError:
+            self.errors += 1
+            raise
         epoch = self._epoch
         try:
             cur = conn.cursor()
@@ -163,7 +168,10 @@ class PgJournal:
                 for op in run:
                     counts[op[2]] = counts.get(op[2], 0) + 1
             many = MANY.get(kind)
-            if many is not None:
+            arrays = as_arrays(kind, run)
+            if arrays is not None:
+                cur.execute(*arrays)
+            elif many is not None:
                 cur.executemany(many[0], [many[1](op) for op in run])
             elif kind == "prune_events":
                 started = time.perf_counter()
@@ -267,7 +275,6 @@ class PgJournal:
         try:
             return self.link.get()
         except JournalError as exc:
-            self.errors += 1
             raise JournalError(f"journal {exc}") from exc
 
     def _read(self, call: Any) -> Any:

@@ -123,6 +123,41 @@ ONE: dict[str, tuple[str, Params]] = {
 }
 
 
+# a run of puts or dones as one statement over arrays (unnest): one plan and one
+# execution for the run instead of one per job, about a third less time for a
+# turn of 1,000 jobs than executemany. Not for a run naming one id twice (a job
+# put again within its turn): one INSERT cannot upsert a row twice, so that run
+# goes statement by statement (``MANY``).
+PUT_ARRAYS = (
+    "INSERT INTO emq_jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
+    " updated_at) SELECT * FROM unnest(%b::bytea[], %s::text[], %b::bytea[], %b::bytea[],"
+    " %s::text[], %s::integer[], %s::float8[], %s::float8[], %s::float8[])"
+    " ON CONFLICT (id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,"
+    " run_after = excluded.run_after, updated_at = excluded.updated_at"
+)
+DONE_ARRAYS = (
+    "UPDATE emq_jobs AS j SET state = 'done', body = NULL, updated_at = d.at"
+    " FROM unnest(%b::bytea[], %s::float8[]) AS d(id, at) WHERE j.id = d.id"
+)
+ARRAYS: dict[str, tuple[str, Params]] = {"put": (PUT_ARRAYS, _put), "done": (DONE_ARRAYS, _done)}
+
+
+def as_arrays(kind: str, run: list[Any]) -> tuple[str, list[list[Any]]] | None:
+    """The run as one statement over columns, when it can be (``ARRAYS``)."""
+    found = ARRAYS.get(kind)
+    if found is None or len(run) < 2:
+        return None
+    sql, params = found
+    rows = [params(op) for op in run]
+    if kind == "put":
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        if len(set(columns[0])) != len(rows):
+            return None  # one id twice: statement by statement
+        return sql, columns
+    at, ids = zip(*rows, strict=True)
+    return sql, [list(ids), list(at)]
+
+
 def in_rule(prefix: str) -> tuple[str, tuple[str, ...]]:
     """The condition for the events filed under the rule ``prefix`` (naming
     ``rule <> ''`` for the others, so their partial index serves)."""

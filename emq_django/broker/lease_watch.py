@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 STATE_EVERY = 0.5  # seconds between reads of the lease's whole state
 ANNOUNCE_EVERY = 0.5  # seconds between upserts of this broker's row (emq_brokers)
 UNREACHABLE_LOG_EVERY = 5.0  # seconds between log lines while PostgreSQL is away
+# a broker not heard of for this long is shown as "unseen", whatever role it last
+# announced (a killed active one stays listed a minute: Lease.state's LISTED_BROKER_S)
+UNSEEN_AFTER = 3.0
+UNSEEN = "unseen"
 
 STANDBY = "standby"
 ACTIVE = "active"
@@ -87,8 +91,13 @@ class LeaseWatch:
     def status(self) -> dict[str, Any]:
         """The monitor's ``ha`` section: this broker's role, then the lease's state
         as last read (``Lease.state()``: active, epoch, brokers, last_failover)."""
+        brokers = [
+            {**b, "role": UNSEEN} if (b.get("seen_ago") or 0.0) > UNSEEN_AFTER else b
+            for b in self._state.get("brokers") or ()
+        ]
         return {
             **self._state,
+            "brokers": brokers,
             "role": self.role,
             "name": self.name,
             "epoch": self.epoch if self.epoch is not None else self._state.get("epoch"),

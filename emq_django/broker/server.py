@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.backend import Socket as _BackendSocket
@@ -31,6 +31,7 @@ from emq_django.broker.core import BrokerConfig, BrokerCore
 from emq_django.broker.effects import Acknowledge, Answer, Published, Refuse, Send
 from emq_django.broker.guard import Guard
 from emq_django.broker.journal import Journal, JournalError, PutJob
+from emq_django.broker.journals import open_journal
 from emq_django.broker.lease_watch import LeaseWatch
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
@@ -46,6 +47,9 @@ from emq_django.security.handshakes import HandshakeWatch
 from emq_django.security.keys import server_keys
 from emq_django.security.roles import zap_domain
 from emq_django.security.zap import ZapHandler
+
+if TYPE_CHECKING:
+    from emq_django.broker.journal_pg import PgJournal
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +152,7 @@ class BrokerServer:
         new_journal: bool = False,
         load_keys: Loader | None = None,
         ports: Sequence[tuple[str, type[Port]]] = PORTS,
-        journal: Any = None,
+        journal: Journal | PgJournal | None = None,
         ha: LeaseWatch | None = None,
     ) -> None:
         """``load_keys``: where the allow-list comes from when the broker runs CURVE
@@ -168,16 +172,16 @@ class BrokerServer:
         )
         self.core.wall_offset = time.time() - clock()
         self.ha = ha
-        self.journal: Journal | None = journal
-        if journal is None and settings.JOURNAL_PATH:
-            self.journal = Journal(settings.JOURNAL_PATH, settings.JOURNAL_SYNC, new=new_journal)
+        self.journal: Journal | PgJournal | None = journal
+        if journal is None:  # EMQ_JOURNAL_URL's or EMQ_JOURNAL_PATH's (broker/journals.py)
+            self.journal = open_journal(settings, new=new_journal)
         if self.journal is not None:
             self.core.life.journal_ops = []
             counts = self.core.restore(self.journal.load(), clock())
             waiting = sum(n for state, n in counts.items() if state != "done")
             log.info(
                 "journal %s: %d guaranteed jobs reloaded %s",
-                settings.JOURNAL_PATH or "in PostgreSQL",
+                self.journal.path,
                 waiting,
                 {k: v for k, v in counts.items() if k != "done"},
             )
@@ -309,8 +313,9 @@ class BrokerServer:
                 raise zmq.ZMQError(
                     exc.errno, f"cannot bind {spec.address} ({spec.name}): {exc.strerror}"
                 ) from exc
-        log.info(
-            "broker up: %s (pid %d)",
+        log.info(  # a standby's is not "broker up": it serves nothing yet
+            "%s up: %s (pid %d)",
+            "standby" if self.ha is not None and self.ha.role == "standby" else "broker",
             ", ".join(f"{spec.name} on {spec.address}" for _, spec, _, _, _ in self.endpoints),
             os.getpid(),
         )

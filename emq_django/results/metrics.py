@@ -155,7 +155,7 @@ def _ha_metrics(ha: Any) -> list[str]:
     lines += _metric(
         "emq_ha_brokers",
         "gauge",
-        "Brokers sharing the journal, seen in the last minute, by role.",
+        "Brokers sharing the journal seen in the last minute, by role (unseen: silent 3 s).",
         [(f'{{role="{_label(r)}"}}', sum(b.get("role") == r for b in brokers)) for r in roles],
     )
     if ha.get("expires_in") is not None:

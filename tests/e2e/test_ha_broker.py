@@ -90,7 +90,7 @@ def wait_role(
         state = ha(env)
         return state if state and state["role"] == role else None
 
-    return wait_until(ready, f"{env['EMQ_BROKER_NAME']} {role}", timeout, procs)  # type: ignore[no-any-return]
+    return wait_until(ready, f"{env['EMQ_BROKER_NAME']} {role}", timeout, procs)
 
 
 class Pair:

@@ -8,7 +8,22 @@ from pathlib import Path
 
 from emq_django.client import Client
 from emq_django.protocol.headers import format_headers
-from tests.support import EmqProcesses
+from tests.support import EmqProcesses, free_tcp_ports, start_broker
+
+# every address a broker binds (a second broker on other ports than the first's)
+BINDS = [
+    "EMQ_FRONTEND_BIND",
+    "EMQ_BACKEND_BIND",
+    "EMQ_MONITOR_BIND",
+    "EMQ_MDP_BIND",
+    "EMQ_PZQ_RECEIVE_BIND",
+    "EMQ_PZQ_SEND_BIND",
+    "EMQ_PZQ_MONITOR_BIND",
+    "EMQ_MC0_BIND",
+    "EMQ_BUS_SNAPSHOT_BIND",
+    "EMQ_BUS_PUBLISH_BIND",
+    "EMQ_BUS_COLLECT_BIND",
+]
 
 
 def test_an_empty_journal_file_stops_the_broker_with_a_clear_error(
@@ -65,3 +80,26 @@ def test_the_exit_log_tells_guaranteed_jobs_kept_from_others_dropped(
     log = broker.stderr()
     assert "0 jobs in flight, 5 waiting; 3 guaranteed kept in the journal" in log
     assert "2 not guaranteed dropped" in log
+
+
+def test_a_second_broker_on_a_running_brokers_journal_file_is_refused(
+    emq_processes: EmqProcesses, emq_env: dict[str, str]
+) -> None:
+    """Two brokers on one SQLite journal would each restore and run the other's
+    guaranteed jobs: the second is refused at start, told who holds the file and
+    that standbys need the PostgreSQL journal. The lock dies with its holder, so a
+    broker started on the file after a kill -9 is not refused."""
+    first = start_broker(emq_processes, emq_env)
+    ports = free_tcp_ports(11)
+    other = {key: f"tcp://127.0.0.1:{port}" for key, port in zip(BINDS, ports, strict=True)}
+    second = emq_processes.start("emq_broker", env=other, name="second")
+    assert emq_processes.wait_for_exit(second, timeout=30) != 0
+    err = second.stderr()
+    assert f"in use by another broker (pid {first.pid}" in err
+    assert "EMQ_JOURNAL_URL" in err and "broker up" not in err
+    assert first.alive()
+
+    emq_processes.send_signal(first, signal.SIGKILL)
+    emq_processes.wait_for_exit(first)
+    third = emq_processes.start("emq_broker", env=other, name="third")
+    emq_processes.wait_for_output(third, "broker up", timeout=30)

@@ -190,8 +190,10 @@ class PgCluster:
     def connect_host(self) -> str:
         return "127.0.0.1" if self.host in ("*", "0.0.0.0") else self.host
 
-    def url(self, db: str = "emq") -> str:
-        host = self.connect_host
+    def url(self, db: str = "emq", host: str | None = None) -> str:
+        """``host``: the address to reach it by (default: the one it listens on, or
+        127.0.0.1 when it listens on every address)."""
+        host = host or self.connect_host
         if ":" in host:
             host = f"[{host}]"
         return f"postgresql://{PG_USER}@{host}:{self.port}/{db}"

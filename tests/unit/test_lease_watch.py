@@ -29,7 +29,7 @@ class ScriptedLease:
     def try_acquire(self) -> int | None:
         epoch = self._next(self.acquire, None)
         self.epoch = epoch
-        return epoch  # type: ignore[no-any-return]
+        return epoch
 
     def renew(self) -> bool:
         return bool(self._next(self.renewals, True))
@@ -130,3 +130,20 @@ def test_the_lease_state_is_read_at_most_every_half_second() -> None:
         clock.now += 0.2
     assert lease.state_reads == 2
     assert lease.announced == ["active", "active"]
+
+
+def test_a_broker_not_heard_of_for_seconds_is_shown_unseen() -> None:
+    lease, clock = ScriptedLease(), Clock()
+    lease.state = lambda: {  # type: ignore[method-assign]
+        "active": "b2",
+        "brokers": [
+            {"name": "b1", "role": "active", "seen_ago": 12.0},  # killed
+            {"name": "b2", "role": "active", "seen_ago": 0.1},
+        ],
+    }
+    watch = ActiveWatch(lease, "b2", 0.2, epoch=2, clock=clock)
+    watch.tick(clock.now)
+    assert [(b["name"], b["role"]) for b in watch.status()["brokers"]] == [
+        ("b1", "unseen"),
+        ("b2", "active"),
+    ]

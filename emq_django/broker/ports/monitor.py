@@ -140,7 +140,7 @@ class StandbyMonitorPort(MonitorPort):
         if b" ".join(request.split()[:2]).upper() in (b"MONITOR", b"MONITOR JSON"):
             return super().answer(request, now)
         self.core.counters["protocol_errors"] += 1
-        ha = self.status().get("ha") or {}
+        ha = (self.status() if self.status is not None else {}).get("ha") or {}
         active = ha.get("active") or "none at the moment"
         for broker in ha.get("brokers") or ():
             if broker.get("name") == active and (broker.get("info") or {}).get("monitor"):
