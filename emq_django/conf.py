@@ -190,18 +190,21 @@ def _validate(s: EmqSettings) -> None:
         raise ImproperlyConfigured(
             "EMQ_RECORD_INTERVAL must be >= 0, EMQ_RECORD_BATCH and EMQ_RECORD_BUFFER >= 1"
         )
-    for name in (
-        "BROKER_URL",
-        "WORKER_URL",
-        "MONITOR_URL",
-        "FRONTEND_BIND",
-        "BACKEND_BIND",
-        "MONITOR_BIND",
-    ):
+    for name in ("BROKER_URL", "WORKER_URL", "MONITOR_URL"):
+        # one broker, or a comma-separated list of brokers (failover: transport.addresses)
         url = getattr(s, name)
-        if "://" not in url:
+        for address in url.split(",") if "," in url else (url,):
+            if "://" not in address:
+                raise ImproperlyConfigured(
+                    f"EMQ_{name}={url!r}: {address.strip()!r} is not a ZeroMQ address such as "
+                    "tcp://127.0.0.1:47291 (several brokers: a comma-separated list)"
+                )
+    for name in ("FRONTEND_BIND", "BACKEND_BIND", "MONITOR_BIND"):
+        url = getattr(s, name)
+        if "://" not in url or "," in url:
             raise ImproperlyConfigured(
-                f"EMQ_{name}={url!r} is not a ZeroMQ address such as tcp://127.0.0.1:47291"
+                f"EMQ_{name}={url!r} is not one ZeroMQ address such as tcp://127.0.0.1:47291 "
+                "(a broker binds one; its peers' EMQ_*_URL may list several brokers)"
             )
     if s.PZQ_ACK_TIMEOUT <= 0 or s.PZQ_MAX_DELIVERIES < 1 or s.PZQ_MAX_INFLIGHT < 1:
         raise ImproperlyConfigured(

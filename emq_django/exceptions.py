@@ -160,9 +160,13 @@ class Cancelled(TaskFailed):
 class JobLost(TaskFailed):
     """A plain job (not guaranteed) that the broker had accepted is gone with it: the
     client, connected again, found a broker that restarted (a new incarnation),
-    which keeps no plain job of the one before. Raised by its ``get()`` at once.
-    It may or may not have run; send jobs that must survive a broker restart with
-    ``guarantee=True``."""
+    which keeps no plain job of the one before, or (``EMQ_BROKER_URL`` listing
+    several brokers) another broker that took over. Raised by its ``get()`` at once;
+    a plain job that the broker that is gone had not acknowledged yet, once a full
+    ``EMQ_ACK_TIMEOUT`` brought no ACK from the new one either. It may or may not
+    have run, and is never sent again (at most once); send jobs that must survive a
+    broker restart or a failover with ``guarantee=True``: those are sent again under
+    their ids, and their ``get()`` returns their value."""
 
     TYPE = "emq_django.exceptions.JobLost"
 

@@ -6,6 +6,15 @@ interval, treats any message from the broker as a sign of life, and connects
 again (a fresh socket, so a fresh identity, and a fresh INFORM) when the broker
 has been silent for ``liveness`` intervals or said KBYE.
 
+With a failover list (``EMQ_WORKER_URL=tcp://a:47290,tcp://b:47290``: only the
+active broker binds) the socket connects to every address (``transport``:
+ZMQ_IMMEDIATE, ZMTP heartbeats that drop a paused broker's connection); when it
+connects again, perhaps to another broker that does not know this peer, the link
+takes a fresh socket and INFORMs again at once (``moved``), without waiting for
+``liveness`` silent intervals. The INFORM of a worker process names the answers
+it sent last and sends them again, so that the outcome of a job that ran across
+a failover reaches the new broker (which restored the job from its journal).
+
 A broker that refuses the link's handshake (its CURVE key, or a CURVE/plain-text
 mismatch) never answers on that socket, and libzmq does not connect it again:
 ``poll()``, ``send()`` and ``tick()`` raise ``HandshakeRefused`` with the reason
@@ -72,6 +81,9 @@ class BrokerLink:
         self.new_id = IdGenerator()
         self.identity = identity  # a fresh socket identity per connection; None: libzmq's
         self.connections = 0
+        self.informed = False  # the INFORM went on this socket
+        # several brokers (a failover list): a new connection means INFORM again
+        self.failover = transport.is_failover(url)
         self.curve = curve  # CURVE keys; FROM_SETTINGS: EMQ_CURVE_* (security/keys.py)
 
     def connect(self) -> None:
@@ -85,6 +97,16 @@ class BrokerLink:
             self.context, zmq.DEALER, self.url, options, role=self.peer_type
         )
         self.last_recv = time.monotonic()
+        self.informed = False
+        if not self.failover:
+            self._inform()  # (queued until the broker is there)
+        else:
+            # nothing is queued for a broker not connected yet (ZMQ_IMMEDIATE): the
+            # INFORM goes once a broker of the list is (``moved``), never blocking
+            self.moved()
+
+    def _inform(self) -> None:
+        self.informed = True
         meta = {**self.meta, **self.more_meta()} if self.more_meta is not None else self.meta
         self.send(F.Inform(self.new_id(), self.queues, self.peer_type, meta).encode())
         if self.on_connect is not None:
@@ -106,12 +128,32 @@ class BrokerLink:
         sock, watch = self.sock, self.watch
         assert sock is not None and watch is not None
         ms = max(int(timeout * 1000), 0) + 1
-        if watch.succeeded:
+        if watch.succeeded and not self.failover:
             return bool(sock.poll(ms))
         ready = dict(zmq.zmq_poll([(sock, zmq.POLLIN), (watch.pair, zmq.POLLIN)], ms))
         if watch.pair in ready:
             watch.check()
+            if self.moved():
+                return bool(self.sock is not None and wire.readable(self.sock))
         return sock in ready
+
+    def moved(self) -> bool:
+        """With a failover list: True when the socket had connected again (another
+        broker, perhaps, which does not know this peer) and the link has connected
+        afresh (``connect``: a new socket, INFORM, ``on_connect``). Never blocks."""
+        watch = self.watch
+        if not self.failover or watch is None:
+            return False
+        watch.check()
+        if not self.informed:
+            if watch.handshakes:  # the first broker of the list this socket reached
+                self._inform()
+            return False
+        if watch.handshakes <= 1:
+            return False
+        log.info("connected again to a broker of %s; INFORMing it", self.url)
+        self.connect()
+        return True
 
     def check_handshake(self) -> None:
         """Raise ``HandshakeRefused`` if the broker refused the socket's handshake."""
@@ -138,6 +180,8 @@ class BrokerLink:
     def tick(self) -> bool:
         """Heartbeat if due, connect again if the broker went silent. Returns True
         when it connected again."""
+        if self.failover and self.moved():
+            return True
         now = time.monotonic()
         if now - self.last_recv > self.interval:
             self.check_handshake()  # silent: did it refuse us? (it says nothing then)
@@ -147,7 +191,7 @@ class BrokerLink:
             )
             self.connect()
             return True
-        if now - self.last_send >= self.interval:
+        if now - self.last_send >= self.interval and self.informed:
             self.send(F.encode_heartbeat(self.new_id(), time.time()))
         return False
 

@@ -89,14 +89,20 @@ def _priority(value: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class EmqSettings:
     BROKER_URL: str = setting(
-        "tcp://127.0.0.1:47291", "client -> broker frontend", section="client"
+        "tcp://127.0.0.1:47291",
+        "client -> broker frontend; several brokers (active and standbys): a comma-separated "
+        "list, and the client fails over to the one that serves",
+        section="client",
     )
     WORKER_URL: str = setting(
-        "tcp://127.0.0.1:47290", "job manager -> broker backend", section="client"
+        "tcp://127.0.0.1:47290",
+        "job manager -> broker backend (a comma-separated list: failover, as EMQ_BROKER_URL)",
+        section="client",
     )
     MONITOR_URL: str = setting(
         "tcp://127.0.0.1:47293",
-        "where the admin, `emq_status` and the monitor client reach the monitor channel",
+        "where the admin, `emq_status` and the monitor client reach the monitor channel (a "
+        "comma-separated list: the active broker's answers)",
         section="client",
     )
     FRONTEND_BIND: str = setting(
@@ -174,13 +180,22 @@ class EmqSettings:
         section="topics",
     )
     BUS_SNAPSHOT_URL: str = setting(
-        "", "where `emq.subscribe` asks for snapshots (`''`: the bind address)", section="topics"
+        "",
+        "where `emq.subscribe` asks for snapshots (`''`: the bind address; a "
+        "comma-separated list: failover between brokers)",
+        section="topics",
     )
     BUS_PUBLISH_URL: str = setting(
-        "", "where `emq.subscribe` takes live events (`''`: the bind address)", section="topics"
+        "",
+        "where `emq.subscribe` takes live events (`''`: the bind address; a "
+        "comma-separated list: failover between brokers)",
+        section="topics",
     )
     BUS_COLLECT_URL: str = setting(
-        "", "where `emq.publish` sends (`''`: the bind address)", section="topics"
+        "",
+        "where `emq.publish` sends (`''`: the bind address; a "
+        "comma-separated list: failover between brokers)",
+        section="topics",
     )
     BUS_BATCH_URL: str = setting(
         "", "where `emq.subscribe` reads batches (`''`: the bind address)", section="topics"

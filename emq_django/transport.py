@@ -9,6 +9,7 @@ set in one place and cannot be forgotten by one of them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import struct
@@ -41,6 +42,33 @@ class SocketOptions:
     curve: CurveKeys | None = None
     # the ZAP domain (a bound socket's roles, security/zap.py); '' leaves it unset
     zap_domain: str = ""
+    # connected to several brokers, of which only the active one binds (failover):
+    # messages go to completed connections only (ZMQ_IMMEDIATE), and ZMTP heartbeats
+    # drop the connection of a broker that stopped answering (paused, partitioned)
+    failover: bool = False
+
+
+# Failover (a comma-separated list of broker addresses, ``addresses``): a paused or
+# partitioned broker's connection is dropped after HEARTBEAT_TIMEOUT_MS without a
+# PONG, so that the socket's messages go to the live broker; libzmq tries each
+# address again every RECONNECT_IVL_MS. One PING per HEARTBEAT_IVL_MS per idle
+# connection: nothing on the hot path (a busy connection carries its own traffic).
+HEARTBEAT_IVL_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1000
+RECONNECT_IVL_MS = 100
+
+
+def addresses(url: str) -> list[str]:
+    """The broker addresses in ``url``: one, or a comma-separated list of brokers of
+    which one is active (``tcp://a:47291,tcp://b:47291``). Blanks around each are
+    ignored; an empty list is ``[url]`` (the connect then says what is wrong)."""
+    found = [part.strip() for part in url.split(",") if part.strip()]
+    return found or [url]
+
+
+def is_failover(url: str) -> bool:
+    """Whether ``url`` names several brokers (failover between them)."""
+    return "," in url and len(addresses(url)) > 1
 
 
 def make_socket(context: Context, kind: int, options: SocketOptions | None = None) -> Socket:
@@ -62,7 +90,27 @@ def make_socket(context: Context, kind: int, options: SocketOptions | None = Non
         _set_curve(sock, opts.curve)
     if opts.zap_domain:
         sock.zap_domain = opts.zap_domain.encode()
+    if opts.failover:
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     return sock
+
+
+def _connect_all(sock: Socket, url: str) -> None:
+    """Connect ``sock`` to every address in ``url`` (one, or a failover list)."""
+    for address in addresses(url):
+        sock.connect(address)
+
+
+def _options_for(url: str, options: SocketOptions | None) -> SocketOptions:
+    """``options``, with ``failover`` when ``url`` names several brokers."""
+    opts = options or SocketOptions()
+    if not opts.failover and is_failover(url):
+        opts = dataclasses.replace(opts, failover=True)
+    return opts
 
 
 def _set_curve(sock: Socket, keys: CurveKeys) -> None:
@@ -79,10 +127,10 @@ def _set_curve(sock: Socket, keys: CurveKeys) -> None:
 
 
 def connect(context: Context, kind: int, url: str, options: SocketOptions | None = None) -> Socket:
-    """A new socket connected to ``url``."""
-    sock = make_socket(context, kind, options)
+    """A new socket connected to ``url`` (every broker of a failover list)."""
+    sock = make_socket(context, kind, _options_for(url, options))
     try:
-        sock.connect(url)
+        _connect_all(sock, url)
     except zmq.ZMQError:
         sock.close(linger=0)
         raise
@@ -348,8 +396,11 @@ def connect_watched(
 ) -> tuple[Socket, HandshakeWatch]:
     """``connect()``, with a ``HandshakeWatch`` on the socket (``role``: the role
     the port admits, named in the refusal's message; ``events``: the monitor events
-    it reads, ``HANDSHAKE_EVENTS`` and perhaps ``CONNECT_RETRIED``)."""
-    opts = options or SocketOptions()
+    it reads, ``HANDSHAKE_EVENTS`` and perhaps ``CONNECT_RETRIED``). ``url`` may
+    list several brokers (``addresses``): the socket connects to each, with
+    ``SocketOptions.failover``, and the watch counts a handshake per connection
+    made (``handshakes``: a new one means another broker, or the same again)."""
+    opts = _options_for(url, options)
     sock = make_socket(context, kind, opts)
     try:
         watch = HandshakeWatch(sock, url, opts.curve, role, events)
@@ -357,7 +408,7 @@ def connect_watched(
         sock.close(linger=0)
         raise
     try:
-        sock.connect(url)
+        _connect_all(sock, url)
     except zmq.ZMQError:
         watch.close()  # (first: HandshakeWatch.close)
         sock.close(linger=0)

@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 MAX_QUEUES = 10_000
 TOPIC_PRUNE_INTERVAL = 5.0  # seconds between applications of the retention rules
 MAX_HELD_SCHEDULES = 10_000
+# the final outcomes of restored jobs whose client had not said it waits (it sends
+# the job again to say so: ``_claim``), kept for it at most this many
+MAX_UNCLAIMED = 10_000
 WORKER_LOST = "emq_django.exceptions.WorkerLost"
 CANCELLED = "emq_django.exceptions.Cancelled"
 CANCELLED_OUTCOME = Outcome(failed=True, error=CANCELLED)
@@ -108,6 +111,9 @@ COUNTERS = (
     "time_limits",
     "events_published",  # events numbered and kept in the topic space
     "events_refused",  # events refused: a bad topic
+    # outcomes of attempts a previous broker dispatched (a failover, a restart) for
+    # jobs restored from the journal: each completes its job once
+    "restored_outcomes",
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
 
@@ -153,6 +159,13 @@ class BrokerCore:
         # that nobody publishes on does not wake for it)
         self.next_topic_prune = float("inf")
         self.stopping = False
+        # jobs restored from the journal at start-up (a failover, a restart), not
+        # finished yet: their client is unknown until it sends the job again, and
+        # an outcome of an attempt the previous broker dispatched completes them
+        self.restored: set[bytes] = set()
+        # job id -> (job, body, outcome, more): restored jobs' final outcomes that no
+        # client has claimed yet (oldest first, MAX_UNCLAIMED)
+        self.unclaimed: dict[bytes, tuple[Job, bytes, Outcome, tuple[bytes, ...]]] = {}
 
     @property
     def wall_offset(self) -> float:
@@ -383,6 +396,8 @@ class BrokerCore:
         if not fresh and life.known(msgid):
             self.counters["duplicates"] += 1
             self._ack(client, msgid)  # ACK again: the client did not get the first
+            if headers.reply_requested and (self.restored or self.unclaimed):
+                self._claim(client, msgid)
             return
         guaranteed = headers.guarantee and life.journal_ops is not None
         config = self.config
@@ -603,7 +618,9 @@ class BrokerCore:
         """How the attempt ``attempt_id`` ended, from ``peer``."""
         job = self.inflight.get(attempt_id)
         if job is None or (job.peer is not peer and not self._may_answer(peer, job)):
-            if peer.role == ROLE_MANAGER and outcome.lost is None:
+            if self.restored and self._restored_outcome(attempt_id, outcome, body, more, now):
+                pass
+            elif peer.role == ROLE_MANAGER and outcome.lost is None:
                 self.counters["stale_resends"] += 1
             else:
                 self.counters["stale_replies"] += 1
@@ -633,6 +650,65 @@ class BrokerCore:
                 self._answer(job, body, outcome, more)
         if outcome.ready:
             self._credit(peer, now)
+
+    def _restored_outcome(
+        self,
+        attempt_id: bytes,
+        outcome: Outcome,
+        body: bytes,
+        more: tuple[bytes, ...],
+        now: float,
+    ) -> bool:
+        """The outcome of an attempt this broker did not dispatch, for a job it
+        restored from the journal: the previous broker's (it died, or a standby took
+        over), which a job manager that connected here hands over. The job ran, so
+        it completes with it, once. One waiting in its queue leaves it; one that this
+        broker dispatched meanwhile is a duplicate in flight, whose own outcome is
+        then stale (dropped): only a success completes it then (a failure leaves the
+        attempt running here to decide). Returns whether the outcome was taken."""
+        if outcome.requeue or outcome.lost is not None:
+            return False  # never started, or a lost process's verdict: not an outcome
+        job_id, sep, _ = attempt_id.rpartition(b"#")
+        job = self.life.jobs.get(job_id) if sep and job_id in self.restored else None
+        if job is None or job.cancelled:
+            return False
+        queue = self.queues[job.queue]
+        if self.inflight.get(job.attempt_id) is job:
+            if outcome.failed:
+                return False
+            del self.inflight[job.attempt_id]
+            if self.held:
+                self._unhold(job.attempt_id)
+            self._finish(job, now)
+        elif job in queue.pending:
+            queue.pending.remove(job)
+            queue.pending_bytes -= len(job.body)
+        else:
+            return False  # delayed (a retry), dead: that attempt's outcome was had
+        self.counters["restored_outcomes"] += 1
+        log.info(
+            "job %s: took the outcome of attempt %s, which the previous broker dispatched",
+            show_identity(job_id),
+            show_identity(attempt_id),
+        )
+        if self.life.settle(job, outcome, now):
+            self._answer(job, body, outcome, more)
+        return True
+
+    def _claim(self, client: ClientRef, job_id: bytes) -> None:
+        """A client sent a known job again with a reply requested: after a failover
+        it says so that it waits for a job restored from the journal (whose client
+        the journal does not keep). It gets the outcome when the job ends, or now if
+        it ended unclaimed."""
+        job = self.life.jobs.get(job_id)
+        if job is not None:
+            if job.client is None and job_id in self.restored:
+                job.client = client
+            return
+        kept = self.unclaimed.pop(job_id, None)
+        if kept is not None:
+            job, body, outcome, more = kept
+            self.out.append(Answer(client, job, body, outcome, more))
 
     def worker_partial(
         self,
@@ -898,7 +974,15 @@ class BrokerCore:
     def _answer(
         self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...] = ()
     ) -> None:
-        """The job's final outcome, to its client if one waits."""
+        """The job's final outcome, to its client if one waits (a restored job's
+        is kept for a client that claims it: ``_claim``)."""
+        if self.restored and job.id in self.restored:
+            self.restored.discard(job.id)
+            if job.client is None:
+                self.unclaimed[job.id] = (job, body, outcome, more)
+                if len(self.unclaimed) > MAX_UNCLAIMED:
+                    del self.unclaimed[next(iter(self.unclaimed))]
+                return
         if job.client is None:
             return
         if outcome.failed and job.cancelled and body is not CANCELLED_UNSTARTED:
@@ -1173,6 +1257,7 @@ class BrokerCore:
     def restore(self, stored: list[Any], now: float) -> dict[str, int]:
         """Reload the journal at start-up. Returns counts by state."""
         counts, ready, spilled = self.life.restore(stored, now)
+        self.restored.update(j for j, job in self.life.jobs.items() if job.client is None)
         for job in ready:
             self._queue(job.queue).push(job)
         for name, n in spilled.items():

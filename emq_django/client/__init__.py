@@ -3,7 +3,8 @@
 - ``interface``: the small transport interface (``Transport``: send, wait,
   stream, cancel) that ``Task`` and the result handles use;
 - the eMQP implementation, ``Client`` (``core``), in layers: ``state`` (its
-  attributes), ``connection`` (the socket), ``inbox`` (ACKs, replies, partials
+  attributes), ``connection`` (the socket), ``incarnations`` (which broker
+  answers, and what a change of broker means: failover), ``inbox`` (ACKs, replies, partials
   and the waits for them), ``sending`` (the ACK window and coalescing into
   REQUESTS), ``batches`` (``send_batch``);
 - ``lifetime`` (the fork and exit hooks, the flusher thread) and ``process``

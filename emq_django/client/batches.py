@@ -47,7 +47,8 @@ class Batches(Sending):
 
         When ACKs stop coming (the broker crashed and restarts), the jobs not yet
         acknowledged are sent again under the same ids every quarter of
-        ``ack_timeout``: the broker drops those it already has. After
+        ``ack_timeout``, and at once when the socket connects again (failover: a
+        standby took over): the broker drops those it already has. After
         ``ack_timeout`` without a single ACK it raises ``BatchUnacknowledged``,
         whose ``job_ids`` are exactly the jobs that may not have arrived and whose
         ``resend()`` sends them again under the same ids. Raises ``JobRefused`` /
@@ -60,6 +61,7 @@ class Batches(Sending):
                 self._raise_refused(not_sent=True)
             if noreply and not confirm:
                 self._noreply.extend(batch.msgids)
+            self._resending.update(batch.msgids)
             try:
                 self._send_batch(batch, confirm)
             except BrokerUnavailable as exc:
@@ -68,10 +70,14 @@ class Batches(Sending):
                 raise self._batch_failed(batch, exc, queue, confirm, results) from cause
             finally:
                 self._answered = None
+                self._resending.difference_update(batch.msgids)
             if confirm:
                 refused = [m for m in batch.msgids if m in self._errors]
                 if refused:
                     raise _refusal(self._errors.pop(refused[0]))
+                if b"reply-requested" in batch.headers.split(b","):
+                    for k, msgid in enumerate(batch.msgids):
+                        self._await_reply(msgid, batch.frames(k))
 
     def _send_batch(self, batch: _Batch, confirm: bool) -> None:
         sock = self._socket()
@@ -102,11 +108,15 @@ class Batches(Sending):
         step = self.ack_timeout / 4
         last_progress = time.monotonic()
         next_resend = last_progress + step
+        connected = self._connected
         while True:
             self._note_answers(batch)
             if done():
                 return
             now = time.monotonic()
+            if self._connected != connected:  # another broker, perhaps: at once
+                connected = self._connected
+                next_resend = last_progress = now
             if now - last_progress >= self.ack_timeout:
                 raise BrokerUnavailable(
                     f"the broker at {self.url} acknowledged nothing for {self.ack_timeout:g} s"

@@ -62,6 +62,7 @@ class Connection(ClientState):
         self._sock = None
         self._pending.clear()
         self._sent.clear()
+        self._resending.clear()
         self._sent_jobs = 0
         self._confirmed = False
         self._drain_at = 0
@@ -104,17 +105,20 @@ class Connection(ClientState):
             # connected again: the same broker? (the first connection's says so in
             # its ACKs; a client waiting for a result sends nothing to be ACKed)
             self._ask_incarnation(self._sock)
+            self._connected += 1  # the waits for an ACK send their job again now
         self._handshakes = watch.handshakes
 
     def _poll(self, sock: zmq.Socket[Any], timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a message on ``sock``; True when one waits.
         Until the broker has answered once, the handshake watch is polled too: a
-        refused handshake raises ``HandshakeRefused`` as soon as libzmq reports it."""
+        refused handshake raises ``HandshakeRefused`` as soon as libzmq reports it.
+        With failover, always: a new connection (another broker) is seen at once."""
         watch = self._watch
-        if watch is None or self._confirmed:
+        if watch is None or (self._confirmed and not self._failover):
             return bool(_zmq_poll([(sock, _POLLIN)], timeout_ms))
         ready = _zmq_poll([(sock, _POLLIN), (watch.pair, _POLLIN)], timeout_ms)
-        if ready and ready[-1][0] is watch.pair:
+        # (a send that waited for room may have read the watch's events itself)
+        if (ready and ready[-1][0] is watch.pair) or watch.handshakes != self._handshakes:
             self._check_handshake()
         return bool(ready) and ready[0][0] is sock
 

@@ -17,7 +17,7 @@ import zmq
 from zmq.backend import zmq_poll as _zmq_poll
 
 from emq_django import wire
-from emq_django.client.connection import Connection
+from emq_django.client.incarnations import MAX_KEPT_REPLIES, Incarnations
 from emq_django.client.lifetime import _Flusher
 from emq_django.exceptions import (
     JobRefused,
@@ -51,7 +51,6 @@ _SEP = B.PACK_SEPARATOR
 _LF = _SEP[0]
 _second = itemgetter(1)
 
-MAX_KEPT_REPLIES = 100_000
 # Partial results (PARTIAL) wait here until ``Result.stream()`` takes them. A job's
 # partials are dropped when ``get()`` takes its REPLY; a result nobody streams keeps
 # at most MAX_PARTIALS_PER_JOB (the oldest go first), and at most MAX_STREAMED_JOBS
@@ -78,7 +77,7 @@ def refusal(error: F.Error) -> JobRefused | QueueFull:
 _refusal = refusal
 
 
-class Inbox(Connection):
+class Inbox(Incarnations):
     def _unacked(self) -> int:
         """Jobs sent or buffered and not yet acknowledged (nor refused)."""
         return len(self._pending) + self._sent_jobs + self._buf_jobs
@@ -151,52 +150,13 @@ class Inbox(Connection):
                 slice_ms = 20 if threading.active_count() > 1 + _Flusher.alive else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
-                if _zmq_poll([(sock, _POLLIN)], max(int(wait), 1)):
+                if self._poll(sock, max(int(wait), 1)):
                     self._drain(sock, ready=True)
                 else:  # a quiet slice: was the broker refusing us, or is it gone?
                     if self._watch is not None:
                         self._check_handshake()
                     if self._pending or self._sent:
                         self._check_overdue()
-
-    def _check_lost(self, msgid: bytes) -> None:
-        """Raise ``JobLost`` if the plain job ``msgid``, sent before the broker's
-        incarnation changed, had been acknowledged by then: the broker that took it
-        is gone, and its successor never had it (one not acknowledged then may have
-        reached the new one, or ``ack_timeout`` says it did not)."""
-        from emq_django.exceptions import JobLost
-
-        if msgid in self._unacked_at_change or msgid in self._pending:
-            return
-        raise JobLost(
-            JobLost.TYPE,
-            f"job {msgid.decode(errors='replace')} was a plain job (not guaranteed) that "
-            f"the broker at {self.url} had accepted, and that broker has restarted since "
-            "(a new incarnation): it kept the job in memory only, so the job is lost and "
-            "may or may not have run. Send it again if it must run; jobs that must "
-            "survive a broker restart are sent with guarantee=True",
-        )
-
-    def _ack_from(self, ack_id: bytes) -> None:
-        """Our broker's ACK names its incarnation (``B.ack_id``): note a change."""
-        incarnation = B.ack_incarnation(ack_id)
-        if incarnation is not None and incarnation != self._incarnation:
-            self._note_incarnation(incarnation)
-
-    def _note_incarnation(self, incarnation: bytes) -> None:
-        """The broker said which incarnation it is. Another than before: the plain
-        jobs acknowledged until now are lost (``_check_lost``)."""
-        if self._incarnation and incarnation != self._incarnation:
-            self._settle()
-            self._unacked_at_change = frozenset(self._pending)
-            self.broker_changes += 1
-            log.warning(
-                "the broker at %s restarted (a new incarnation): the plain jobs it had "
-                "accepted are lost, and their get() raises JobLost",
-                self.url,
-            )
-        self._incarnation = incarnation
-        self._ack_head = _MARK + incarnation
 
     def poll_reply(self, msgid: bytes) -> F.Reply | None:
         return self.take_reply(msgid)
@@ -375,6 +335,8 @@ class Inbox(Connection):
             answered.extend(acked)
 
     def _keep_reply(self, reply: F.Reply) -> None:
+        if self._awaiting:
+            self._awaiting.pop(reply.request_msgid, None)
         replies = self._replies
         replies[reply.request_msgid] = reply
         if len(replies) > MAX_KEPT_REPLIES:
@@ -401,6 +363,7 @@ class Inbox(Connection):
             self._keep_partial(cmd)
         elif type(cmd) is F.Error:
             self._pending.pop(cmd.ref_msgid, None)
+            self._awaiting.pop(cmd.ref_msgid, None)
             if self._answered is not None:
                 self._answered.append(cmd.ref_msgid)
             self._errors[cmd.ref_msgid] = cmd
@@ -417,25 +380,37 @@ class Inbox(Connection):
 
     def _wait_ack(self, msgid: bytes, resend: list[bytes] | None = None) -> None:
         """Wait for ``msgid``'s ACK. With ``resend``, send the same message again
-        every quarter of the timeout: a broker that crashed and came back never got
-        it, and one that did get it de-duplicates by msgid."""
+        every quarter of the timeout, and at once when the socket connects again
+        (with failover: perhaps to another broker, which then has its full
+        ``ack_timeout``): a broker that crashed and came back never got it, and one
+        that did get it de-duplicates by msgid."""
         self._flush_buffer()
         start = time.monotonic()
         deadline = start + self.ack_timeout
         step = self.ack_timeout / 4
         next_resend = start + step
         sock = self._socket()
-        while msgid in self._pending:
-            now = time.monotonic()
-            if now >= deadline:
-                self._unavailable()
-            if resend is not None and now >= next_resend:
-                self._check_handshake()
-                self._send_frames(sock, resend)
-                next_resend = now + step
-            wait = min(deadline, next_resend if resend is not None else deadline) - now
-            if self._poll(sock, int(wait * 1000) + 1):
-                self._drain(sock, ready=True)
+        connected = self._connected
+        if resend is not None:
+            self._resending.add(msgid)
+        try:
+            while msgid in self._pending:
+                now = time.monotonic()
+                if resend is not None and self._connected != connected:
+                    connected = self._connected
+                    next_resend = now
+                    deadline = max(deadline, now + self.ack_timeout)
+                if now >= deadline:
+                    self._unavailable()
+                if resend is not None and now >= next_resend:
+                    self._check_handshake()
+                    self._send_frames(sock, resend)
+                    next_resend = now + step
+                wait = min(deadline, next_resend if resend is not None else deadline) - now
+                if self._poll(sock, int(wait * 1000) + 1):
+                    self._drain(sock, ready=True)
+        finally:
+            self._resending.discard(msgid)
         if msgid in self._errors:
             if self._refused:  # raised here: not again by the next call
                 ref = msgid.decode(errors="replace")
@@ -451,7 +426,7 @@ class Inbox(Connection):
         while self._unacked() >= limit:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._poll(sock, int(remaining * 1000) + 1):
-                if self._unacked() >= limit:
+                if self._unacked() >= limit and not self._give_up_lost():
                     self._unavailable()
                 continue
             self._drain(sock, ready=True)
@@ -463,4 +438,7 @@ class Inbox(Connection):
             self._drain(self._socket())
             oldest = self._oldest()
             if oldest is not None and time.monotonic() - oldest > self.ack_timeout:
+                if self._give_up_lost():
+                    self._check_overdue()
+                    return
                 self._unavailable()

@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from emq_django import wire
-from emq_django.client.inbox import Inbox
+from emq_django.client.inbox import MAX_KEPT_REPLIES, Inbox
 from emq_django.client.lifetime import _Flusher
 from emq_django.client.state import COALESCE_JOBS
 from emq_django.exceptions import (
@@ -67,6 +67,7 @@ BURST_GAP = 0.0002  # seconds
 ACK_GRACE = 0.003  # seconds
 EXIT_WAIT = 2.0  # seconds the interpreter's exit waits for the last ACKs, at most
 _REQUESTS = B.REQUESTS
+_REPLY_REQUESTED = b"reply-requested"
 _MARK = B.MARK
 _pack_head = B.HEAD.pack
 _record_head = B.record_head  # the record layout and the message: protocol/batch.py
@@ -357,6 +358,19 @@ class Sending(Inbox):
         self._send_frames(sock, frames)
         self._pending[msgid] = _monotonic()
         self._wait_ack(msgid, resend=frames if confirm else None)
+        if confirm and _REPLY_REQUESTED in headers.split(b","):
+            self._await_reply(msgid, frames)
+
+    def _await_reply(self, msgid: bytes, frames: list[bytes]) -> None:
+        """A guaranteed job with a reply, acknowledged: kept (its frames) until its
+        REPLY comes, to be sent again to a broker that replaces this one
+        (``_broker_replaced``)."""
+        if msgid in self._replies or msgid in self._errors:
+            return
+        awaiting = self._awaiting
+        awaiting[msgid] = frames
+        if len(awaiting) > MAX_KEPT_REPLIES:
+            awaiting.popitem(last=False)
 
     def _raise_refused(self, not_sent: bool = False) -> None:
         refused, count = self._refused, self._refused_count

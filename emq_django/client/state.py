@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from emq_django import transport
 from emq_django.client.lifetime import _clients
 from emq_django.ids import IdGenerator
 from emq_django.protocol import batch as B
@@ -96,6 +97,23 @@ class ClientState:
         self._ack_head = _MARK + b"?"
         self._handshakes = 0
         self._unacked_at_change: frozenset[bytes] = frozenset()
+        # failover (``url`` lists several brokers, transport.addresses): the socket
+        # connects to each, and only the active one binds. ``_connected`` counts
+        # the connections made (a new one: perhaps another broker), which the waits
+        # for an ACK watch to send their guaranteed jobs again at once
+        self._failover = transport.is_failover(url)
+        self._connected = 0
+        # the guaranteed jobs with a reply that the broker acknowledged and that
+        # have no REPLY yet: msgid -> their REQUEST's frames. A broker that replaced
+        # the one that took them (restarted, or a standby taking over) restored them
+        # from its journal without knowing who waits: each is sent again under its
+        # id, which the broker takes as "this client waits" (not as a new job)
+        self._awaiting: OrderedDict[bytes, list[bytes]] = OrderedDict()
+        # msgids a wait for an ACK sends again itself (guaranteed; batches)
+        self._resending: set[bytes] = set()
+        # plain jobs sent to a broker that was replaced before it acknowledged them
+        # (failover): at most once, never sent again; their get() raises JobLost
+        self._lost: OrderedDict[bytes, None] = OrderedDict()
         _clients.add(self)
 
     # ---- sending ------------------------------------------------------------

@@ -233,14 +233,18 @@ def _open_sub(
     rcvbuf: int | None = None,
 ) -> tuple[zmq.Socket[Any], HandshakeWatch]:
     """A SUB socket to ``url`` subscribed to ``prefixes`` (all: none given), watched."""
-    sub = transport.make_socket(ctx, zmq.SUB, SocketOptions(rcvhwm=rcvhwm, curve=keys))
+    # (a failover list: each broker's publisher; only the active one binds)
+    failover = transport.is_failover(url)
+    options = SocketOptions(rcvhwm=rcvhwm, curve=keys, failover=failover)
+    sub = transport.make_socket(ctx, zmq.SUB, options)
     if rcvbuf is not None:
         sub.rcvbuf = rcvbuf
     for prefix in prefixes or ("",):
         sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
     try:
         watch = HandshakeWatch(sub, url, keys)
-        sub.connect(url)
+        for address in transport.addresses(url):
+            sub.connect(address)
     except zmq.ZMQError:
         sub.close(linger=0)
         raise

@@ -152,9 +152,9 @@ class SchedulerPeer:
         # it waited in a socket until the broker came up) is the same job
         msgid = tick_id(job.name, due)
         try:
-            request = F.Request(msgid, job.queue, Headers(raw=headers), body)
-            link.send(request.encode(), nonblocking=True)
-            self._wait_ack(msgid)
+            frames = F.Request(msgid, job.queue, Headers(raw=headers), body).encode()
+            link.send(frames, nonblocking=True)
+            self._wait_ack(msgid, frames)
         except (zmq.Again, BrokerUnavailable) as exc:
             # a fresh socket: the unacknowledged REQUEST must not reach the broker
             # later, when the tick has been rolled back to be fired again
@@ -175,10 +175,18 @@ class SchedulerPeer:
             extra=job_fields(msgid, task=job.task),
         )
 
-    def _wait_ack(self, msgid: bytes) -> None:
+    def _wait_ack(self, msgid: bytes, frames: list[bytes]) -> None:
+        """Wait for the ACK of the tick ``msgid``. With a failover list, a link that
+        connected again meanwhile (another broker: ``BrokerLink.moved``) sends the
+        tick again at once, under its id (a broker that has it de-duplicates)."""
         assert self.link is not None
         deadline = time.monotonic() + self.config.ack_timeout
+        connections = self.link.connections
         while (remaining := deadline - time.monotonic()) > 0:
+            if self.link.connections != connections and self.link.informed:
+                connections = self.link.connections
+                self.link.send(frames, nonblocking=True)
+                deadline = max(deadline, time.monotonic() + self.config.ack_timeout)
             # poll() may return early with nothing to read (a handshake event): the
             # wait is over at the deadline only
             if not self.link.poll(remaining):

@@ -64,3 +64,17 @@ def test_a_command_option_is_checked_as_the_setting_it_overrides() -> None:
     with pytest.raises(ImproperlyConfigured, match="EMQ_SCHEDULER_POLL"):
         load_config(poll_interval=5)
     assert load_config(catch_up="all", poll_interval="1.5").poll_interval == 1.5
+
+
+def test_a_broker_url_may_list_brokers_each_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from emq_django.conf import get_settings
+
+    monkeypatch.setenv("EMQ_BROKER_URL", "tcp://10.0.0.1:47291, tcp://10.0.0.2:47291")
+    assert get_settings().BROKER_URL.endswith("10.0.0.2:47291")
+    monkeypatch.setenv("EMQ_WORKER_URL", "tcp://10.0.0.1:47290,10.0.0.2:47290")
+    with pytest.raises(ImproperlyConfigured, match="'10.0.0.2:47290' is not a ZeroMQ address"):
+        get_settings()
+    monkeypatch.delenv("EMQ_WORKER_URL")
+    monkeypatch.setenv("EMQ_FRONTEND_BIND", "tcp://10.0.0.1:47291,tcp://10.0.0.2:47291")
+    with pytest.raises(ImproperlyConfigured, match="EMQ_FRONTEND_BIND=.* is not one ZeroMQ"):
+        get_settings()
