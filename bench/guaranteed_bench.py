@@ -77,13 +77,16 @@ def pg_journal_available() -> bool:
         return "JOURNAL_URL" in f.read()
 
 
-def fresh_database(server_url: str) -> str:
-    """An empty database ``PG_DB`` on the server (dropped first); its URL."""
+def fresh_database(server_url: str, synchronous_commit: str = "") -> str:
+    """An empty database ``PG_DB`` on the server (dropped first), with its own
+    ``synchronous_commit`` when given; its URL."""
     import psycopg
 
     with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {PG_DB}")
+        if synchronous_commit:
+            conn.execute(f"ALTER DATABASE {PG_DB} SET synchronous_commit = '{synchronous_commit}'")
     return f"{server_url}/{PG_DB}"
 
 
@@ -164,7 +167,7 @@ def start_emq_once(servers: ServerSet, args: argparse.Namespace, journal: dict[s
 
 
 def start_emq_pg(servers: ServerSet, args: argparse.Namespace) -> dict:
-    url = fresh_database(args.pg_url)
+    url = fresh_database(args.pg_url, args.pg_synchronous_commit)
     started = start_emq(servers, args, {"EMQ_JOURNAL_URL": url, "EMQ_JOURNAL_PATH": ""})
     started["pg"] = pg_backends(args.pg_url)
     started["broker"] += started["pg"]
@@ -300,6 +303,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default=",".join(SYSTEMS))
     parser.add_argument("--pg-url", default=PG_URL, help="a PostgreSQL server (no database)")
+    parser.add_argument(
+        "--pg-synchronous-commit",
+        default="",
+        choices=("", "on", "remote_apply", "remote_write", "local", "off"),
+        help="the benchmark database's synchronous_commit (default: the server's)",
+    )
     parser.add_argument("--sqlite-sync", choices=("normal", "full"), default="full")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement")
     parser.add_argument("--label", default="", help="names the result file")
