@@ -16,11 +16,11 @@ failover, keeps working after it on the same socket or process:
 - an mc0 connector, after connecting again (as the released connector's watchdog
   does), gets a PUT on its topic.
 
-The failover: with the active/standby broker (``EMQ_JOURNAL_URL``), both brokers run
-on one PostgreSQL and the standby takes the lease; without it, the second broker is
-started on the first one's SQLite journal file after the kill (one after the other,
-never both at once). Both machines see the same file system, so the journal is
-shared either way.
+Two variants of the failover: ``standby``, the active/standby broker
+(``EMQ_JOURNAL_URL``): both brokers run at once on a PostgreSQL of the test's own,
+listening on the bridge, and the standby takes the lease; ``handover``: the second
+broker is started on the first one's SQLite journal file after the kill (one after
+the other, never both at once; both machines see the same file system).
 
 Needs root and iproute2's ``ip``, and the EventMQ and majortomo peers (``make
 venv``); skipped, saying which, without them.
