@@ -114,6 +114,16 @@ def memory_figures(doc: dict[str, Any]) -> str:
     )
 
 
+def guaranteed_figures(doc: dict[str, Any]) -> str:
+    shown = [
+        f"{system} {_n(m['jobs_per_s'])} jobs/s, ack p50 {_n(m['ack_p50_ms'], 2)} ms "
+        f"p99 {_n(m['ack_p99_ms'], 2)} ms"
+        for system, m in doc["medians"].items()
+    ]
+    shown += [f"{pair} {r['jobs_per_s']:.2f}x" for pair, r in doc.get("ratios", {}).items()]
+    return "; ".join(shown)
+
+
 def generic_figures(doc: Any) -> str:
     """The file's top-level numbers, and its medians one level down."""
     if not isinstance(doc, dict):
@@ -142,6 +152,7 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "mdp": mdp_figures,
     "pzq": pzq_figures,
     "memory": memory_figures,
+    "guaranteed": guaranteed_figures,
 }
 
 

@@ -7,6 +7,11 @@ MODE ``echo``: FINAL with the request's frames. ``partials``: two PARTIALs
 client: PARTIAL ``{"value": "part-1"}``, ``{"value": "part-2"}``, then FINAL
 ``{"value": <the number of request frames>}``. ``slow``: writes MARKER when a
 request arrives, then sleeps for a minute before answering (to be killed).
+
+A DISCONNECT from the broker (a new broker that never heard of this worker, after a
+failover) is answered as the protocol says: close the socket and connect again on a
+new one (majortomo's Worker closes it and raises ``Disconnected``; the program
+connects again).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from pathlib import Path
 
 from majortomo import Worker
+from majortomo.error import Disconnected
 
 
 def main() -> None:
@@ -25,7 +31,11 @@ def main() -> None:
     worker = Worker(url, service, heartbeat_interval=0.5)
     worker.connect()
     while True:
-        client, frames = worker.wait_for_request()
+        try:
+            client, frames = worker.wait_for_request()
+        except Disconnected:
+            worker.connect()
+            continue
         if mode == "partials":
             worker.send_reply_partial(client, [b"p1"])
             worker.send_reply_partial(client, [b"p2"])
