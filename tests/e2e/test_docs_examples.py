@@ -29,7 +29,14 @@ HERE = "tests/e2e/test_docs_examples.py"
 FILE_BLOCK = re.compile(r"# (?P<path>[\w/]+\.py)\b")
 
 # The pages whose examples run here, and the queues of their projects' job managers.
-PAGES = {"docs/protocols/topics.md": "", "docs/protocols/majordomo.md": "reports:4"}
+PAGES = {
+    "docs/protocols/topics.md": "",
+    "docs/protocols/majordomo.md": "reports:4",
+    "docs/high-availability.md": "",
+}
+# The pages whose broker keeps its journal in PostgreSQL (a cluster of the tests'
+# own, ``tests/support/postgres.py``): it serves once it holds the lease.
+LEASED = {"docs/high-availability.md"}
 
 
 def page_examples(page: str) -> list[Example]:
@@ -60,10 +67,14 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def broker(emq_processes: EmqProcesses, emq_client_env: dict[str, str]) -> ManagedProcess:
+def broker(
+    request: pytest.FixtureRequest, emq_processes: EmqProcesses, emq_client_env: dict[str, str]
+) -> ManagedProcess:
     """The broker, on the private addresses this test process's client uses too."""
     env = emq_client_env
-    proc = start_broker(emq_processes, env)
+    leased = request.node.callspec.params.get("page") in LEASED
+    extra = {"EMQ_JOURNAL_URL": request.getfixturevalue("pg_url")} if leased else None
+    proc = start_broker(emq_processes, env, extra_env=extra)
     for key in ("EMQ_MDP_BIND", "EMQ_BUS_SNAPSHOT_BIND"):
         emq_processes.wait_for_port(int(env[key].rsplit(":", 1)[1]), proc=proc)
     return proc
