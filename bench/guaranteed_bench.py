@@ -36,6 +36,7 @@ and their ratios go to ``bench/results/guaranteed-<date>-<label>.json``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import json
 import os
@@ -64,7 +65,8 @@ from bench.procs import (  # noqa: E402
 from bench.results_path import result_path  # noqa: E402
 
 PG_URL = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432")
-PG_DB = "emq_bench_guaranteed"
+# one of its own per run: two runs at once (two sessions) must not drop each other's
+PG_DB = f"emq_bench_guaranteed_{os.getpid()}"
 SYSTEMS = ("emq-pg", "emq-sqlite", "rabbitmq-qq")
 RATIOS = (("emq-pg", "rabbitmq-qq"), ("emq-sqlite", "rabbitmq-qq"), ("emq-pg", "emq-sqlite"))
 CLIENTS = [PYTHON, "-m", "bench.guaranteed_clients"]
@@ -87,7 +89,19 @@ def fresh_database(server_url: str, synchronous_commit: str = "") -> str:
         conn.execute(f"CREATE DATABASE {PG_DB}")
         if synchronous_commit:
             conn.execute(f"ALTER DATABASE {PG_DB} SET synchronous_commit = '{synchronous_commit}'")
+    atexit.register(drop_database, server_url)
     return f"{server_url}/{PG_DB}"
+
+
+def drop_database(server_url: str) -> None:
+    """The run's database, dropped when the run ends (each run has its own)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+    except psycopg.Error as exc:
+        print(f"could not drop the benchmark's database {PG_DB}: {exc}", file=sys.stderr)
 
 
 def pg_backends(server_url: str) -> list[int]:
