@@ -668,9 +668,13 @@ class BrokerCore:
         attempt running here to decide). Returns whether the outcome was taken."""
         if outcome.requeue or outcome.lost is not None:
             return False  # never started, or a lost process's verdict: not an outcome
-        job_id, sep, _ = attempt_id.rpartition(b"#")
+        job_id, sep, number = attempt_id.rpartition(b"#")
         job = self.life.jobs.get(job_id) if sep and job_id in self.restored else None
         if job is None or job.cancelled:
+            return False
+        if not number.isdigit() or int(number) <= job.failures:
+            # an attempt the journal counted already (the previous broker had its
+            # failure and scheduled the retry that waits here): not a second time
             return False
         queue = self.queues[job.queue]
         if self.inflight.get(job.attempt_id) is job:
