@@ -24,6 +24,7 @@ once PostgreSQL is back.
 
 from __future__ import annotations
 
+import logging
 import time
 from itertools import groupby
 from operator import itemgetter
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 
     from emq_django.broker.topics import Event
 
+log = logging.getLogger(__name__)
+
 # the journal's session: a lock on the lease row (a standby taking it) is waited
 # for briefly; a transaction left open by a broker that stopped mid-way (SIGSTOP)
 # is ended by the server, so that it cannot hold the lease row for ever
@@ -69,6 +72,9 @@ _kind = itemgetter(0)
 
 
 class PgJournal:
+    # the server commits its turns of puts and dones on a thread (journal_writer.py)
+    commits_off_loop = True
+
     def __init__(self, url: str, name: str = "", new: bool = False) -> None:
         """Connect and create the tables if missing. A wrong URL, a missing database
         or role, a refused permission or PostgreSQL down raise ``JournalError`` here:
@@ -82,6 +88,8 @@ class PgJournal:
         self._ttl = 1.0
         self.commits = 0
         self.errors = 0
+        self.one_statement = 0  # commits written as one statement (``fold_jobs``)
+        self.ops_written = 0  # operations in the commits (per commit: how batched)
         self.checkpoints = 0  # the SQLite journal's; PostgreSQL checkpoints by itself
         self.last_restart_s = 0.0
         self.last_prune_s = 0.0
@@ -150,6 +158,8 @@ class PgJournal:
                     if epoch is not None:
                         cur.execute(FENCE, (self._ttl, self.name, epoch))
             self.commits += 1
+            self.ops_written += len(ops)
+            self.one_statement += folded is not None
         except pg.errors.DivisionByZero as exc:
             self._failed()
             raise LeaseLost(
@@ -365,6 +375,8 @@ class PgJournal:
             "path": self.path,
             "backend": "postgresql",
             "commits": self.commits,
+            "one_statement_commits": self.one_statement,
+            "operations": self.ops_written,
             "errors": self.errors,
             "epoch": self._epoch,
         }
@@ -393,6 +405,14 @@ class PgJournal:
         }
 
     def close(self) -> None:
+        if self.commits:
+            log.info(
+                "journal %s: %d commits (%d as one statement), %.1f operations per commit",
+                self.path,
+                self.commits,
+                self.one_statement,
+                self.ops_written / self.commits,
+            )
         self.link.close()
 
 

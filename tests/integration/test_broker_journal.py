@@ -116,6 +116,36 @@ def test_a_dispatched_guaranteed_job_is_saved_before_the_worker_gets_it(
     wait_until(lambda: rows(journal_path)[b"g-run"] == "done", "the job to be done in the journal")
 
 
+def test_a_job_the_journal_holds_goes_to_the_worker_while_the_next_commit_waits(
+    start_broker: Callable[..., Broker], journal_path: Path
+) -> None:
+    """A worker that hands back a result gets its next job (saved in an earlier
+    turn) without waiting for the commit of that result, which waits here on a
+    real write lock held by another connection; the result's answer to the client
+    still comes only after the commit."""
+    broker = start_broker(JOURNAL_PATH=str(journal_path))
+    worker = broker.worker()
+    worker.send_multipart([b"", P, b"READY", b"r"])  # one credit
+    client = broker.client()
+    send_request(client, b"g-1", headers=b"guarantee,reply-requested")
+    first = recv_command(worker, Request)
+    assert recv_command(client, Ack).ack_msgid == b"g-1"
+    send_request(client, b"g-2", headers=b"guarantee,reply-requested")
+    assert recv_command(client, Ack).ack_msgid == b"g-2"  # saved, waiting for credit
+    other = sqlite3.connect(journal_path, timeout=5, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the journal's write lock: its next commit waits
+    try:
+        answer(worker, first)  # a result and the credit back: the done waits for the lock
+        assert recv_command(worker, Request, timeout=3).msgid == b"g-2#1"
+        assert no_request_within(client, 0.3) == []  # the answer waits for the commit
+        assert rows(journal_path)[b"g-1"] == "ready"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert recv_command(client, Reply).request_msgid == b"g-1"
+    assert rows(journal_path)[b"g-1"] == "done"
+
+
 # ---- restart ---------------------------------------------------------------------------
 
 

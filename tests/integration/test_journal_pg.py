@@ -13,8 +13,11 @@ import pytest
 from emq_django.broker.journal_pg import PgJournal
 from emq_django.broker.lease import Lease
 from emq_django.exceptions import JournalError, LeaseLost
+from tests.integration import test_broker_server as base
 from tests.support import wait_until
 from tests.support.postgres import PgCluster
+
+start_broker = base.start_broker  # the fixture: a BrokerServer in a thread
 
 WALL = 1_000_000.0
 TTL = 0.5
@@ -198,3 +201,33 @@ def test_a_job_named_twice_in_a_turn_is_written_in_order(journal: PgJournal, pg_
     got = stored(pg_url)
     assert got[b"x"][0] == "delayed"
     assert got[b"y"] == ("done", b"", 0, WALL + 3)
+
+
+def test_the_broker_reads_on_while_a_commit_waits_and_acks_after_it(
+    start_broker: Any, pg_url: str
+) -> None:
+    """A BrokerServer on the PostgreSQL journal commits on its writer thread: while a
+    commit waits (on a real table lock held by another connection) the loop still
+    answers its monitor, and the guaranteed job's ACK comes only after the commit."""
+    import psycopg
+    import zmq
+
+    from emq_django.protocol import Ack
+    from tests.integration.test_broker_server import recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="")
+    client = broker.client()
+    send_request(client, b"g-0", headers=b"guarantee")
+    assert recv_command(client, Ack).ack_msgid == b"g-0"
+    with psycopg.connect(pg_url) as other:
+        other.execute("LOCK TABLE emq_jobs IN EXCLUSIVE MODE")  # the next commit waits
+        send_request(client, b"g-1", headers=b"guarantee")
+        req = broker.socket(zmq.REQ, broker.monitor)
+        req.send(b"DEADLETTERS LIST")
+        answered = bool(req.poll(500))  # within the journal's lock_timeout (1 s)
+        acked_early = bool(client.poll(0))
+        other.rollback()
+    assert answered, "the loop was held by the commit"
+    assert not acked_early, "ACKed before its commit"
+    assert recv_command(client, Ack).ack_msgid == b"g-1"
+    assert b"g-1" in ids(pg_url)
