@@ -349,7 +349,7 @@ def test_map_of_guaranteed_jobs_keeps_its_promise_across_a_failover(brokers: Bro
         x = 0
         while not stop.is_set():
             try:
-                batches.append((x, tasks.double.map(range(x, x + 50))))
+                batches.append((x, tasks.double.map([(i,) for i in range(x, x + 50)])))
             except BaseException as exc:  # what must never reach application code
                 errors.append(exc)
                 return
