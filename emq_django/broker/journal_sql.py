@@ -67,6 +67,8 @@ PUT = (
     " run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE = "UPDATE emq_jobs SET state = 'done', body = NULL, updated_at = %s WHERE id = %s"
+# a done row that keeps the job's reply (broker/kept_replies.py)
+REPLY = "UPDATE emq_jobs SET state = 'done', body = %s, updated_at = %s WHERE id = %s"
 SET_STATE = (
     "UPDATE emq_jobs SET state = %s, attempts = %s, run_after = %s, error = %s,"
     " updated_at = %s WHERE id = %s"
@@ -92,6 +94,11 @@ def _done(op: Any) -> tuple[Any, ...]:
     return (now, job_id)
 
 
+def _reply(op: Any) -> tuple[Any, ...]:
+    _, job_id, reply, now = op
+    return (reply, now, job_id)
+
+
 def _event(op: Any) -> tuple[Any, ...]:
     _, e, rule = op
     headers = json.dumps(e.headers) if e.headers else ""
@@ -113,6 +120,7 @@ Params = Callable[[Any], tuple[Any, ...]]
 MANY: dict[str, tuple[str, Params]] = {
     "put": (PUT, _put),
     "done": (DONE, _done),
+    "reply": (REPLY, _reply),
     "state": (SET_STATE, _state),
     "event": (INSERT_EVENT, _event),
 }

@@ -79,6 +79,9 @@ REFILL_BATCH = 2_000
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
+# the journal operations a turn may commit on the writer's thread: the jobs' own
+# (a done row with its kept reply among them: broker/kept_replies.py)
+_OFF_LOOP = frozenset(("put", "done", "reply"))
 
 
 def _puts(ops: list[Any] | None) -> set[bytes]:
@@ -716,7 +719,7 @@ class BrokerServer:
         core = self.core
         ops = core.life.journal_ops
         assert self._writer is not None and ops is not None
-        if core.topics.unsaved or any(op[0] != "put" and op[0] != "done" for op in ops):
+        if core.topics.unsaved or any(op[0] not in _OFF_LOOP for op in ops):
             return False
         core.life.journal_ops = []
         self._held, core.out = core.out, []

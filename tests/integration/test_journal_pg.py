@@ -231,3 +231,29 @@ def test_the_broker_reads_on_while_a_commit_waits_and_acks_after_it(
     assert not acked_early, "ACKed before its commit"
     assert recv_command(client, Ack).ack_msgid == b"g-1"
     assert b"g-1" in ids(pg_url)
+
+
+def test_a_done_row_keeps_the_reply_of_a_job_whose_client_wants_one(
+    journal: PgJournal, pg_url: str
+) -> None:
+    """``KeepReply`` (broker/kept_replies.py): the done row holds the reply, for a
+    broker that takes over before the reply reached the client; a plain done
+    keeps none. Fenced, mixed with puts and dones in one turn."""
+    a = Lease(pg_url, "broker-a", TTL)
+    try:
+        journal.fence(a.try_acquire(), TTL)
+        journal.apply([put(b"earlier"), put(b"plain")])
+        journal.apply(
+            [
+                put(b"short"),
+                ("reply", b"earlier", b"kept-1", WALL + 1),
+                ("done", b"plain", WALL + 2),
+                ("reply", b"short", b"kept-2", WALL + 3),
+            ]
+        )
+        got = stored(pg_url)
+        assert got[b"earlier"] == ("done", b"kept-1", 0, WALL + 1)
+        assert got[b"short"] == ("done", b"kept-2", 0, WALL + 3)
+        assert got[b"plain"] == ("done", b"", 0, WALL + 2)
+    finally:
+        a.close()
