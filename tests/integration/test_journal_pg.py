@@ -238,22 +238,28 @@ def test_a_done_row_keeps_the_reply_of_a_job_whose_client_wants_one(
 ) -> None:
     """``KeepReply`` (broker/kept_replies.py): the done row holds the reply, for a
     broker that takes over before the reply reached the client; a plain done
-    keeps none. Fenced, mixed with puts and dones in one turn."""
+    keeps none. Fenced, mixed with puts and dones in one turn: written as one
+    statement (``fold_jobs``) and statement by statement (a turn with another
+    operation), the same rows."""
     a = Lease(pg_url, "broker-a", TTL)
     try:
         journal.fence(a.try_acquire(), TTL)
-        journal.apply([put(b"earlier"), put(b"plain")])
-        journal.apply(
-            [
-                put(b"short"),
-                ("reply", b"earlier", b"kept-1", WALL + 1),
-                ("done", b"plain", WALL + 2),
-                ("reply", b"short", b"kept-2", WALL + 3),
-            ]
-        )
+        for tag, extra in ((b"f", []), (b"s", [("delete", b"never-there")])):
+            journal.apply([put(tag + b"-earlier"), put(tag + b"-plain")])
+            journal.apply(
+                [
+                    put(tag + b"-short"),
+                    ("reply", tag + b"-earlier", b"kept-1", WALL + 1),
+                    ("done", tag + b"-plain", WALL + 2),
+                    ("reply", tag + b"-short", b"kept-2", WALL + 3),
+                    *extra,
+                ]
+            )
         got = stored(pg_url)
-        assert got[b"earlier"] == ("done", b"kept-1", 0, WALL + 1)
-        assert got[b"short"] == ("done", b"kept-2", 0, WALL + 3)
-        assert got[b"plain"] == ("done", b"", 0, WALL + 2)
+        for tag in (b"f", b"s"):
+            assert got[tag + b"-earlier"] == ("done", b"kept-1", 0, WALL + 1)
+            assert got[tag + b"-short"] == ("done", b"kept-2", 0, WALL + 3)
+            assert got[tag + b"-plain"] == ("done", b"", 0, WALL + 2)
+        assert journal.one_statement == 3  # all turns but the one with a delete
     finally:
         a.close()
