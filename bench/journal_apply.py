@@ -97,7 +97,8 @@ def main() -> None:
                 lease = Lease(url, "bench", 5.0)
                 pg = PgJournal(url, name="bench")
                 pg.fence(lease.try_acquire(), 5.0)
-                rows.append((f"postgresql fenced{tag}", batch, *run(pg, batch, args.seconds, reply)))
+                figures = run(pg, batch, args.seconds, reply)
+                rows.append((f"postgresql fenced{tag}", batch, *figures))
                 pg.close()
                 lease.close()
             head = f"{'journal':<30}{'batch':>6}{'jobs/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
