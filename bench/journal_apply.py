@@ -28,7 +28,6 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from emq_django.broker.effects import OK_READY  # noqa: E402
 from emq_django.broker.journal import Journal  # noqa: E402
 from emq_django.broker.journal_pg import PgJournal  # noqa: E402
 from emq_django.broker.kept_replies import encode_reply  # noqa: E402
@@ -37,7 +36,7 @@ from tests.support.postgres import PgCluster  # noqa: E402
 
 BODY = b"x" * 200
 HEADERS = b"h" * 60
-REPLY = encode_reply(OK_READY, b'{"value": 12345}')
+REPLY = encode_reply(False, b"ok", b'{"value": 12345}')
 
 
 def run(

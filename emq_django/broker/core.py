@@ -57,6 +57,7 @@ from emq_django.protocol.limits import (
     REFUSED_BODY_TOO_BIG,
     refusal_counter,
 )
+from emq_django.protocol.reply_status import status_frame
 
 log = logging.getLogger(__name__)
 
@@ -1009,7 +1010,10 @@ class BrokerCore:
             return
         last = ops[-1]
         if type(last) is JobDone and last.job_id == job.id:
-            reply = encode_reply(outcome, body, more)
+            status = outcome.raw or status_frame(
+                outcome.failed, outcome.error, outcome.lost, outcome.retry
+            )
+            reply = encode_reply(outcome.failed, status, body, more)
             ops[-1] = KeepReply("reply", job.id, reply, last.updated_at)
 
     # ---- peers going away -------------------------------------------------------------
@@ -1298,7 +1302,8 @@ class BrokerCore:
                 continue
             kept = decode_reply(row.body)
             if kept is not None:
-                outcome, body, more = kept
+                failed, status, body, more = kept
+                outcome = Outcome(failed, raw=status)
                 job = Job(row.id, row.queue, parse_stored_headers(row.headers), b"", None, now)
                 self.unclaimed[row.id] = (job, body, outcome, more)
         while len(self.unclaimed) > MAX_UNCLAIMED:

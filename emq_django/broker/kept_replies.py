@@ -22,23 +22,21 @@ from __future__ import annotations
 
 import struct
 
-from emq_django.broker.effects import Outcome
-from emq_django.protocol.reply_status import status_frame
-
 _LEN = struct.Struct(">I")
 _FAILED, _OK = b"F", b"S"
 
 
-def encode_reply(outcome: Outcome, body: bytes, more: tuple[bytes, ...] = ()) -> bytes:
-    """The bytes kept in the journal for this final outcome."""
-    status = outcome.raw or status_frame(outcome.failed, outcome.error, outcome.lost, outcome.retry)
-    parts = [_FAILED if outcome.failed else _OK, status, body, *more]
+def encode_reply(failed: bool, status: bytes, body: bytes, more: tuple[bytes, ...] = ()) -> bytes:
+    """The bytes kept in the journal for a final outcome: whether it failed, its
+    eMQP status frame, its body frames. (Plain values: this module stays out of
+    the core's import cycle of effects and ports.)"""
+    parts = [_FAILED if failed else _OK, status, body, *more]
     return b"".join(_LEN.pack(len(p)) + p for p in parts)
 
 
-def decode_reply(data: bytes) -> tuple[Outcome, bytes, tuple[bytes, ...]] | None:
-    """(outcome, body, more) from ``encode_reply``'s bytes; None for anything else
-    (an empty done row, a damaged one): then there is nothing to answer with."""
+def decode_reply(data: bytes) -> tuple[bool, bytes, bytes, tuple[bytes, ...]] | None:
+    """(failed, status, body, more) from ``encode_reply``'s bytes; None for anything
+    else (an empty done row, a damaged one): then there is nothing to answer with."""
     parts: list[bytes] = []
     at, end = 0, len(data)
     try:
@@ -53,5 +51,4 @@ def decode_reply(data: bytes) -> tuple[Outcome, bytes, tuple[bytes, ...]] | None
         return None
     if len(parts) < 3 or parts[0] not in (_FAILED, _OK):
         return None
-    outcome = Outcome(failed=parts[0] == _FAILED, raw=parts[1])
-    return outcome, parts[2], tuple(parts[3:])
+    return parts[0] == _FAILED, parts[1], parts[2], tuple(parts[3:])

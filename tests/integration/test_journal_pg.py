@@ -263,3 +263,29 @@ def test_a_done_row_keeps_the_reply_of_a_job_whose_client_wants_one(
         assert journal.one_statement == 3  # all turns but the one with a delete
     finally:
         a.close()
+
+
+def test_a_job_refused_because_the_lease_was_lost_says_so(start_broker: Any, pg_url: str) -> None:
+    """A broker whose lease another broker took cannot save a guaranteed job: it is
+    refused with its own code, ``lease-lost`` (our clients send it again to the new
+    active broker, not raise), not ``journal-error``."""
+    from emq_django.protocol import Ack, Error
+    from tests.integration.test_broker_server import recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="", BROKER_NAME="broker-a")
+    a = Lease(pg_url, "broker-a", TTL)
+    b = Lease(pg_url, "broker-b", TTL)
+    try:
+        assert broker.server.journal is not None
+        broker.server.journal.fence(a.try_acquire(), TTL)
+        client = broker.client()
+        send_request(client, b"g-0", headers=b"guarantee")
+        assert recv_command(client, Ack).ack_msgid == b"g-0"
+        wait_until(b.try_acquire, "b takes the expired lease", timeout=5, interval=0.02)
+        send_request(client, b"g-1", headers=b"guarantee")
+        err = recv_command(client, Error)
+        assert (err.ref_msgid, err.code) == (b"g-1", "lease-lost")
+        assert "no longer ours" in err.reason
+    finally:
+        a.close()
+        b.close()

@@ -6,7 +6,6 @@ client, whose ``get()`` then timed out against the new active)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from emq_django.broker.core import BrokerConfig
 from emq_django.broker.effects import OK_READY, Acknowledge, Answer, Effect, Outcome
@@ -85,6 +84,6 @@ def test_a_guaranteed_job_without_a_reply_keeps_no_reply(tmp_path: Path) -> None
 
 
 def test_the_encoding_round_trips_and_refuses_garbage() -> None:
-    kept: Any = decode_reply(encode_reply(OK_READY, VALUE, (b"a", b"")))
-    assert kept[1:] == (VALUE, (b"a", b"")) and kept[0].raw == b"ok"
+    kept = decode_reply(encode_reply(True, b"failed,error:X", VALUE, (b"a", b"")))
+    assert kept == (True, b"failed,error:X", VALUE, (b"a", b""))
     assert decode_reply(b"") is None and decode_reply(b"\x00\x00\x00\x09abc") is None
