@@ -16,7 +16,9 @@ PYTEST_ARGS ?=
 VENV6  := .venv-dj6
 PY6    := $(VENV6)/bin/python
 STAMP6 := $(VENV6)/.stamp
-DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py
+# the Django Tasks API tests, and the docs page that imports django.tasks (its test
+# in test_docs_examples.py is marked djangotasks too)
+DJ6_TESTS = tests/*/test_django_tasks*.py tests/*/test_on_commit*.py tests/unit/test_docs_examples.py
 DJ6_PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done)
 

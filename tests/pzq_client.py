@@ -132,7 +132,7 @@ class ConfirmingProducer:
                 self.outstanding = len(waiting)
         finally:
             sock.close(linger=0)
-            ctx.term()
+            ctx.destroy(linger=0)
 
     def _send(self, sock: zmq.Socket[Any], key: str, waiting: dict[str, float]) -> None:
         raw = key.encode()

@@ -3,7 +3,8 @@
 Ports (``broker/ports/``) turn their wire's messages into calls on
 ``BrokerCore`` that carry these types, and turn the effects the core queues in
 ``core.out`` back into their wire's frames. A reply leaves by the port its job
-came in by: a ``ClientRef`` and a ``Peer`` each know their port.
+came in by: a ``ClientRef`` and a ``Peer`` each know their port (as a
+``seam.PortRef``: the core's modules import nothing of ``ports/``).
 
 Effects are small mutable slot classes rather than frozen ones: one or two are
 made per job, and a frozen dataclass costs several times as much to build.
@@ -14,28 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from emq_django.broker.seam import ClientRef
+
 if TYPE_CHECKING:
-    from emq_django.broker.ports.base import Port
     from emq_django.broker.state import Job, Peer
     from emq_django.broker.topics import Event
-
-
-@dataclass(slots=True, eq=False)
-class ClientRef:
-    """Where a client's answers go: its port, its identity there, and what the
-    port needs beyond that to address the answer (``tag``: e.g. the Majordomo
-    request id; ``extra``: e.g. the Majordomo framing and service)."""
-
-    port: Port
-    identity: bytes
-    tag: bytes = b""
-    extra: Any = None
-    # an eMQP client that reads an ACK naming several msgids (its REQUESTs carry the
-    # ``acks`` header flag): the server sends it one ACK per turn, not one per job
-    acks: bool = False
-    # it sent REQUESTS (several jobs a message: our client only), so it reads that
-    # ACK's msgids in one frame, separated by LF (protocol/batch.py)
-    packed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

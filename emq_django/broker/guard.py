@@ -22,13 +22,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
 from emq_django import wire
-from emq_django.broker.ports.base import Handler, Port
-from emq_django.broker.state import show_identity
+from emq_django.broker.seam import Handler
+from emq_django.broker.state import Peer, show_identity
 from emq_django.security.allow import AllowList
 from emq_django.security.roles import domain_roles, zap_domain
 
@@ -37,6 +37,36 @@ log = logging.getLogger(__name__)
 LOG_BUDGET = 100
 COUNTERS = ("dropped_revoked", "refused_forbidden", "peers_revoked", "publishers_rebound")
 MAX_OWNERS = 100_000  # identities remembered per port; then cut to the known peers
+
+
+class Port(Protocol):
+    """What the guard needs of a port (``broker/ports/base.py``'s ``Port`` is one;
+    the guard sits below the ports' layer and does not import it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def roles(self) -> tuple[str, ...]: ...
+
+    @property
+    def authorizes(self) -> bool: ...
+
+    def authorize(
+        self, socket: str, roles: frozenset[str], frames: Sequence[bytes]
+    ) -> str | None: ...
+
+    def forbidden(
+        self, identity: bytes, frames: Sequence[bytes], reason: str
+    ) -> list[bytes] | None: ...
+
+    def harmless(self, socket: str, frames: Sequence[bytes]) -> bool: ...
+
+    def narrow(self, identity: bytes, roles: frozenset[str], now: float) -> None: ...
+
+    def revoke(self, identity: bytes, now: float) -> bool: ...
+
+    def known_peers(self) -> dict[bytes, Peer]: ...
 
 
 class Guard:
@@ -62,7 +92,7 @@ class Guard:
         allow = self.allow
         # a port whose socket admits one role (the ZAP domain checked it) has no
         # per-command rule: skip the call
-        authorize = None if type(port).authorize is Port.authorize else port.authorize
+        authorize = port.authorize if port.authorizes else None
 
         def guarded(identity: bytes, frames: Sequence[bytes], now: float) -> list[bytes] | None:
             roles, user = self.roles, self.user

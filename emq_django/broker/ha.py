@@ -36,6 +36,7 @@ from emq_django.broker.ports.monitor import StandbyMonitorPort
 from emq_django.broker.server import BrokerServer
 from emq_django.conf import EmqSettings
 from emq_django.exceptions import JournalError
+from emq_django.security.allow import Loader, Saver
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,19 @@ def broker_info(settings: EmqSettings) -> dict[str, Any]:
 class HaBroker:
     """One broker process under a lease: standby, active, standby again, ..."""
 
-    def __init__(self, settings: EmqSettings, lease: Lease | None = None) -> None:
+    def __init__(
+        self,
+        settings: EmqSettings,
+        lease: Lease | None = None,
+        load_keys: Loader | None = None,
+        save_seen: Saver | None = None,
+    ) -> None:
         """Raises ``JournalError`` when PostgreSQL refuses (a wrong URL, no such
-        database, no permission): the broker does not start."""
+        database, no permission): the broker does not start. ``load_keys`` and
+        ``save_seen``: as ``BrokerServer``'s (CURVE's allow-list), given to each
+        server this process runs, standby and active."""
         self.settings = settings
+        self.keys = {"load_keys": load_keys, "save_seen": save_seen}
         self.name = broker_name(settings)
         self.lease = lease or Lease(
             settings.JOURNAL_URL, self.name, settings.LEASE_TTL, broker_info(settings)
@@ -98,7 +108,10 @@ class HaBroker:
         signal stops the process (None)."""
         watch = StandbyWatch(self.lease, self.name, self.settings.LEASE_POLL)
         server = BrokerServer(
-            self.server_settings, ports=[("MONITOR_BIND", StandbyMonitorPort)], ha=watch
+            self.server_settings,
+            ports=[("MONITOR_BIND", StandbyMonitorPort)],
+            ha=watch,
+            **self.keys,
         )
         log.info("broker %s is a standby (monitor on %s)", self.name, server.info.get("monitor"))
         left = self._serve(server, watch)
@@ -114,7 +127,7 @@ class HaBroker:
                 journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
                 journal.fence(epoch, self.settings.LEASE_TTL)
                 watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
-                server = BrokerServer(self.server_settings, journal=journal, ha=watch)
+                server = BrokerServer(self.server_settings, journal=journal, ha=watch, **self.keys)
         except JournalError as exc:
             if journal is not None:
                 journal.close()

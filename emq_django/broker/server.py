@@ -23,6 +23,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import zmq
+from django.core.exceptions import ImproperlyConfigured
 from zmq.backend import Socket as _BackendSocket
 
 from emq_django import transport, wire
@@ -45,7 +46,7 @@ from emq_django.conf import EmqSettings
 from emq_django.exceptions import LeaseLost
 from emq_django.ids import IdGenerator
 from emq_django.protocol.limits import REFUSED_JOURNAL, REFUSED_LEASE_LOST
-from emq_django.security.allow import AllowList, KeyReloader, Loader
+from emq_django.security.allow import AllowList, KeyReloader, Loader, Saver
 from emq_django.security.handshakes import HandshakeWatch
 from emq_django.security.keys import server_keys
 from emq_django.security.roles import zap_domain
@@ -171,15 +172,25 @@ class BrokerServer:
         shutdown_grace: float | None = None,
         new_journal: bool = False,
         load_keys: Loader | None = None,
+        save_seen: Saver | None = None,
         ports: Sequence[tuple[str, type[Port]]] = PORTS,
         journal: Journal | PgJournal | None = None,
         ha: LeaseWatch | None = None,
     ) -> None:
         """``load_keys``: where the allow-list comes from when the broker runs CURVE
-        (by default the ``AuthorizedKey`` table). ``ports``: the protocols served,
-        each as the setting with its bind address and its port class (an empty or
-        missing address turns it off); by default ``ports.PORTS``. ``journal``: opened
-        already (fenced), else EMQ_JOURNAL_PATH's. ``ha``: its lease (``broker/ha.py``)."""
+        (``manage.py emq_broker`` passes the ``AuthorizedKey`` table's reader,
+        ``security/store.py``: the server, below the Django apps, does not import
+        it); ``save_seen``: where the names of the keys seen go (None: nowhere).
+        ``ports``: the protocols served, each as the setting with its bind address
+        and its port class (an empty or missing address turns it off); by default
+        ``ports.PORTS``. ``journal``: opened already (fenced), else EMQ_JOURNAL_PATH's.
+        ``ha``: its lease (``broker/ha.py``)."""
+        if load_keys is None and settings.CURVE_SECRET_KEY:  # before anything is opened
+            raise ImproperlyConfigured(
+                "the broker runs CURVE (EMQ_CURVE_SECRET_KEY is set) but was given no "
+                "key loader: pass BrokerServer(load_keys=...) (manage.py emq_broker "
+                "passes emq_django.security.store.load_authorized_keys)"
+            )
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.clock = clock
@@ -272,7 +283,7 @@ class BrokerServer:
         self.handshakes: HandshakeWatch | None = None
         self.reloader: KeyReloader | None = None
         if self.curve is not None:
-            self._secure(settings, load_keys)
+            self._secure(settings, load_keys, save_seen)
         for port in self.ports:
             for spec in port.socket_specs():
                 options = spec.options
@@ -296,15 +307,12 @@ class BrokerServer:
                 self.sockets.setdefault(port, sock)
             port.attach(_Outlet(self, port, self.sockets[port]), self.status)
 
-    def _secure(self, settings: EmqSettings, load_keys: Loader | None) -> None:
+    def _secure(
+        self, settings: EmqSettings, load_keys: Loader | None, save_seen: Saver | None
+    ) -> None:
         """The allow-list (loaded now: a broker that cannot read it does not start),
         the ZAP handler, the per-message guard and the background reloader."""
-        if load_keys is None:
-            from emq_django.security.store import load_authorized_keys, save_last_seen
-
-            load_keys, save_seen = load_authorized_keys, save_last_seen
-        else:
-            save_seen = None
+        assert load_keys is not None  # (checked first thing in __init__)
         self.allow = AllowList(load_keys())
         self.guard = Guard(self.allow)
         self.zap = ZapHandler(self.context, self.allow)

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from emq_django.broker.seam import ClientRef, PortRef
 from emq_django.protocol.headers import Headers
-
-if TYPE_CHECKING:
-    from emq_django.broker.effects import ClientRef
-    from emq_django.broker.ports.base import Port
 
 ROLE_PLAIN = "plain"  # a job manager with one connection (EventMQ's)
 ROLE_MANAGER = "manager"  # our job manager's control connection: no slots of its own
@@ -129,7 +126,7 @@ class Peer:
     draining: bool = False
     connected_at: float = 0.0
     trace_name: str | None = None  # its "jm" in the trace log, once known
-    port: Port | None = None  # the port it came in by: what is said to it goes out there
+    port: PortRef | None = None  # the port it came in by: what is said to it goes out there
     gone: bool = False  # dropped by the core
     # a control connection of ours found unreachable: dropped at the next expiry
     # check, unless the same job manager's new connection has replaced it by then

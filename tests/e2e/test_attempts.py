@@ -172,7 +172,7 @@ def test_poison_deep_body_runs_three_times_then_dead_letter(
                     reply = cmd
     finally:
         sock.close()
-        ctx.term()
+        ctx.destroy(linger=0)
     assert reply is not None and reply.failed
     assert "too deep" in json.loads(reply.body)["error"]["message"] or "deep" in reply.body.decode()
     letter = wait_until(lambda: dead_letters(env).get("deep-poison"), "the dead letter", 15, procs)

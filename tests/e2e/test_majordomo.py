@@ -151,7 +151,7 @@ def test_draft_client_with_two_outstanding_requests(
             got[request_id] = body
     finally:
         sock.close()
-        ctx.term()
+        ctx.destroy(linger=0)
     assert got == {b"req-1": [b"first"], b"req-2": [b"second", b"frame"]}
 
 
@@ -217,7 +217,7 @@ def test_the_broker_survives_10000_malformed_messages_and_counts_them(
         )
     finally:
         sock.close()
-        ctx.term()
+        ctx.destroy(linger=0)
     assert broker.alive()
     assert counters["internal_errors"] == 0
     with client(env) as c:  # and it still serves
@@ -253,7 +253,7 @@ def test_a_refused_request_reaches_the_majortomo_client_as_a_final(
         header, command, service, request_id, body = sock.recv_multipart()
     finally:
         sock.close()
-        ctx.term()
+        ctx.destroy(linger=0)
     assert (header, command, service, request_id) == (C, b"\x03", b"a:b", b"req-9")
     assert "service name" in json.loads(body)["error"]["message"]
     counters = monitor(env)["counters"]

@@ -161,7 +161,7 @@ def dealer(emq_env: dict[str, str], broker: ManagedProcess) -> Iterator[zmq.Sock
     sock.connect(emq_env["EMQ_FRONTEND_BIND"])
     yield sock
     sock.close(linger=0)
-    context.term()
+    context.destroy(linger=0)
 
 
 def answer_to(sock: zmq.Socket[Any], msgid: bytes, within: float = ANSWER_WITHIN) -> F.Command:
@@ -282,7 +282,7 @@ def test_an_inform_whose_queues_nest_deep_gets_an_error(
         assert counters["internal_errors"] == 0, counters
     finally:
         sock.close(linger=0)
-        context.term()
+        context.destroy(linger=0)
 
 
 def test_a_schedule_whose_interval_is_past_ten_years_is_refused(dealer: zmq.Socket[Any]) -> None:
@@ -396,7 +396,7 @@ def test_worker_fails_a_too_deep_body_and_keeps_running(
             assert f"more than {MAX_DEPTH} deep" in error["message"]
     finally:
         sock.close(linger=0)
-        context.term()
+        context.destroy(linger=0)
     # the same single worker process still runs jobs
     assert tasks.add.delay(2, 3).get(timeout=10) == 5
     assert jm.alive()

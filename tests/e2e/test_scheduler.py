@@ -220,4 +220,4 @@ def test_a_resent_tick_is_the_same_job(
         assert ids[0] == ids[1], ids
     finally:
         silent.close(linger=0)
-        context.term()
+        context.destroy(linger=0)

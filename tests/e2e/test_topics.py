@@ -52,7 +52,7 @@ def ctx() -> Iterator[Sockets]:
     yield sockets
     for sock in sockets.opened:
         sock.close(linger=0)
-    sockets.context.term()
+    sockets.context.destroy(linger=0)
 
 
 def bus(env: dict[str, str], ctx: Sockets, **kw: Any) -> BusClient:

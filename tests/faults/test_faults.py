@@ -326,7 +326,7 @@ def test_f_malformed_flood_with_real_traffic(
     finally:
         for sock in sockets:
             sock.close(linger=0)
-        context.term()
+        context.destroy(linger=0)
     assert broker.alive()
     doc = monitor(client)
     verdict = history.verdict()

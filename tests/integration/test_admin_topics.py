@@ -68,7 +68,7 @@ def broker(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         thread.join(5)
         assert not thread.is_alive(), "the broker thread did not stop"
         server.close()
-        context.term()
+        context.destroy(linger=0)
 
 
 @pytest.fixture

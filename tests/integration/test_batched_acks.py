@@ -42,7 +42,7 @@ def server(tmp_path: Path) -> Iterator[BrokerServer]:
     for sock in srv.test_sockets:  # type: ignore[attr-defined]
         sock.close(linger=0)
     srv.close()
-    context.term()
+    context.destroy(linger=0)
 
 
 def client_port(srv: BrokerServer) -> EmqpClientPort:
@@ -208,4 +208,4 @@ def test_the_client_flags_its_requests_and_takes_an_ack_of_several() -> None:
     finally:
         client.close()
         router.close()
-        context.term()
+        context.destroy(linger=0)

@@ -64,7 +64,7 @@ def server(tmp_path: Path) -> Iterator[BrokerServer]:
     for sock in srv.test_sockets:  # type: ignore[attr-defined]
         sock.close(linger=0)
     srv.close()
-    context.term()
+    context.destroy(linger=0)
 
 
 def port_of(srv: BrokerServer, kind: type) -> Any:
@@ -291,7 +291,7 @@ class FakeBroker:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
         self.router.close(0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)
 
 
 @pytest.fixture

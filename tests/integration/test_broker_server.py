@@ -140,7 +140,7 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
             sock.close(linger=0)
         if not alive:
             running.server.close()
-            running.context.term()
+            running.context.destroy(linger=0)
         assert not alive, "the broker thread did not stop"
         assert running.server.internal_errors == 0
 

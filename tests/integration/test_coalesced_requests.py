@@ -190,7 +190,7 @@ class FakeBroker:
 
     def close(self) -> None:
         self.router.close()
-        self.context.term()
+        self.context.destroy(linger=0)
 
 
 @pytest.fixture

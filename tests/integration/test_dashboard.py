@@ -94,7 +94,7 @@ def broker(settings: Any, tmp_path: Path) -> Iterator[str]:
         thread.join(5)
         assert not thread.is_alive(), "the broker thread did not stop"
         server.close()
-        context.term()
+        context.destroy(linger=0)
 
 
 def test_dashboard_data_and_metrics_from_a_live_broker(

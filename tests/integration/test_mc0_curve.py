@@ -106,7 +106,7 @@ def mc0_broker(tmp_path: Path) -> Iterator[Mc0Broker]:
         c.close()
     assert not thread.is_alive()
     server.close()
-    context.term()
+    context.destroy(linger=0)
     assert server.internal_errors == 0
 
 

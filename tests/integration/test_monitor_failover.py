@@ -54,7 +54,7 @@ class Monitors:
         self.stop.set()
         for thread in self.threads:
             thread.join(5)
-        self.context.term()
+        self.context.destroy(linger=0)
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ def toy_broker(tmp_path: Path) -> Iterator[tuple[BrokerServer, zmq.Context[Any],
         alive = thread.is_alive()
         if not alive:
             server.close()
-            context.term()
+            context.destroy(linger=0)
         assert not alive, "the broker thread did not stop"
         assert server.internal_errors == 0
 

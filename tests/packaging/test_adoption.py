@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_examples import examples_run_in
 from tests.packaging.conftest import InstalledWheel
 from tests.support import REPO_ROOT, free_tcp_ports, port_accepts
 
@@ -46,6 +47,16 @@ def test_readme_section_names_the_files_a_project_needs() -> None:
         "pytest.ini",
         "test_shop.py",
     }
+
+
+def test_the_docs_example_marked_for_this_file_is_the_test_module_it_writes() -> None:
+    """The page's pytest example (``runs-in`` this file: it imports the fresh project's
+    ``shop.tasks``, so the docs runner cannot run it) is the test_shop.py that
+    make_site writes and the adoption test runs with pytest there."""
+    [example] = examples_run_in("tests/packaging/test_adoption.py")
+    assert example.page == "docs/getting-started.md"
+    first, _, code = example.code.partition("\n")
+    assert (first, readme_files()["test_shop.py"]) == ("# test_shop.py", code)
 
 
 def make_site(installed_wheel: InstalledWheel, tmp_path: Path) -> Path:
@@ -116,7 +127,7 @@ def test_a_fresh_project_follows_the_readme_checks_migrates_and_runs_a_task(
 
     installed_wheel.run("python", "manage.py", "migrate", "-v", "0", cwd=site, env=env)
     tests = installed_wheel.run("pytest", "-q", "-p", "no:cacheprovider", cwd=site, env=env)
-    assert "1 passed" in tests.stdout, tests.stdout
+    assert "1 passed" in tests.stdout, tests.stdout  # test_shop.py: the page's example
 
 
 SEND = """

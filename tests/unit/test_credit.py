@@ -51,7 +51,7 @@ def test_maximum_below_one_is_refused() -> None:
 def unconnected_worker(table: Any, prefetch: int = 1, max_jobs: int = 0) -> Any:
     """A worker process's object, as its job manager's fork makes it, never
     connected (its link's broker address is a closed port): for its own logic.
-    The caller terms its ``context``."""
+    The caller destroys its ``context``."""
     from emq_django.worker.process import SlotConfig, SlotWorker
 
     config = SlotConfig(
@@ -88,4 +88,4 @@ def test_a_worker_keeps_a_little_more_credit_than_it_wants(
         worker.jobs_done = done
         assert worker._ceiling(wanted) == ceiling
     finally:
-        worker.context.term()
+        worker.context.destroy(linger=0)

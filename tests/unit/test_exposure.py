@@ -109,7 +109,7 @@ def test_the_server_refuses_a_plaintext_non_loopback_bind_before_binding_any(
             probe.close()
     finally:
         server.close()
-        context.term()
+        context.destroy(linger=0)
 
 
 @pytest.mark.parametrize(
@@ -136,5 +136,5 @@ def test_the_system_check_judges_every_address_the_server_binds() -> None:
         bound = {spec.address for _, spec, _, _, _ in server.endpoints}
     finally:
         server.close()
-        context.term()
+        context.destroy(linger=0)
     assert {address for _, address in exposure.settings_binds(settings)} == bound

@@ -161,4 +161,4 @@ def test_what_majortomo_client_and_worker_send_decodes() -> None:
         client.close()
         worker.close()
         router.close()
-        ctx.term()
+        ctx.destroy(linger=0)

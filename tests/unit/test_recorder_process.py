@@ -151,7 +151,7 @@ def test_forwarder_sends_one_message_per_flush(tmp_path: Any) -> None:
     finally:
         forwarder.close(linger=0)
         pull.close(linger=0)
-        context.term()
+        context.destroy(linger=0)
 
 
 def test_forwarder_keeps_what_it_cannot_send_then_sends_it(tmp_path: Any) -> None:
@@ -186,7 +186,7 @@ def test_forwarder_keeps_what_it_cannot_send_then_sends_it(tmp_path: Any) -> Non
         forwarder.close(linger=0)
         if pull is not None:
             pull.close(linger=0)
-        context.term()
+        context.destroy(linger=0)
 
 
 @pytest.mark.parametrize(
@@ -280,7 +280,7 @@ def forwarder(tmp_path: Any) -> Any:
     fwd = RecordForwarder(context, f"ipc://{tmp_path}/rec.sock", max_buffer=1000, manager="m")
     yield fwd
     fwd.close(linger=1)
-    context.term()
+    context.destroy(linger=0)
 
 
 def test_recorder_process_writes_at_once_on_an_idle_machine(

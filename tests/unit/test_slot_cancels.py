@@ -67,4 +67,4 @@ def test_a_process_remembers_a_cancel_it_read_before_the_job_reached_it() -> Non
         assert worker._was_cancelled(b"later#1") is True
         assert worker._was_cancelled(b"c#1") is False
     finally:
-        worker.context.term()
+        worker.context.destroy(linger=0)

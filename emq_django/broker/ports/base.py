@@ -26,11 +26,12 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import zmq
 
 from emq_django.broker.effects import Effect
+from emq_django.broker.seam import Handler
 from emq_django.broker.state import Peer, show_identity
 from emq_django.broker.topics import Event
 from emq_django.exceptions import ProtocolError
@@ -42,9 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ERROR_LOG_BUDGET = 100  # malformed messages logged per port, then every 10,000th
-
-# one message from a socket: (identity, frames, now) -> frames to send straight back
-Handler = Callable[[bytes, Sequence[bytes], float], "list[bytes] | None"]
 
 # what a paced send (``Port.pump``) returns: the message left, the peer's pipe is
 # full (nothing of it left: try again later), or the peer is gone
@@ -122,6 +120,13 @@ class Port(ABC):
     # jobs beyond one per message that the messages read in this drain carried
     # (eMQP REQUESTS): the server counts them towards its per-socket CHUNK
     carried = 0
+    # the class has a per-command rule (it overrides ``authorize``); set for each
+    # subclass, so that the guard skips the call for one that has none
+    authorizes: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.authorizes = cls.authorize is not Port.authorize
 
     def __init__(self, core: BrokerCore, address: str = "") -> None:
         self.core = core

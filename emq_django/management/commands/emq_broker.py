@@ -49,6 +49,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         from emq_django.broker.server import BrokerServer
+        from emq_django.security.store import load_authorized_keys, save_last_seen
 
         configure_command_logging(opts["verbosity"])
         settings = get_settings(
@@ -65,7 +66,12 @@ class Command(BaseCommand):
             self._run_with_lease(settings, opts["new_journal"])
             return
         try:
-            server = BrokerServer(settings, new_journal=opts["new_journal"])
+            server = BrokerServer(
+                settings,
+                new_journal=opts["new_journal"],
+                load_keys=load_authorized_keys,
+                save_seen=save_last_seen,
+            )
         except JournalError as exc:
             raise CommandError(str(exc)) from exc
         try:
@@ -87,6 +93,7 @@ class Command(BaseCommand):
         """The journal in PostgreSQL: active or standby under its lease (``broker/ha.py``)."""
         from emq_django.broker.ha import HaBroker
         from emq_django.broker.memory import tune_gc
+        from emq_django.security.store import load_authorized_keys, save_last_seen
 
         if new_journal:
             raise CommandError(
@@ -94,7 +101,7 @@ class Command(BaseCommand):
                 "a standby taking over must restore what the active broker wrote"
             )
         try:
-            broker = HaBroker(settings)
+            broker = HaBroker(settings, load_keys=load_authorized_keys, save_seen=save_last_seen)
         except JournalError as exc:
             raise CommandError(str(exc)) from exc
         tune_gc()
