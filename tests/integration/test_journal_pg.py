@@ -289,3 +289,33 @@ def test_a_job_refused_because_the_lease_was_lost_says_so(start_broker: Any, pg_
     finally:
         a.close()
         b.close()
+
+
+def test_a_commit_that_fails_on_the_writer_refuses_its_jobs_and_delivers_none(
+    start_broker: Any, pg_url: str
+) -> None:
+    """The writer's commit fails (the table lock outlasts the journal's lock_timeout):
+    the guaranteed job is refused with the reason, no worker gets it, and the next
+    one is saved and ACKed once the lock is gone."""
+    import psycopg
+
+    from emq_django.protocol import Ack, Error, Request
+    from tests.integration.test_broker_journal import no_request_within
+    from tests.integration.test_broker_server import P, recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="")
+    worker = broker.worker()
+    worker.send_multipart([b"", P, b"READY", b"r"])
+    client = broker.client()
+    with psycopg.connect(pg_url) as other:
+        other.execute("LOCK TABLE emq_jobs IN EXCLUSIVE MODE")
+        send_request(client, b"g-1", headers=b"guarantee")
+        err = recv_command(client, Error, timeout=10)  # after lock_timeout (1 s)
+        other.rollback()
+    assert (err.ref_msgid, err.code) == (b"g-1", "journal-error")
+    assert "not saved" in err.reason and "lock" in err.reason
+    assert [c for c in no_request_within(worker, 0.5) if isinstance(c, Request)] == []
+    send_request(client, b"g-2", headers=b"guarantee")
+    assert recv_command(client, Ack).ack_msgid == b"g-2"
+    assert recv_command(worker, Request).msgid == b"g-2#1"
+    assert ids(pg_url) == [b"g-2"]
