@@ -31,6 +31,8 @@ from emq_django.broker.effects import (
     Published,
     Refuse,
 )
+from emq_django.broker.journal import JobDone, KeepReply
+from emq_django.broker.kept_replies import decode_reply, encode_reply
 from emq_django.broker.lifecycle import JobLifecycle
 from emq_django.broker.state import (
     ROLE_MANAGER,
@@ -47,7 +49,7 @@ from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
 from emq_django.logconfig import job_fields
 from emq_django.protocol.body import encode_failure
-from emq_django.protocol.headers import Headers
+from emq_django.protocol.headers import Headers, parse_stored_headers
 from emq_django.protocol.limits import (
     MAX_DELAY,
     REFUSAL_CODES,
@@ -55,6 +57,7 @@ from emq_django.protocol.limits import (
     REFUSED_BODY_TOO_BIG,
     refusal_counter,
 )
+from emq_django.protocol.reply_status import status_frame
 
 log = logging.getLogger(__name__)
 
@@ -668,9 +671,13 @@ class BrokerCore:
         attempt running here to decide). Returns whether the outcome was taken."""
         if outcome.requeue or outcome.lost is not None:
             return False  # never started, or a lost process's verdict: not an outcome
-        job_id, sep, _ = attempt_id.rpartition(b"#")
+        job_id, sep, number = attempt_id.rpartition(b"#")
         job = self.life.jobs.get(job_id) if sep and job_id in self.restored else None
         if job is None or job.cancelled:
+            return False
+        if not number.isdigit() or int(number) <= job.failures:
+            # an attempt the journal counted already (the previous broker had its
+            # failure and scheduled the retry that waits here): not a second time
             return False
         queue = self.queues[job.queue]
         if self.inflight.get(job.attempt_id) is job:
@@ -976,6 +983,8 @@ class BrokerCore:
     ) -> None:
         """The job's final outcome, to its client if one waits (a restored job's
         is kept for a client that claims it: ``_claim``)."""
+        if job.headers.reply_requested and job.headers.guarantee:
+            self._keep_reply(job, body, outcome, more)
         if self.restored and job.id in self.restored:
             self.restored.discard(job.id)
             if job.client is None:
@@ -989,6 +998,23 @@ class BrokerCore:
             body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
             outcome, more = CANCELLED_OUTCOME, ()
         self.out.append(Answer(job.client, job, body, outcome, more))
+
+    def _keep_reply(self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...]) -> None:
+        """Journal the reply with the job's done row (``broker/kept_replies.py``):
+        a broker that takes over before the reply reached the client answers it
+        when it sends the job again. The done row was queued just now (``settle``,
+        then this): it becomes a ``KeepReply``; a job not ended by a done row
+        (dead-lettered) keeps none."""
+        ops = self.life.journal_ops
+        if not ops:
+            return
+        last = ops[-1]
+        if type(last) is JobDone and last.job_id == job.id:
+            status = outcome.raw or status_frame(
+                outcome.failed, outcome.error, outcome.lost, outcome.retry
+            )
+            reply = encode_reply(outcome.failed, status, body, more)
+            ops[-1] = KeepReply("reply", job.id, reply, last.updated_at)
 
     # ---- peers going away -------------------------------------------------------------
 
@@ -1258,6 +1284,7 @@ class BrokerCore:
         """Reload the journal at start-up. Returns counts by state."""
         counts, ready, spilled = self.life.restore(stored, now)
         self.restored.update(j for j, job in self.life.jobs.items() if job.client is None)
+        self._restore_replies(stored, now)
         for job in ready:
             self._queue(job.queue).push(job)
         for name, n in spilled.items():
@@ -1265,6 +1292,22 @@ class BrokerCore:
         for queue in self.queues.values():
             self._check_spill(queue)
         return counts
+
+    def _restore_replies(self, stored: list[Any], now: float) -> None:
+        """The replies kept with done rows (``_keep_reply``) still within the
+        de-duplication window, for a client that sends its job again."""
+        known = self.life.recent
+        for row in stored:
+            if row.state != "done" or not row.body or row.id not in known:
+                continue
+            kept = decode_reply(row.body)
+            if kept is not None:
+                failed, status, body, more = kept
+                outcome = Outcome(failed, raw=status)
+                job = Job(row.id, row.queue, parse_stored_headers(row.headers), b"", None, now)
+                self.unclaimed[row.id] = (job, body, outcome, more)
+        while len(self.unclaimed) > MAX_UNCLAIMED:
+            del self.unclaimed[next(iter(self.unclaimed))]
 
     def restore_spilled(self, queue_name: str, stored: list[Any], now: float) -> None:
         queue = self.queues[queue_name]

@@ -123,6 +123,17 @@ class JobDone(NamedTuple):
     updated_at: float
 
 
+class KeepReply(NamedTuple):
+    """The job is over and its client wants its reply: a done row that keeps the
+    reply (``broker/kept_replies.py``) in place of the body, so that a broker that
+    takes over answers the client that sends the job again (a failover)."""
+
+    kind: Literal["reply"]
+    job_id: bytes
+    reply: bytes
+    updated_at: float
+
+
 class DeleteJob(NamedTuple):
     kind: Literal["delete"]
     job_id: bytes
@@ -152,7 +163,9 @@ class PruneEvents(NamedTuple):
     last_seq: int
 
 
-JournalOp = PutJob | SetState | JobDone | DeleteJob | PruneDone | SaveEvent | PruneEvents
+JournalOp = (
+    PutJob | SetState | JobDone | KeepReply | DeleteJob | PruneDone | SaveEvent | PruneEvents
+)
 
 CHECKPOINT_PAGES = 1000  # WAL pages left to copy under which the WAL may restart
 WAL_RESTART_BYTES = 32 * 1024 * 1024  # a WAL holding this much is restarted once caught up with
@@ -654,6 +667,7 @@ PUT = (
     " run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
+REPLY = "UPDATE jobs SET state = 'done', body = ?, updated_at = ? WHERE id = ?"
 
 
 def _put(db: sqlite3.Cursor, op: PutJob) -> None:
@@ -686,6 +700,15 @@ def _done(db: sqlite3.Cursor, op: JobDone) -> None:
 def _done_params(op: JobDone) -> tuple[Any, ...]:
     _, job_id, now = op
     return (now, job_id)
+
+
+def _reply(db: sqlite3.Cursor, op: KeepReply) -> None:
+    db.execute(REPLY, _reply_params(op))
+
+
+def _reply_params(op: KeepReply) -> tuple[Any, ...]:
+    _, job_id, reply, now = op
+    return (reply, now, job_id)
 
 
 def _delete(db: sqlite3.Cursor, op: DeleteJob) -> None:
@@ -749,6 +772,7 @@ _kind = itemgetter(0)
 _MANY: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
     "put": (PUT, _put_params),
     "done": (DONE, _done_params),
+    "reply": (REPLY, _reply_params),
     "state": (SET_STATE, _state_params),
     "event": (INSERT_EVENT, _event_row),
 }
@@ -758,6 +782,7 @@ _APPLY: dict[str, Callable[[sqlite3.Cursor, Any], None]] = {
     "put": _put,
     "state": _set_state,
     "done": _done,
+    "reply": _reply,
     "delete": _delete,
     "prune_done": _prune_done,
 }

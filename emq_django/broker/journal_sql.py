@@ -67,6 +67,8 @@ PUT = (
     " run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE = "UPDATE emq_jobs SET state = 'done', body = NULL, updated_at = %s WHERE id = %s"
+# a done row that keeps the job's reply (broker/kept_replies.py)
+REPLY = "UPDATE emq_jobs SET state = 'done', body = %s, updated_at = %s WHERE id = %s"
 SET_STATE = (
     "UPDATE emq_jobs SET state = %s, attempts = %s, run_after = %s, error = %s,"
     " updated_at = %s WHERE id = %s"
@@ -92,6 +94,11 @@ def _done(op: Any) -> tuple[Any, ...]:
     return (now, job_id)
 
 
+def _reply(op: Any) -> tuple[Any, ...]:
+    _, job_id, reply, now = op
+    return (reply, now, job_id)
+
+
 def _event(op: Any) -> tuple[Any, ...]:
     _, e, rule = op
     headers = json.dumps(e.headers) if e.headers else ""
@@ -113,6 +120,7 @@ Params = Callable[[Any], tuple[Any, ...]]
 MANY: dict[str, tuple[str, Params]] = {
     "put": (PUT, _put),
     "done": (DONE, _done),
+    "reply": (REPLY, _reply),
     "state": (SET_STATE, _state),
     "event": (INSERT_EVENT, _event),
 }
@@ -188,15 +196,20 @@ _FOLDED_PUT = (
     " %b::bytea[], %b::text[], %b::integer[], %b::float8[], %b::float8[], %b::float8[])"
     " ON CONFLICT (id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,"
     " run_after = excluded.run_after, updated_at = excluded.updated_at,"
-    " body = CASE WHEN excluded.state = 'done' THEN NULL ELSE emq_jobs.body END)"
+    " body = CASE WHEN excluded.state = 'done' THEN excluded.body ELSE emq_jobs.body END)"
 )
 _FOLDED_DONE = (
     "d AS (UPDATE emq_jobs AS j SET state = 'done', body = NULL, updated_at = d.at"
     " FROM unnest(%b::bytea[], %b::float8[]) AS d(id, at) WHERE j.id = d.id)"
 )
-JOBS_ONLY = f"WITH {_FOLDED_PUT}, {_FOLDED_DONE} SELECT 1"
+# the done rows that keep their job's reply (``KeepReply``, broker/kept_replies.py)
+_FOLDED_REPLY = (
+    "r AS (UPDATE emq_jobs AS j SET state = 'done', body = r.reply, updated_at = r.at"
+    " FROM unnest(%b::bytea[], %b::float8[], %b::bytea[]) AS r(id, at, reply) WHERE j.id = r.id)"
+)
+JOBS_ONLY = f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, {_FOLDED_REPLY} SELECT 1"
 JOBS_FENCED = (
-    f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, f AS (UPDATE emq_lease SET expires_at ="
+    f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, {_FOLDED_REPLY}, f AS (UPDATE emq_lease SET expires_at ="
     " clock_timestamp() + make_interval(secs => %b::float8)"
     " WHERE id = 1 AND name = %b::text AND epoch = %b::bigint RETURNING 1)"
     " SELECT 1 / (SELECT COUNT(*)::integer FROM f)"
@@ -205,11 +218,13 @@ JOBS_FENCED = (
 
 def fold_jobs(ops: list[Any]) -> list[list[Any]] | None:
     """A turn of puts and dones only, as the parameters of ``JOBS_ONLY``: the puts'
-    columns then the dones' (ids, times); a job both put and ended here is one put
-    in state 'done' without a body. None: the turn has other operations, or names
-    a job twice otherwise (the statement-by-statement path writes it)."""
+    columns, the dones' (ids, times), then the replies' (ids, times, replies); a job
+    both put and ended here is one put in state 'done' without a body (with its
+    reply as the body, for a ``KeepReply``). None: the turn has other operations,
+    or names a job twice otherwise (the statement-by-statement path writes it)."""
     puts: dict[bytes, list[Any]] = {}
     dones: dict[bytes, float] = {}
+    replies: dict[bytes, tuple[float, bytes]] = {}
     for op in ops:
         kind = op[0]
         if kind == "put":
@@ -218,19 +233,23 @@ def fold_jobs(ops: list[Any]) -> list[list[Any]] | None:
                 return None
             puts[job_id] = [job_id, queue, headers, body, state, int(attempts)]
             puts[job_id] += [float(run_after), float(enqueued_at), float(now)]
-        elif kind == "done":
-            job_id, at = op[1], op[2]
+        elif kind == "done" or kind == "reply":
+            job_id, at = op[1], op[-1]
+            reply = op[2] if kind == "reply" else None
             row = puts.get(job_id)
-            if job_id in dones or (row is not None and row[4] == "done"):
+            if job_id in dones or job_id in replies or (row is not None and row[4] == "done"):
                 return None
             if row is not None:
-                row[3], row[4], row[8] = None, "done", float(at)
-            else:
+                row[3], row[4], row[8] = reply, "done", float(at)
+            elif reply is None:
                 dones[job_id] = float(at)
+            else:
+                replies[job_id] = (float(at), reply)
         else:
             return None
     columns: list[list[Any]] = [list(c) for c in zip(*puts.values(), strict=True)] or [
         [] for _ in range(9)
     ]
     columns += [list(dones), list(dones.values())]
+    columns += [list(replies), [r[0] for r in replies.values()], [r[1] for r in replies.values()]]
     return columns

@@ -336,6 +336,11 @@ class JobLifecycle:
             now - (now + self.wall_offset - row.enqueued_at),
         )
         job.failures = row.attempts
+        # its attempts are numbered after those the journal counted: an outcome a
+        # job manager hands over from the previous broker under a number up to that
+        # count was had already (``BrokerCore._restored_outcome``), and this broker's
+        # own attempts never take such an id
+        job.attempt = row.attempts
         return job
 
     # ---- cancelling -----------------------------------------------------------------

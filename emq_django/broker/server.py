@@ -38,12 +38,14 @@ from emq_django.broker.lease_watch import LeaseWatch
 from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes, trim_heap
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import FULL, GONE, NEVER, SENT, Handler, SocketSpec
+from emq_django.broker.refusal_log import RefusalLog
 from emq_django.broker.topics import Event, TopicSpace
 from emq_django.broker.trace import TraceWriter
 from emq_django.broker.turns import TurnWatch
 from emq_django.conf import EmqSettings
+from emq_django.exceptions import LeaseLost
 from emq_django.ids import IdGenerator
-from emq_django.protocol.limits import REFUSED_JOURNAL
+from emq_django.protocol.limits import REFUSED_JOURNAL, REFUSED_LEASE_LOST
 from emq_django.security.allow import AllowList, KeyReloader, Loader, Saver
 from emq_django.security.handshakes import HandshakeWatch
 from emq_django.security.keys import server_keys
@@ -80,6 +82,16 @@ REFILL_BATCH = 2_000
 TRACE_MAX_EVENTS = 4096
 TRACE_WRITE_INTERVAL = 0.02  # seconds
 _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a ClientRef
+# the journal operations a turn may commit on the writer's thread: the jobs' own
+# (a done row with its kept reply among them: broker/kept_replies.py)
+_OFF_LOOP = frozenset(("put", "done", "reply"))
+
+
+def _refusal_code(exc: BaseException) -> str:
+    """The refusal code of guaranteed jobs a failed commit leaves unsaved: a lease
+    lost to another broker is no fault of the job (the client sends it again, to
+    the new active broker), unlike a journal that cannot write."""
+    return REFUSED_LEASE_LOST if isinstance(exc, LeaseLost) else REFUSED_JOURNAL
 
 
 def _puts(ops: list[Any] | None) -> set[bytes]:
@@ -195,6 +207,7 @@ class BrokerServer:
         if journal is None:  # EMQ_JOURNAL_URL's or EMQ_JOURNAL_PATH's (broker/journals.py)
             self.journal = open_journal(settings, new=new_journal)
         self._writer: JournalWriter | None = None  # commits off the loop (PostgreSQL)
+        self._refusals = RefusalLog(log)  # one ERROR line a second while commits fail
         self._held: list[Any] = []  # the effects that wait for the commit in flight
         self._held_puts: set[bytes] = set()  # the new jobs that commit saves
         if self.journal is not None:
@@ -724,7 +737,7 @@ class BrokerServer:
         core = self.core
         ops = core.life.journal_ops
         assert self._writer is not None and ops is not None
-        if core.topics.unsaved or any(op[0] != "put" and op[0] != "done" for op in ops):
+        if core.topics.unsaved or any(op[0] not in _OFF_LOOP for op in ops):
             return False
         core.life.journal_ops = []
         self._held, core.out = core.out, []
@@ -743,14 +756,16 @@ class BrokerServer:
         held, self._held = self._held, []
         puts, self._held_puts = self._held_puts, set()
         if error is None:  # what waited for it goes now, before what came after
+            if self._refusals.held:
+                self._refusals.flush()
             later, core.out = core.out, held
             self._send_out()
             core.out = later
             return
         core.out = held + core.out
-        log.error("%s: refusing %d guaranteed jobs", error, len(puts))
+        self._refusals.refused(error, len(puts))
         core.unsave(puts, self.clock())
-        core.refuse_unsaved(puts, str(error), REFUSED_JOURNAL)
+        core.refuse_unsaved(puts, str(error), _refusal_code(error))
         if self.ha is not None:
             self.ha.commit_failed(error)
 
@@ -842,6 +857,8 @@ class BrokerServer:
             events = len(core.topics.unsaved)
             journal.apply(ops)
             core.topics.saved()
+            if self._refusals.held:
+                self._refusals.flush()
             if events:
                 watch.count("events", events)
         except JournalError as exc:
@@ -849,9 +866,9 @@ class BrokerServer:
             if lost:
                 log.error("%s: %d events not kept and not sent", exc, lost)
             unsaved = {op.job_id for op in ops if type(op) is PutJob}
-            log.error("%s: refusing %d guaranteed jobs", exc, len(unsaved))
+            self._refusals.refused(exc, len(unsaved))
             core.unsave(unsaved, self.clock())
-            core.refuse_unsaved(unsaved, str(exc), REFUSED_JOURNAL)
+            core.refuse_unsaved(unsaved, str(exc), _refusal_code(exc))
             if self.ha is not None:
                 self.ha.commit_failed(exc)
         finally:

@@ -28,6 +28,7 @@ from emq_django.exceptions import (
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
+from emq_django.protocol.limits import REFUSED_LEASE_LOST
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +363,16 @@ class Inbox(Incarnations):
         elif type(cmd) is F.Partial:
             self._keep_partial(cmd)
         elif type(cmd) is F.Error:
+            if cmd.code == REFUSED_LEASE_LOST and cmd.ref_msgid in self._resending:
+                # a broker that lost its lease (a failover) could not save the job:
+                # no refusal of the job's; it stays unacknowledged and is sent again
+                # (``_wait_ack``: at once on the connection to the new active broker)
+                log.info(
+                    "job %s: %s; sending it again",
+                    cmd.ref_msgid.decode(errors="replace"),
+                    cmd.reason,
+                )
+                return
             self._pending.pop(cmd.ref_msgid, None)
             self._awaiting.pop(cmd.ref_msgid, None)
             if self._answered is not None:

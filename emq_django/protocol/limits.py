@@ -39,6 +39,9 @@ REFUSED_BAD_RUN_AFTER = "bad-run-after"  # not finite, or more than MAX_DELAY ah
 REFUSED_BODY_TOO_BIG = "body-too-big"  # over EMQ_MAX_BODY_BYTES
 REFUSED_TOO_DEEP = "too-deep"  # arguments nested deeper than MAX_DEPTH (worker, client)
 REFUSED_JOURNAL = "journal-error"  # the journal could not save a guaranteed job
+# the broker lost its lease to another (a failover) before it could save a
+# guaranteed job: our clients send it again, to the new active broker
+REFUSED_LEASE_LOST = "lease-lost"
 REFUSED_QUEUE_FULL = "queue-full"
 REFUSED_SHUTTING_DOWN = "shutting-down"
 REFUSED_TOO_MANY_QUEUES = "too-many-queues"
@@ -54,6 +57,7 @@ REFUSAL_CODES = (
     REFUSED_BODY_TOO_BIG,
     REFUSED_TOO_DEEP,
     REFUSED_JOURNAL,
+    REFUSED_LEASE_LOST,
     REFUSED_QUEUE_FULL,
     REFUSED_SHUTTING_DOWN,
     REFUSED_TOO_MANY_QUEUES,

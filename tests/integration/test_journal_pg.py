@@ -233,6 +233,64 @@ def test_the_broker_reads_on_while_a_commit_waits_and_acks_after_it(
     assert b"g-1" in ids(pg_url)
 
 
+def test_a_done_row_keeps_the_reply_of_a_job_whose_client_wants_one(
+    journal: PgJournal, pg_url: str
+) -> None:
+    """``KeepReply`` (broker/kept_replies.py): the done row holds the reply, for a
+    broker that takes over before the reply reached the client; a plain done
+    keeps none. Fenced, mixed with puts and dones in one turn: written as one
+    statement (``fold_jobs``) and statement by statement (a turn with another
+    operation), the same rows."""
+    a = Lease(pg_url, "broker-a", TTL)
+    try:
+        journal.fence(a.try_acquire(), TTL)
+        for tag, extra in ((b"f", []), (b"s", [("delete", b"never-there")])):
+            journal.apply([put(tag + b"-earlier"), put(tag + b"-plain")])
+            journal.apply(
+                [
+                    put(tag + b"-short"),
+                    ("reply", tag + b"-earlier", b"kept-1", WALL + 1),
+                    ("done", tag + b"-plain", WALL + 2),
+                    ("reply", tag + b"-short", b"kept-2", WALL + 3),
+                    *extra,
+                ]
+            )
+        got = stored(pg_url)
+        for tag in (b"f", b"s"):
+            assert got[tag + b"-earlier"] == ("done", b"kept-1", 0, WALL + 1)
+            assert got[tag + b"-short"] == ("done", b"kept-2", 0, WALL + 3)
+            assert got[tag + b"-plain"] == ("done", b"", 0, WALL + 2)
+        assert journal.one_statement == 3  # all turns but the one with a delete
+    finally:
+        a.close()
+
+
+def test_a_job_refused_because_the_lease_was_lost_says_so(start_broker: Any, pg_url: str) -> None:
+    """A broker whose lease another broker took cannot save a guaranteed job: it is
+    refused with its own code, ``lease-lost`` (our clients send it again to the new
+    active broker, not raise), not ``journal-error``."""
+    from emq_django.protocol import Ack, Error
+    from tests.integration.test_broker_server import recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="", BROKER_NAME="broker-a")
+    a = Lease(pg_url, "broker-a", TTL)
+    b = Lease(pg_url, "broker-b", TTL)
+    try:
+        assert broker.server.journal is not None
+        broker.server.journal.fence(a.try_acquire(), TTL)
+        client = broker.client()
+        send_request(client, b"g-0", headers=b"guarantee")
+        assert recv_command(client, Ack).ack_msgid == b"g-0"
+        wait_until(b.try_acquire, "b takes the expired lease", timeout=5, interval=0.02)
+        send_request(client, b"g-1", headers=b"guarantee")
+        err = recv_command(client, Error)
+        assert (err.ref_msgid, err.code) == (b"g-1", "lease-lost")
+        assert "no longer ours" in err.reason
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_commit_that_fails_on_the_writer_refuses_its_jobs_and_delivers_none(
     start_broker: Any, pg_url: str
 ) -> None:

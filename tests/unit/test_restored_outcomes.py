@@ -105,3 +105,55 @@ def test_a_broker_that_restored_nothing_still_drops_an_unknown_attempts_outcome(
     core.join(OLD_JM, meta=manager("old"))
     core.result(OLD_JM, b"g#1", OK_READY, VALUE, now=1.0)
     assert stale(core) == 1 and core.counters["restored_outcomes"] == 0
+
+
+def failed_once_over(tmp_path: Path) -> CoreHarness:
+    """Job ``r`` (guaranteed, one retry) failed as ``r#1`` at OLD_JM; the old broker
+    counted that failure and journaled its retry (attempts=1), then died: a new core
+    restored it after the retry's delay, and OLD_JM joined it again."""
+    old = make_core()
+    old.join(OLD_JM, meta=manager("old"))
+    assert delivered(old.ready(OLD_JM), OLD_JM) == []
+    old.request(CLIENT, b"r", headers=GUARANTEED + b",retry-count:1")
+    old.result(OLD_JM, b"r#1", failed("RuntimeError"), b"{}", now=1.0)
+    assert old.jobs[b"r"].failures == 1 and b"r" in old.jobs
+    journal = Journal(tmp_path / "journal.sqlite3")
+    journal.apply(old.journal_ops or [])
+    core = make_core()
+    core.restore(journal.load(), 1000.0)  # the retry is due: the job waits in its queue
+    assert core.jobs[b"r"].failures == 1
+    core.join(OLD_JM, meta=manager("old"), now=1000.0)
+    return core
+
+
+def test_a_handed_over_failure_the_previous_broker_counted_is_not_counted_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 32 (fault scenarios a, b, c): the job manager hands over the outcome of
+    the attempt it answered last, which the old broker may well have had: its
+    failure must not count twice (the job would be dead-lettered unrun)."""
+    core = failed_once_over(tmp_path)
+    core.result(OLD_JM, b"r#1", failed("RuntimeError", ready=False), b"{}", now=1001.0)
+    assert core.counters["restored_outcomes"] == 0
+    assert not core.dead_letters() and core.jobs[b"r"].failures == 1
+    # it runs again, as an attempt numbered after those the journal counted
+    core.join(NEW_JM, meta=manager("new"), now=1001.0)
+    assert delivered(core.ready(NEW_JM, now=1001.0), NEW_JM) == [b"r#2"]
+    out = core.result(NEW_JM, b"r#2", OK_READY, VALUE, now=1002.0)
+    assert b"r" not in core.jobs and not core.dead_letters()
+    assert answers(core.request(AGAIN, b"r", headers=GUARANTEED, now=1003.0), AGAIN) == [VALUE]
+    assert answers(out, CLIENT) == []
+
+
+def test_a_counted_failure_handed_over_after_the_retry_started_here_is_stale(
+    tmp_path: Path,
+) -> None:
+    """The new broker ran the retry first: the old attempt's id is not its own
+    attempt's (numbered after the journal's count), so that failure is dropped."""
+    core = failed_once_over(tmp_path)
+    core.join(NEW_JM, meta=manager("new"), now=1001.0)
+    assert delivered(core.ready(NEW_JM, now=1001.0), NEW_JM) == [b"r#2"]
+    core.result(OLD_JM, b"r#1", failed("RuntimeError", ready=False), b"{}", now=1002.0)
+    assert not core.dead_letters() and core.jobs[b"r"].failures == 1
+    assert answers(core.result(NEW_JM, b"r#2", OK_READY, VALUE, now=1003.0), CLIENT) == []
+    assert b"r" not in core.jobs and not core.dead_letters()
