@@ -164,8 +164,10 @@ class BrokerCore:
         self.stopping = False
         # jobs restored from the journal at start-up (a failover, a restart), not
         # finished yet: their client is unknown until it sends the job again, and
-        # an outcome of an attempt the previous broker dispatched completes them
-        self.restored: set[bytes] = set()
+        # an outcome of an attempt the previous broker dispatched completes them;
+        # each with the number of the last attempt the journal had the outcome of
+        # (an outcome handed over under a number up to it was had: ``_restored_outcome``)
+        self.restored: dict[bytes, int] = {}
         # job id -> (job, body, outcome, more): restored jobs' final outcomes that no
         # client has claimed yet (oldest first, MAX_UNCLAIMED)
         self.unclaimed: dict[bytes, tuple[Job, bytes, Outcome, tuple[bytes, ...]]] = {}
@@ -672,12 +674,15 @@ class BrokerCore:
         if outcome.requeue or outcome.lost is not None:
             return False  # never started, or a lost process's verdict: not an outcome
         job_id, sep, number = attempt_id.rpartition(b"#")
-        job = self.life.jobs.get(job_id) if sep and job_id in self.restored else None
-        if job is None or job.cancelled:
+        had = self.restored.get(job_id) if sep else None
+        job = self.life.jobs.get(job_id) if had is not None else None
+        if job is None or had is None or job.cancelled:
             return False
-        if not number.isdigit() or int(number) <= job.failures:
-            # an attempt the journal counted already (the previous broker had its
-            # failure and scheduled the retry that waits here): not a second time
+        if not number.isdigit() or int(number) <= had:
+            # an attempt the journal had the outcome of (the previous broker counted
+            # its failure and scheduled the retry that waits here): not a second
+            # time. Its number, not the count of failures: an attempt given back
+            # unstarted took a number without counting (issue 32, fault scenario a)
             return False
         queue = self.queues[job.queue]
         if self.inflight.get(job.attempt_id) is job:
@@ -690,6 +695,11 @@ class BrokerCore:
         elif job in queue.pending:
             queue.pending.remove(job)
             queue.pending_bytes -= len(job.body)
+            # had now: its retry is journaled under it, and this broker's attempts
+            # are numbered after it
+            attempt = int(number)
+            self.restored[job_id] = attempt
+            job.attempt = max(job.attempt, attempt)
         else:
             return False  # delayed (a retry), dead: that attempt's outcome was had
         self.counters["restored_outcomes"] += 1
@@ -986,7 +996,7 @@ class BrokerCore:
         if job.headers.reply_requested and job.headers.guarantee:
             self._keep_reply(job, body, outcome, more)
         if self.restored and job.id in self.restored:
-            self.restored.discard(job.id)
+            del self.restored[job.id]
             if job.client is None:
                 self.unclaimed[job.id] = (job, body, outcome, more)
                 if len(self.unclaimed) > MAX_UNCLAIMED:
@@ -1283,7 +1293,9 @@ class BrokerCore:
     def restore(self, stored: list[Any], now: float) -> dict[str, int]:
         """Reload the journal at start-up. Returns counts by state."""
         counts, ready, spilled = self.life.restore(stored, now)
-        self.restored.update(j for j, job in self.life.jobs.items() if job.client is None)
+        self.restored.update(
+            (j, job.attempt) for j, job in self.life.jobs.items() if job.client is None
+        )
         self._restore_replies(stored, now)
         for job in ready:
             self._queue(job.queue).push(job)

@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     run_after REAL NOT NULL DEFAULT 0,
     enqueued_at REAL NOT NULL,
     error TEXT NOT NULL DEFAULT '',
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    last_attempt INTEGER NOT NULL DEFAULT 0  -- see SetState
 );
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY,        -- the broker's one event sequence
@@ -109,10 +110,15 @@ class SetState(NamedTuple):
     kind: Literal["state"]
     job_id: bytes
     state: str
-    attempts: int
+    attempts: int  # its failed attempts so far (the count its retries are against)
     run_after: float
     error: str
     updated_at: float
+    # the number of the attempt whose outcome this state follows (``Job.attempt``):
+    # attempts given back unstarted take numbers without counting, so it may be
+    # past ``attempts``. A broker that takes over numbers its attempts after it and
+    # knows an outcome handed over under a number up to it as had already.
+    last_attempt: int = 0
 
 
 class JobDone(NamedTuple):
@@ -194,6 +200,7 @@ class StoredJob:
     enqueued_at: float
     error: str
     updated_at: float
+    last_attempt: int = 0  # ``SetState.last_attempt``; 0 in a journal that predates it
 
 
 class Journal:
@@ -221,6 +228,7 @@ class Journal:
             self.db.execute(f"PRAGMA journal_size_limit={WAL_RESTART_BYTES}")
             (self._page_size,) = self.db.execute("PRAGMA page_size").fetchone()
             self.db.executescript(SCHEMA)
+            _add_missing_columns(self.db)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}{_hint(exc)}") from exc
         self._cur: sqlite3.Cursor | None = None  # see _cursor
@@ -534,15 +542,15 @@ class Journal:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
         return self._query(
             "SELECT id, queue, headers, COALESCE(body, x''), state, attempts, run_after,"
-            " enqueued_at, error, updated_at FROM jobs ORDER BY seq",
+            " enqueued_at, error, updated_at, last_attempt FROM jobs ORDER BY seq",
             (),
         )
 
     def load_spilled(self, queue: str, limit: int) -> list[StoredJob]:
         return self._query(
             "SELECT id, queue, headers, COALESCE(body, x''), state, attempts, run_after,"
-            " enqueued_at, error, updated_at FROM jobs WHERE state = 'spilled' AND queue = ?"
-            " ORDER BY seq LIMIT ?",
+            " enqueued_at, error, updated_at, last_attempt FROM jobs"
+            " WHERE state = 'spilled' AND queue = ? ORDER BY seq LIMIT ?",
             (queue, limit),
         )
 
@@ -663,7 +671,7 @@ def _size(path: Path) -> int:
 PUT = (
     "INSERT INTO jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
     " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
-    " state = excluded.state, attempts = excluded.attempts,"
+    " state = excluded.state, attempts = excluded.attempts, last_attempt = 0,"
     " run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE = "UPDATE jobs SET state = 'done', body = NULL, updated_at = ? WHERE id = ?"
@@ -680,7 +688,8 @@ def _put_params(op: PutJob) -> tuple[Any, ...]:
 
 
 SET_STATE = (
-    "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ? WHERE id = ?"
+    "UPDATE jobs SET state = ?, attempts = ?, run_after = ?, error = ?, updated_at = ?,"
+    " last_attempt = ? WHERE id = ?"
 )
 
 
@@ -689,8 +698,9 @@ def _set_state(db: sqlite3.Cursor, op: SetState) -> None:
 
 
 def _state_params(op: SetState) -> tuple[Any, ...]:
-    _, job_id, state, attempts, run_after, error, now = op
-    return (state, attempts, run_after, error, now, job_id)
+    # (a tuple of the shape without ``last_attempt``, as before it: 0)
+    _, job_id, state, attempts, run_after, error, now, *last = op
+    return (state, attempts, run_after, error, now, last[0] if last else 0, job_id)
 
 
 def _done(db: sqlite3.Cursor, op: JobDone) -> None:
@@ -797,6 +807,19 @@ def _hint(exc: BaseException) -> str:
             "(the file is moved aside; the guaranteed jobs in it are not run)"
         )
     return ""
+
+
+# columns added to ``jobs`` since it was first made, with their definitions: a
+# journal made before them gets them when opened (their default stands for what
+# it did not record)
+ADDED_COLUMNS = (("last_attempt", "INTEGER NOT NULL DEFAULT 0"),)
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    for name, definition in ADDED_COLUMNS:
+        if name not in have:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
 
 
 def _check_existing(path: Path) -> None:

@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any, cast
 from emq_django.broker import journal as sqlite_journal
 from emq_django.broker.journal import EXPIRED_KEY, JournalOp, PruneEvents, StoredJob
 from emq_django.broker.journal_sql import (
+    ADDED_COLUMNS,
     FENCE,
+    HAS_COLUMN,
     JOB_COLUMNS,
     JOBS_FENCED,
     JOBS_ONLY,
@@ -46,7 +48,7 @@ from emq_django.broker.journal_sql import (
     in_rule,
     row_event,
 )
-from emq_django.broker.lease import LEASE_SCHEMA, default_name, ensure_schema
+from emq_django.broker.lease import LEASE_SCHEMA, SCHEMA_LOCK, default_name, ensure_schema
 from emq_django.broker.pglink import PgLink, import_psycopg, redact
 from emq_django.exceptions import JournalError, LeaseLost
 
@@ -107,6 +109,14 @@ class PgJournal:
 
     def _create(self, conn: psycopg.Connection[Any]) -> None:
         ensure_schema(conn, LEASE_SCHEMA + SCHEMA)
+        missing = [c for c in ADDED_COLUMNS if not conn.execute(HAS_COLUMN, (c[0],)).fetchone()]
+        if missing:  # a journal made before them: once, one broker at a time
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+                for name, definition in missing:
+                    conn.execute(
+                        f"ALTER TABLE emq_jobs ADD COLUMN IF NOT EXISTS {name} {definition}"
+                    )
 
     def _start_new(self, conn: psycopg.Connection[Any]) -> None:
         suffix = f"_old_{int(time.time())}"

@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS emq_jobs (
     run_after double precision NOT NULL DEFAULT 0,
     enqueued_at double precision NOT NULL,
     error text NOT NULL DEFAULT '',
-    updated_at double precision NOT NULL
+    updated_at double precision NOT NULL,
+    last_attempt integer NOT NULL DEFAULT 0  -- broker/journal.py: SetState
 );
 CREATE INDEX IF NOT EXISTS emq_jobs_spilled ON emq_jobs (queue, seq) WHERE state = 'spilled';
 CREATE INDEX IF NOT EXISTS emq_jobs_done ON emq_jobs (updated_at) WHERE state = 'done';
@@ -47,6 +48,14 @@ CREATE INDEX IF NOT EXISTS emq_events_rule_other ON emq_events (rule, seq) WHERE
 CREATE TABLE IF NOT EXISTS emq_topic_meta (key text PRIMARY KEY, value bigint NOT NULL);
 """
 TABLES = ("emq_jobs", "emq_events", "emq_topic_meta")
+# columns added to emq_jobs since it was first made, with their definitions: a
+# journal made before them gets them when a broker opens it (``add_missing_columns``),
+# their default standing for what it did not record
+ADDED_COLUMNS = (("last_attempt", "integer NOT NULL DEFAULT 0"),)
+HAS_COLUMN = (
+    "SELECT 1 FROM pg_attribute WHERE attrelid = 'emq_jobs'::regclass AND attname = %s"
+    " AND NOT attisdropped"
+)
 
 # the fence (``PgJournal.fence``): extend the lease if it is still ours, else fail
 # the transaction (1 / 0 rows: division by zero), which then rolls back
@@ -58,12 +67,12 @@ FENCE = (
 
 JOB_COLUMNS = (
     "id, queue, headers, COALESCE(body, ''::bytea), state, attempts, run_after,"
-    " enqueued_at, error, updated_at"
+    " enqueued_at, error, updated_at, last_attempt"
 )
 PUT = (
     "INSERT INTO emq_jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
     " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
-    " state = excluded.state, attempts = excluded.attempts,"
+    " state = excluded.state, attempts = excluded.attempts, last_attempt = 0,"
     " run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE = "UPDATE emq_jobs SET state = 'done', body = NULL, updated_at = %s WHERE id = %s"
@@ -71,7 +80,7 @@ DONE = "UPDATE emq_jobs SET state = 'done', body = NULL, updated_at = %s WHERE i
 REPLY = "UPDATE emq_jobs SET state = 'done', body = %s, updated_at = %s WHERE id = %s"
 SET_STATE = (
     "UPDATE emq_jobs SET state = %s, attempts = %s, run_after = %s, error = %s,"
-    " updated_at = %s WHERE id = %s"
+    " updated_at = %s, last_attempt = %s WHERE id = %s"
 )
 INSERT_EVENT = (
     "INSERT INTO emq_events (seq, topic, rule, producer, uuid, ts, content_type, headers, data)"
@@ -85,8 +94,9 @@ def _put(op: Any) -> tuple[Any, ...]:
 
 
 def _state(op: Any) -> tuple[Any, ...]:
-    _, job_id, state, attempts, run_after, error, now = op
-    return (state, attempts, run_after, error, now, job_id)
+    # (a tuple of the shape without ``last_attempt``, as before it: 0)
+    _, job_id, state, attempts, run_after, error, now, *last = op
+    return (state, attempts, run_after, error, now, last[0] if last else 0, job_id)
 
 
 def _done(op: Any) -> tuple[Any, ...]:
@@ -141,7 +151,7 @@ PUT_ARRAYS = (
     " updated_at) SELECT * FROM unnest(%b::bytea[], %s::text[], %b::bytea[], %b::bytea[],"
     " %s::text[], %s::integer[], %s::float8[], %s::float8[], %s::float8[])"
     " ON CONFLICT (id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,"
-    " run_after = excluded.run_after, updated_at = excluded.updated_at"
+    " last_attempt = 0, run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE_ARRAYS = (
     "UPDATE emq_jobs AS j SET state = 'done', body = NULL, updated_at = d.at"
@@ -195,7 +205,7 @@ _FOLDED_PUT = (
     " enqueued_at, updated_at) SELECT * FROM unnest(%b::bytea[], %b::text[], %b::bytea[],"
     " %b::bytea[], %b::text[], %b::integer[], %b::float8[], %b::float8[], %b::float8[])"
     " ON CONFLICT (id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,"
-    " run_after = excluded.run_after, updated_at = excluded.updated_at,"
+    " last_attempt = 0, run_after = excluded.run_after, updated_at = excluded.updated_at,"
     " body = CASE WHEN excluded.state = 'done' THEN excluded.body ELSE emq_jobs.body END)"
 )
 _FOLDED_DONE = (

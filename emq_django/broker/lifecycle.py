@@ -196,6 +196,7 @@ class JobLifecycle:
                     now + delay + self.wall_offset,
                     error,
                     now + self.wall_offset,
+                    job.attempt,
                 )
             )
 
@@ -213,7 +214,16 @@ class JobLifecycle:
         evicted = self.dead.add(DeadLetter(job, error, now + self.wall_offset))
         if job.headers.guarantee and self.journal_ops is not None:
             self.journal_ops.append(
-                SetState("state", job.id, "dead", job.failures, 0.0, error, now + self.wall_offset)
+                SetState(
+                    "state",
+                    job.id,
+                    "dead",
+                    job.failures,
+                    0.0,
+                    error,
+                    now + self.wall_offset,
+                    job.attempt,
+                )
             )
         if evicted is not None:
             log.warning(
@@ -321,7 +331,16 @@ class JobLifecycle:
             self.jobs[job.id] = job
             assert self.journal_ops is not None
             self.journal_ops.append(
-                SetState("state", job.id, "ready", job.failures, 0.0, "", now + self.wall_offset)
+                SetState(
+                    "state",
+                    job.id,
+                    "ready",
+                    job.failures,
+                    0.0,
+                    "",
+                    now + self.wall_offset,
+                    job.attempt,
+                )
             )
             jobs.append(job)
         return jobs
@@ -336,11 +355,13 @@ class JobLifecycle:
             now - (now + self.wall_offset - row.enqueued_at),
         )
         job.failures = row.attempts
-        # its attempts are numbered after those the journal counted: an outcome a
-        # job manager hands over from the previous broker under a number up to that
-        # count was had already (``BrokerCore._restored_outcome``), and this broker's
-        # own attempts never take such an id
-        job.attempt = row.attempts
+        # its attempts are numbered after the last one the journal had the outcome
+        # of: an outcome a job manager hands over from the previous broker under a
+        # number up to that one was had already (``BrokerCore._restored_outcome``),
+        # and this broker's own attempts never take such an id. That number is past
+        # the count of failures when an attempt was given back unstarted (counted
+        # as no failure); a journal that predates it has the count only.
+        job.attempt = max(row.attempts, row.last_attempt)
         return job
 
     # ---- cancelling -----------------------------------------------------------------
@@ -388,7 +409,9 @@ class JobLifecycle:
             job.peer = None
             if job.headers.guarantee and self.journal_ops is not None:
                 self.journal_ops.append(
-                    SetState("state", job.id, "ready", 0, 0.0, "", now + self.wall_offset)
+                    SetState(
+                        "state", job.id, "ready", 0, 0.0, "", now + self.wall_offset, job.attempt
+                    )
                 )
             jobs.append(job)
         return jobs

@@ -124,14 +124,6 @@ def fault_time(load: Load, t: float, what: str, takeover: bool = True) -> float:
 # ---- a. kill -9 of the active, 20 times ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, issue 32 open: a job restored after a failover can have a "
-    "failure the previous broker counted counted again when that broker had given an "
-    "earlier attempt back unstarted (its attempt number is then past the journal's "
-    "count): a flaky guaranteed job was dead-lettered once in 20 kills (a-gf-599, the "
-    "merged run of 2026-11-27); the fix is to journal the last counted attempt",
-)
 def test_a_active_killed_20_times_under_load(cluster: HaCluster) -> None:
     cluster.start_pair()
     cluster.start_jobmanagers()
