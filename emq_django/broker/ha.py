@@ -76,7 +76,8 @@ class HaBroker:
         ``save_seen``: as ``BrokerServer``'s (CURVE's allow-list), given to each
         server this process runs, standby and active."""
         self.settings = settings
-        self.keys = {"load_keys": load_keys, "save_seen": save_seen}
+        self.load_keys = load_keys
+        self.save_seen = save_seen
         self.name = broker_name(settings)
         self.lease = lease or Lease(
             settings.JOURNAL_URL, self.name, settings.LEASE_TTL, broker_info(settings)
@@ -111,7 +112,8 @@ class HaBroker:
             self.server_settings,
             ports=[("MONITOR_BIND", StandbyMonitorPort)],
             ha=watch,
-            **self.keys,
+            load_keys=self.load_keys,
+            save_seen=self.save_seen,
         )
         log.info("broker %s is a standby (monitor on %s)", self.name, server.info.get("monitor"))
         left = self._serve(server, watch)
@@ -127,7 +129,13 @@ class HaBroker:
                 journal = PgJournal(self.settings.JOURNAL_URL, name=self.name)
                 journal.fence(epoch, self.settings.LEASE_TTL)
                 watch = ActiveWatch(self.lease, self.name, self.settings.LEASE_RENEW, epoch)
-                server = BrokerServer(self.server_settings, journal=journal, ha=watch, **self.keys)
+                server = BrokerServer(
+                    self.server_settings,
+                    journal=journal,
+                    ha=watch,
+                    load_keys=self.load_keys,
+                    save_seen=self.save_seen,
+                )
         except JournalError as exc:
             if journal is not None:
                 journal.close()

@@ -63,12 +63,14 @@ def _journal(value: Any) -> dict[str, int | None] | None:
     if not isinstance(value, dict):
         return None
     jobs = value.get("jobs")
-    journal = {"size_bytes": _count(value.get("size_bytes")), "jobs": _count(jobs)}
+    journal: dict[str, int | None] = {
+        "size_bytes": _count(value.get("size_bytes")),
+        "jobs": _count(jobs),
+    }
     if isinstance(jobs, dict):
         counts = {k: v for k, v in jobs.items() if isinstance(v, int)}
-        journal["dead"] = counts.get("dead", 0)
-        journal["done"] = counts.get("done", 0)
-        journal["waiting"] = sum(counts.values()) - journal["dead"] - journal["done"]
+        dead, done = counts.get("dead", 0), counts.get("done", 0)
+        journal.update(dead=dead, done=done, waiting=sum(counts.values()) - dead - done)
     return journal
 
 

@@ -63,7 +63,9 @@ class ScheduleForm(forms.ModelForm):
         current = self.instance.task if self.instance.pk else ""
         if current and current not in names():
             choices.insert(0, (current, f"{current} (not registered in this web process)"))
-        self.fields["task"].choices = [("", "---------"), *choices]
+        task_field = self.fields["task"]
+        assert isinstance(task_field, forms.ChoiceField)
+        task_field.choices = [("", "---------"), *choices]
         if not names():
             self.fields["task"].help_text = (
                 "No task is registered in this web process: define them with @emq.task in "
