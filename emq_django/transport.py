@@ -160,6 +160,9 @@ _SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 _NO_DETAIL = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# a connection dropped (its peer closed it, or was silent past HEARTBEAT_TIMEOUT_MS):
+# watched with several brokers, where the jobs sent on it are then known to be gone
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 # a connection attempt that failed before any handshake (nobody listens there)
 CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
 _MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
@@ -191,6 +194,7 @@ class HandshakeWatch:
         "role",
         "succeeded",
         "handshakes",
+        "disconnects",
         "quiet_failures",
         "unreached",
         "sock",
@@ -208,6 +212,8 @@ class HandshakeWatch:
         events: int = HANDSHAKE_EVENTS,
     ) -> None:
         self.sock = sock
+        if is_failover(url):
+            events |= _DISCONNECTED
         self.events = events
         self.pair = self._monitor(events)  # before connect(): no event is missed
         self.url = url
@@ -216,6 +222,7 @@ class HandshakeWatch:
         self.role = role  # the role the port admits, for the message ('' : any key)
         self.succeeded = False  # a handshake has succeeded (since the last failure)
         self.handshakes = 0  # handshakes that succeeded: one per connection (or again)
+        self.disconnects = 0  # connections dropped (counted with several brokers only)
         self.quiet_failures = 0  # NO_DETAIL failures in a row
         # a connection attempt failed before any handshake (with CONNECT_RETRIED in
         # ``events``): nobody listens at ``url`` now
@@ -279,6 +286,8 @@ class HandshakeWatch:
                 self.quiet_failures += 1
                 if self.quiet_failures >= NO_DETAIL_LIMIT and not self.failover:
                     raise self.refusal("no-detail", value)
+            elif event == _DISCONNECTED:
+                self.disconnects += 1
             elif event == CONNECT_RETRIED and not self.quiet_failures:
                 self.unreached = True  # (after a failed handshake it says nothing new)
         if self.events & CONNECT_RETRIED and (self.succeeded or self.unreached):
