@@ -104,6 +104,7 @@ class ClientState:
         self._failover = transport.is_failover(url)
         self._connected = 0
         self._disconnects = 0  # the connections dropped that were seen (the watch's count)
+        self._claims_sent = False  # replies claimed at a change, not since a drop
         # the guaranteed jobs with a reply that the broker acknowledged and that
         # have no REPLY yet: msgid -> their REQUEST's frames. A broker that replaced
         # the one that took them (restarted, or a standby taking over) restored them

@@ -176,3 +176,65 @@ def test_jobs_lost_on_a_dead_connection_raise_nothing_while_another_broker_serve
         first.close(linger=0)
         if second is not None:
             second.close(linger=0)
+
+
+def test_claims_sent_on_a_connection_dropped_later_are_sent_again(
+    context: zmq.Context[Any],
+) -> None:
+    """At the change of broker, the client claims the replies it waits for (each
+    guaranteed job sent again under its id). Broker 1 still connected then, silent,
+    some claims go to it; once that connection is dropped they are sent again, so
+    that broker 2 is told of every one."""
+    one, two = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(2))
+    client = Client(f"{one},{two}", ack_timeout=2.0, context=context, curve=None)
+    first = router(context, one)
+    second: zmq.Socket[Any] | None = None
+    server: threading.Thread | None = None
+    done = threading.Event()
+    told: set[bytes] = set()
+
+    def serve() -> None:
+        """Broker 2: acknowledges every job and says its incarnation."""
+        assert second is not None
+        while not done.is_set():
+            if not second.poll(100):
+                continue
+            identity, *frames = second.recv_multipart()
+            if frames[2] == b"REQUEST":
+                told.add(frames[3])
+                second.send_multipart([identity, *F.encode_ack(b"b" * 32, frames[3])])
+                second.send_multipart([identity, *F.encode_incarnation(NEW, time.time())])
+
+    try:
+        # broker 1 acknowledges two guaranteed jobs with a reply (then awaited)
+        def acknowledge_two() -> None:
+            for n in range(2):
+                identity, frames = take(first)
+                first.send_multipart([identity, *F.encode_ack(b"a" * 32, frames[3])])
+                if n == 0:
+                    first.send_multipart([identity, *F.encode_incarnation(OLD, time.time())])
+
+        thread = in_thread(acknowledge_two)
+        awaited = [
+            client.send("default", b"guarantee,reply-requested", BODY, confirm=True).encode()
+            for _ in range(2)
+        ]
+        thread.join()
+        second = router(context, two)  # broker 2 took over; broker 1 still connected
+        server = in_thread(serve)
+        while client.broker_changes == 0:  # the change: both claims go, one per connection
+            client.send("default", b"guarantee", BODY, confirm=True)
+        first.close(linger=0)  # broker 1's connection is dropped at last
+        # the client notices on its next wait (here: a guaranteed send's)
+        deadline = time.monotonic() + 3 * client.ack_timeout
+        while not set(awaited) <= told and time.monotonic() < deadline:
+            client.send("default", b"guarantee", BODY, confirm=True)
+        assert set(awaited) <= told
+    finally:
+        done.set()
+        if server is not None:
+            server.join(WAIT_MS / 1000)
+        client.close()
+        first.close(linger=0)
+        if second is not None:
+            second.close(linger=0)
