@@ -195,6 +195,7 @@ class HandshakeWatch:
         "succeeded",
         "handshakes",
         "disconnects",
+        "live",
         "quiet_failures",
         "unreached",
         "sock",
@@ -222,7 +223,12 @@ class HandshakeWatch:
         self.role = role  # the role the port admits, for the message ('' : any key)
         self.succeeded = False  # a handshake has succeeded (since the last failure)
         self.handshakes = 0  # handshakes that succeeded: one per connection (or again)
-        self.disconnects = 0  # connections dropped (counted with several brokers only)
+        # connections dropped after their handshake succeeded (counted with several
+        # brokers only; not the attempts that never completed one, as to a paused
+        # broker whose kernel accepts the connection), and the addresses of those
+        # completed and not dropped (libzmq's events name the address they are of)
+        self.disconnects = 0
+        self.live: set[bytes] = set()
         self.quiet_failures = 0  # NO_DETAIL failures in a row
         # a connection attempt failed before any handshake (with CONNECT_RETRIED in
         # ``events``): nobody listens at ``url`` now
@@ -272,6 +278,7 @@ class HandshakeWatch:
                 continue
             event, value = struct.unpack("=HI", frames[0])
             if event == _SUCCEEDED:
+                self.live.add(frames[1])
                 self.succeeded = True
                 self.handshakes += 1
                 self.quiet_failures = 0
@@ -287,7 +294,9 @@ class HandshakeWatch:
                 if self.quiet_failures >= NO_DETAIL_LIMIT and not self.failover:
                     raise self.refusal("no-detail", value)
             elif event == _DISCONNECTED:
-                self.disconnects += 1
+                if frames[1] in self.live:
+                    self.live.discard(frames[1])
+                    self.disconnects += 1
             elif event == CONNECT_RETRIED and not self.quiet_failures:
                 self.unreached = True  # (after a failed handshake it says nothing new)
         if self.events & CONNECT_RETRIED and (self.succeeded or self.unreached):
