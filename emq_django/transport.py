@@ -160,6 +160,9 @@ _SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 _NO_DETAIL = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# a connection dropped (its peer closed it, or was silent past HEARTBEAT_TIMEOUT_MS):
+# watched with several brokers, where the jobs sent on it are then known to be gone
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 # a connection attempt that failed before any handshake (nobody listens there)
 CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
 _MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
@@ -191,6 +194,8 @@ class HandshakeWatch:
         "role",
         "succeeded",
         "handshakes",
+        "disconnects",
+        "live",
         "quiet_failures",
         "unreached",
         "sock",
@@ -208,6 +213,8 @@ class HandshakeWatch:
         events: int = HANDSHAKE_EVENTS,
     ) -> None:
         self.sock = sock
+        if is_failover(url):
+            events |= _DISCONNECTED
         self.events = events
         self.pair = self._monitor(events)  # before connect(): no event is missed
         self.url = url
@@ -216,6 +223,12 @@ class HandshakeWatch:
         self.role = role  # the role the port admits, for the message ('' : any key)
         self.succeeded = False  # a handshake has succeeded (since the last failure)
         self.handshakes = 0  # handshakes that succeeded: one per connection (or again)
+        # connections dropped after their handshake succeeded (counted with several
+        # brokers only; not the attempts that never completed one, as to a paused
+        # broker whose kernel accepts the connection), and the addresses of those
+        # completed and not dropped (libzmq's events name the address they are of)
+        self.disconnects = 0
+        self.live: set[bytes] = set()
         self.quiet_failures = 0  # NO_DETAIL failures in a row
         # a connection attempt failed before any handshake (with CONNECT_RETRIED in
         # ``events``): nobody listens at ``url`` now
@@ -265,6 +278,7 @@ class HandshakeWatch:
                 continue
             event, value = struct.unpack("=HI", frames[0])
             if event == _SUCCEEDED:
+                self.live.add(frames[1])
                 self.succeeded = True
                 self.handshakes += 1
                 self.quiet_failures = 0
@@ -279,6 +293,10 @@ class HandshakeWatch:
                 self.quiet_failures += 1
                 if self.quiet_failures >= NO_DETAIL_LIMIT and not self.failover:
                     raise self.refusal("no-detail", value)
+            elif event == _DISCONNECTED:
+                if frames[1] in self.live:
+                    self.live.discard(frames[1])
+                    self.disconnects += 1
             elif event == CONNECT_RETRIED and not self.quiet_failures:
                 self.unreached = True  # (after a failed handshake it says nothing new)
         if self.events & CONNECT_RETRIED and (self.succeeded or self.unreached):

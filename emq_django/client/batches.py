@@ -62,6 +62,11 @@ class Batches(Sending):
             if noreply and not confirm:
                 self._noreply.extend(batch.msgids)
             self._resending.update(batch.msgids)
+            # with a reply: each job is awaited from its ACK on, not from the end of
+            # the batch, so that a broker replaced meanwhile has the ones it had
+            # acknowledged claimed from its successor (``_broker_replaced``)
+            batch.replies = confirm and b"reply-requested" in batch.headers.split(b",")
+            self._batch = batch
             try:
                 self._send_batch(batch, confirm)
             except BrokerUnavailable as exc:
@@ -69,15 +74,18 @@ class Batches(Sending):
                 cause = exc if isinstance(exc, HandshakeRefused) else None
                 raise self._batch_failed(batch, exc, queue, confirm, results) from cause
             finally:
+                self._batch = None
                 self._answered = None
                 self._resending.difference_update(batch.msgids)
             if confirm:
                 refused = [m for m in batch.msgids if m in self._errors]
                 if refused:
                     raise _refusal(self._errors.pop(refused[0]))
-                if b"reply-requested" in batch.headers.split(b","):
+                if batch.replies:
+                    awaiting = self._awaiting
                     for k, msgid in enumerate(batch.msgids):
-                        self._await_reply(msgid, batch.frames(k))
+                        if msgid not in awaiting:  # (the first job: its own send's)
+                            self._await_reply(msgid, batch.frames(k))
 
     def _send_batch(self, batch: _Batch, confirm: bool) -> None:
         sock = self._socket()
@@ -134,10 +142,15 @@ class Batches(Sending):
                     next_resend = last_progress + step
 
     def _note_answers(self, batch: _Batch) -> None:
-        if self._answered:
-            for msgid in self._answered:
+        """The batch's jobs ACKed or refused since last asked; those ACKed whose
+        reply the caller waits for are awaited at once (``_await_reply``)."""
+        answered = self._answered
+        if answered:
+            for msgid in answered:
                 batch.unanswered.discard(msgid)
-            self._answered.clear()
+                if batch.replies and msgid in batch.index:
+                    self._await_reply(msgid, batch.frames(batch.index[msgid]))
+            answered.clear()
 
     def _batch_failed(
         self,
@@ -197,6 +210,7 @@ class _Batch:
         self.index = {m: k for k, m in enumerate(self.msgids)}
         self.unanswered: set[bytes] = set()  # sent, neither ACKed nor refused yet
         self.sent = 0  # bodies[:sent] went out at least once
+        self.replies = False  # guaranteed (confirmed) jobs whose replies are awaited
 
     def frames(self, k: int) -> list[bytes]:
         return F.encode_request(self.msgids[k], self.queue, self.headers, self.bodies[k])

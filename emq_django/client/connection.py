@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.backend import zmq_poll as _zmq_poll
@@ -52,7 +52,7 @@ class Connection(ClientState):
             self._sock, self._watch = transport.connect_watched(
                 context, zmq.DEALER, self.url, options, role="client"
             )
-            self._handshakes = 0
+            self._handshakes = self._disconnects = 0
         return self._sock
 
     def _reset(self) -> None:
@@ -107,6 +107,9 @@ class Connection(ClientState):
             self._ask_incarnation(self._sock)
             self._connected += 1  # the waits for an ACK send their job again now
         self._handshakes = watch.handshakes
+        if watch.disconnects != self._disconnects:  # (counted with failover only)
+            self._disconnects = watch.disconnects
+            self._connection_lost()
 
     def _poll(self, sock: zmq.Socket[Any], timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a message on ``sock``; True when one waits.
@@ -159,3 +162,7 @@ class Connection(ClientState):
             f"the broker at {self.url} did not acknowledge within {self.ack_timeout:g} s "
             f"({count} message(s) unacknowledged); is `manage.py emq_broker` running there?"
         )
+
+    if TYPE_CHECKING:  # defined by the layer above (incarnations.py)
+
+        def _connection_lost(self) -> None: ...

@@ -142,7 +142,9 @@ class Inbox(Incarnations):
                 reply = self._take_reply(msgid)
                 if reply is not None:
                     return reply
-                if sent_at_change is not None and self.broker_changes > sent_at_change:
+                if sent_at_change is not None and (
+                    self.broker_changes > sent_at_change or msgid in self._lost
+                ):
                     self._check_lost(msgid)
                 remaining = None if deadline is None else deadline - _monotonic()
                 if remaining is not None and remaining <= 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -82,6 +82,21 @@ class Incarnations(Connection):
         sent again. Each gets a full ``ack_timeout`` from now; those still without an
         ACK then are lost (``_give_up_lost``: their ``get()`` raises ``JobLost``),
         where they would have made the wait raise ``BrokerUnavailable``."""
+        if self._batch is not None:  # a batch under way: its jobs ACKed until now
+            self._note_answers(self._batch)
+        self._send_claims()
+        if self._failover:
+            # a connection still open to the broker that is gone (silent, not yet
+            # dropped by the heartbeats) took its share of the claims: once it is
+            # dropped, they are sent again (``_connection_lost``)
+            self._claims_sent = True
+            now = _monotonic()
+            for msgid in [m for m in self._pending if m not in self._resending]:
+                del self._pending[msgid]
+                self._pending[msgid] = now  # (to the end: _pending is oldest first)
+
+    def _send_claims(self) -> None:
+        """Send the guaranteed jobs whose REPLY we wait for again, under their ids."""
         sock = self._sock
         if sock is not None:
             for frames in self._awaiting.values():
@@ -89,18 +104,39 @@ class Incarnations(Connection):
                     wire.send(sock, frames)
                 except zmq.Again:
                     break  # no room now: the next change sends them (get() times out)
-        if self._failover:
-            now = _monotonic()
-            for msgid in [m for m in self._pending if m not in self._resending]:
-                del self._pending[msgid]
-                self._pending[msgid] = now  # (to the end: _pending is oldest first)
+
+    def _connection_lost(self) -> None:
+        """With failover, one of the socket's connections was dropped: its broker
+        closed it, or went silent (paused, cut off) past the ZMTP heartbeat's
+        timeout, perhaps after another broker took over and had been seen. Every
+        job unacknowledged now may have gone on it, and nothing of that connection
+        reaches another broker: the plain ones still unacknowledged ``ack_timeout``
+        after they were sent are lost (``_give_up_lost``), as at a change of
+        incarnation, rather than a sign that no broker is available; the waits for a
+        guaranteed job's ACK send it again at once, with a full ``ack_timeout`` from
+        now (``_connected``), as for a new connection; the replies claimed at the
+        last change of broker are claimed again."""
+        self._settle()
+        pending = self._pending
+        resending = self._resending
+        kept = [m for m in self._unacked_at_change if m in pending]
+        self._unacked_at_change = frozenset(kept).union(m for m in pending if m not in resending)
+        self._connected += 1
+        if self._claims_sent:  # the claims made at the last change: some may have been on it
+            self._claims_sent = False
+            self._send_claims()
 
     def _give_up_lost(self) -> bool:
         """With failover, after a wait for ACKs ran out: the plain jobs that were
-        unacknowledged when the broker changed and still are went to the broker
-        that is gone; they are lost (``JobLost``), not a sign that the new broker is
-        unavailable. Returns whether there were any."""
-        if not self._failover or not self._unacked_at_change:
+        unacknowledged when the broker changed (or a connection was dropped) and
+        still are went to a broker that is gone; they are lost (``JobLost``), not a
+        sign that the broker serving now is unavailable. Returns whether there were
+        any."""
+        if not self._failover:
+            return False
+        if self._watch is not None:
+            self._check_handshake()  # a connection dropped meanwhile: its jobs too
+        if not self._unacked_at_change:
             return False
         gone = [
             m for m in self._pending if m in self._unacked_at_change and m not in self._resending
@@ -122,3 +158,5 @@ class Incarnations(Connection):
     if TYPE_CHECKING:  # defined by the layer above (inbox.py)
 
         def _settle(self) -> None: ...
+
+        def _note_answers(self, batch: Any) -> None: ...

@@ -103,12 +103,16 @@ class ClientState:
         # for an ACK watch to send their guaranteed jobs again at once
         self._failover = transport.is_failover(url)
         self._connected = 0
+        self._disconnects = 0  # the connections dropped that were seen (the watch's count)
+        self._claims_sent = False  # replies claimed at a change, not since a drop
         # the guaranteed jobs with a reply that the broker acknowledged and that
         # have no REPLY yet: msgid -> their REQUEST's frames. A broker that replaced
         # the one that took them (restarted, or a standby taking over) restored them
         # from its journal without knowing who waits: each is sent again under its
         # id, which the broker takes as "this client waits" (not as a new job)
         self._awaiting: OrderedDict[bytes, list[bytes]] = OrderedDict()
+        # the batch (batches.py's _Batch) that send_batch() is sending, if any
+        self._batch: Any = None
         # msgids a wait for an ACK sends again itself (guaranteed; batches)
         self._resending: set[bytes] = set()
         # plain jobs sent to a broker that was replaced before it acknowledged them

@@ -333,12 +333,6 @@ def test_the_scheduler_fires_every_tick_once_across_a_failover(
     wait_until(lambda: len(history(marker, "fo")) >= len(every), "every tick's run")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, issue 32 open: once under load one result of a guaranteed "
-    "map() sent across the failover was not returned within 20 s (ResultTimeout; the "
-    "merged run of 2026-11-27)",
-)
 def test_map_of_guaranteed_jobs_keeps_its_promise_across_a_failover(brokers: Brokers) -> None:
     """``map()`` calls go on through the failover: each returns once the broker
     that serves has acknowledged every job (those sent to the one that died are

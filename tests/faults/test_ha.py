@@ -209,12 +209,6 @@ def isolate(cluster: HaCluster, load: Load, name: str, cut: bool) -> None:
     judge(cluster, load, name)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, issue 32 open: across the 10 s partition one guaranteed "
-    "delay() raised BrokerUnavailable after its 5 s ack_timeout instead of being "
-    "resent to the new active broker (the merged run of 2026-11-27)",
-)
 def test_b_active_partitioned_for_10_s(cluster: HaCluster) -> None:
     cluster.start_pair()
     cluster.start_jobmanagers()
