@@ -21,13 +21,26 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from emq_django.broker.state import Job
+from emq_django.protocol.headers import Headers
 
 
-class RankedPending:
+class _Waiting(Protocol):
+    """What a job must have to be ranked (``state.Job``; not imported: state imports
+    this module)."""
+
+    @property
+    def headers(self) -> Headers: ...
+
+    @property
+    def enqueued_at(self) -> float: ...
+
+
+Job = TypeVar("Job", bound=_Waiting)
+
+
+class RankedPending(Generic[Job]):
     """A heap of ``(rank, seq, job)``, with the part of ``deque``'s interface that
     the core uses on ``Queue.pending`` (``append``, ``appendleft``, ``popleft``,
     ``[0]``, ``remove``, ``in``, ``len``, iteration in no particular order)."""

@@ -215,7 +215,7 @@ class Queue:
 
     def __init__(self, name: str, aging: float = 0.0) -> None:
         self.name = name
-        self.pending: deque[Job] | RankedPending = deque()
+        self.pending: deque[Job] | RankedPending[Job] = deque()
         self.pending_bytes = 0  # bodies of the waiting jobs: the memory bound
         self.spilled = 0  # guaranteed jobs waiting on disk only (over the memory bound)
         self.tiers: dict[int, dict[Peer, None]] = {}
