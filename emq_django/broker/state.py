@@ -273,13 +273,12 @@ class Queue:
         for weight in self.weights:
             tier = self.tiers[weight]
             if tier:
-                if self.ranked:
+                peer = next(iter(tier))
+                if self.ranked and peer.inflight and peer.role == ROLE_SLOT:
                     found = next((p for p in tier if not holds_jobs(p)), None)
                     if found is None:
-                        continue
+                        continue  # all busy: a ranked queue's jobs wait (holds_jobs)
                     peer = found
-                else:
-                    peer = next(iter(tier))
                 del tier[peer]
                 tier[peer] = None  # to the back: rotation among equals
                 return peer
