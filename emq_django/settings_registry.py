@@ -341,6 +341,13 @@ class EmqSettings:
         "(keep it above `EMQ_KILL_GRACE`; [Guarantees](../features/guarantees.md))",
         section="broker",
     )
+    PRIORITY_AGING: float = setting(
+        1.0,
+        "seconds of waiting that raise a job's priority by one, so that no job waits for ever "
+        "behind higher ones; 0: strict priority ([Priority](../features/priority.md))",
+        section="broker",
+        check=_not_negative,
+    )
     CURVE_SECRET_KEY: str = setting(
         "",
         "this process's CURVE secret key (Z85, or a key file's path); empty: plain text "

@@ -22,6 +22,7 @@ from emq_django.protocol.limits import (
     MAX_TIMEOUT,
     check_count,
     check_job_id,
+    check_priority,
     check_queue_name,
     check_seconds,
 )
@@ -50,6 +51,7 @@ class Task(Generic[P, R]):
         reply: bool,
         on_commit: bool = False,
         soft_timeout: float = 0,
+        priority: int = 0,
     ) -> None:
         if fn.__module__ == "__main__":
             raise ValueError(
@@ -60,6 +62,7 @@ class Task(Generic[P, R]):
         check_seconds("timeout", timeout, MAX_TIMEOUT)
         check_soft_timeout(soft_timeout, timeout)
         check_queue_name(queue)
+        check_priority(priority)
         self.fn = fn
         self.path = fn.__module__
         self.callable = fn.__qualname__
@@ -71,7 +74,10 @@ class Task(Generic[P, R]):
         self.guarantee = guarantee
         self.reply = reply
         self.on_commit = on_commit
-        self._headers = self._build_headers(reply, guarantee, retries, timeout, 0.0, soft_timeout)
+        self.priority = priority
+        self._headers = self._build_headers(
+            reply, guarantee, retries, timeout, 0.0, soft_timeout, priority
+        )
         self._queue_bytes = queue.encode()
         self._body = RunBodyEncoder(self.path, self.callable)
         # delay()'s path, made once: the headers as the client flags them, whether a
@@ -188,17 +194,21 @@ class Task(Generic[P, R]):
         job_id: str | None = None,
         on_commit: bool | None = None,
         soft_timeout: float | None = None,
+        priority: int | None = None,
     ) -> Result:
         """Send the task. Raises ``TypeError``/``ValueError`` for an option or
         arguments the broker would refuse (a negative or non-numeric ``timeout`` or
         ``retries``, a bad queue name, a non-finite or over-a-year ``countdown``/
-        ``eta``, a ``soft_timeout`` not under the ``timeout``, arguments JSON
-        cannot carry or nested over 100 deep),
+        ``eta``, a ``soft_timeout`` not under the ``timeout``, a ``priority`` that
+        is not an int from -100 to 100, arguments JSON cannot carry or nested over
+        100 deep),
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
         when it commits (emq_django/transaction.py) and the result says so."""
         _check_options(queue, retries, timeout, guarantee, reply, job_id)
+        if priority is not None:
+            check_priority(priority)
         if soft_timeout is not None or timeout is not None:
             check_soft_timeout(
                 self.soft_timeout if soft_timeout is None else soft_timeout,
@@ -215,6 +225,7 @@ class Task(Generic[P, R]):
                 "retries": retries,
                 "timeout": timeout,
                 "soft_timeout": soft_timeout,
+                "priority": priority,
                 "guarantee": guarantee,
                 "reply": want_reply,
                 "countdown": countdown,
@@ -223,8 +234,8 @@ class Task(Generic[P, R]):
             return self._send_on_commit(args, kwargs, job_id, options)
         if settings.EAGER:
             return self._run_eagerly(body, want_reply)
-        if (retries, timeout, guarantee, reply, run_after, soft_timeout) == (
-            None, None, None, None, 0.0, None,
+        if (retries, timeout, guarantee, reply, run_after, soft_timeout, priority) == (
+            None, None, None, None, 0.0, None, None,
         ):  # fmt: skip
             headers = self._headers
         else:
@@ -235,6 +246,7 @@ class Task(Generic[P, R]):
                 self.timeout if timeout is None else timeout,
                 run_after,
                 self.soft_timeout if soft_timeout is None else soft_timeout,
+                self.priority if priority is None else priority,
             )
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
@@ -281,6 +293,7 @@ class Task(Generic[P, R]):
         timeout: float,
         run_after: float,
         soft_timeout: float = 0,
+        priority: int = 0,
     ) -> bytes:
         return format_headers(
             reply_requested=reply,
@@ -290,6 +303,7 @@ class Task(Generic[P, R]):
             run_after=run_after,
             task=self.name,
             stream=reply,  # its partial results come back too (Result.stream())
+            priority=priority,
             # read by the worker process alone (the broker forwards it unread)
             extra=((SOFT_TIMEOUT_HEADER, f"{soft_timeout:g}"),) if soft_timeout else (),
         )
@@ -410,6 +424,7 @@ def task(
     reply: bool = ...,
     on_commit: bool = ...,
     soft_timeout: float = ...,
+    priority: int = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -424,11 +439,14 @@ def task(
     reply: bool = True,
     on_commit: bool = False,
     soft_timeout: float = 0,
+    priority: int = 0,
 ) -> Any:
     """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``.
     ``on_commit=True``: inside a transaction, send only once it commits.
     ``timeout``: the hard time limit (the worker process is killed);
-    ``soft_timeout``: ``SoftTimeLimitExceeded`` is raised inside the task."""
+    ``soft_timeout``: ``SoftTimeLimitExceeded`` is raised inside the task;
+    ``priority``: -100..100, higher first (docs: Priority). Raises ``TypeError``/
+    ``ValueError`` for an option out of range."""
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         t = Task(
@@ -440,6 +458,7 @@ def task(
             reply=reply,
             on_commit=on_commit,
             soft_timeout=soft_timeout,
+            priority=priority,
         )
         registry.register(t)
         return t

@@ -10,11 +10,9 @@ when its module is among the task modules they import. Results and statuses come
 from the job history (``emq_django.results``) and the ``TaskState`` table of this
 app (``emq_django.backends``): put both in INSTALLED_APPS and set ``EMQ_RECORDER``.
 
-Priority: the broker serves every queue first in, first out, and has no order
-among jobs, so ``supports_priority`` is False and a priority other than the
-default is refused (``InvalidTask``) rather than silently ignored. For urgent
-work use its own queue (``queue_name=``) and give that queue job managers of its
-own or a higher weight.
+Priority: ``supports_priority`` is True; a task's ``priority`` (-100..100, higher
+first) travels to the broker, which dispatches each queue in priority order, with
+aging (docs: Priority).
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ class EmqTaskBackend(BaseTaskBackend):
     supports_defer = True  # run_after: the broker's run-after timer
     supports_async_task = True  # a coroutine runs to completion in the worker process
     supports_get_result = True  # from the history and TaskState, in any process
-    supports_priority = False  # see the module docstring
+    supports_priority = True  # the broker's priority order (docs: Priority)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -159,6 +157,7 @@ class EmqTaskBackend(BaseTaskBackend):
                 reply=False,  # results are read from the history, not from a REPLY
                 eta=_aware(task.run_after),
                 job_id=result.id,
+                priority=int(task.priority),  # validate_task: a whole number
             )
         except BaseException as exc:
             if tracked:

@@ -43,6 +43,7 @@ from emq_django.broker.state import (
     Job,
     Peer,
     Queue,
+    holds_jobs,
     show_identity,
 )
 from emq_django.broker.topics import Event, TopicSpace, check_topic
@@ -356,7 +357,7 @@ class BrokerCore:
                 reason = f"the broker already has {MAX_QUEUES} queues"
                 self.refuse(client, msgid, "too-many-queues", reason)
                 return
-            queue = self.queues[queue_name] = Queue(queue_name)
+            queue = self.queues[queue_name] = Queue(queue_name, self.config.priority_aging)
         if self.stopping:
             self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
             return
@@ -418,6 +419,8 @@ class BrokerCore:
         )
         if more:
             job.more = more
+        if headers.priority and not queue.ranked:
+            queue.rank()  # from now on in priority order, and no prefetch (state.Queue)
         if self.tracer is not None:
             self.tracer.enqueued(job, now)
         if not guaranteed and not headers.run_after:  # the common case: run it now
@@ -653,6 +656,8 @@ class BrokerCore:
                     self._drop_peer(owner, now, "lost its worker process", verdict=True)
             if final:
                 self._answer(job, body, outcome, more)
+            if owner is peer and peer.credit and not peer.inflight and not peer.draining:
+                self._serve_ranked(peer, now)  # idle again: a ranked queue may go on
         if outcome.ready:
             self._credit(peer, now)
 
@@ -861,7 +866,7 @@ class BrokerCore:
     def _queue(self, name: str) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
-            queue = self.queues[name] = Queue(name)
+            queue = self.queues[name] = Queue(name, self.config.priority_aging)
         return queue
 
     def _route(self, job: Job, queue: Queue, now: float) -> None:
@@ -879,7 +884,7 @@ class BrokerCore:
             queue = self.queues[name]
             if queue.max_age:
                 self._drop_expired(queue, now)
-            if queue.pending:
+            if queue.pending and not (queue.ranked and holds_jobs(peer)):
                 self._dispatch(queue.pop(), queue, peer, now, returning=True)
                 if queue.spilled:
                     self._check_spill(queue)
@@ -891,6 +896,15 @@ class BrokerCore:
             peer.credit = credit + 1  # ready already: no queue's tiers change
         else:
             self._set_credit(peer, credit + 1)
+
+    def _serve_ranked(self, peer: Peer, now: float) -> None:
+        """``peer`` is idle with credit left: a ranked queue's next job, if one waits
+        (it kept them from ``peer`` while it held a job: ``holds_jobs``)."""
+        for _weight, name in peer.queues:
+            queue = self.queues[name]
+            if queue.ranked and queue.pending and not self.stopping:
+                self._dispatch(queue.pop(), queue, peer, now)
+                return
 
     def _drop_expired(self, queue: Queue, now: float) -> None:
         """Drop the jobs at the front of ``queue`` older than its max_age."""

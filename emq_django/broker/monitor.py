@@ -6,6 +6,7 @@ import base64
 import json
 from typing import TYPE_CHECKING, Any
 
+from emq_django.broker.priority import RankedPending
 from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer, show_identity
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ def queues(core: BrokerCore) -> list[dict[str, Any]]:
                 "job_managers": sorted(serving.values(), key=lambda e: -e["weight"]),
             }
         )
+        if isinstance(queue.pending, RankedPending):  # waiting jobs by priority
+            result[-1]["by_priority"] = {str(p): n for p, n in queue.pending.by_priority().items()}
     return sorted(result, key=lambda q: q["name"])
 
 

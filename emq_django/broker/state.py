@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from emq_django.broker.priority import RankedPending
 from emq_django.broker.seam import ClientRef, PortRef
 from emq_django.protocol.headers import Headers
 
@@ -65,6 +66,8 @@ class BrokerConfig:
     # ends a running attempt itself, whoever runs it: our job managers kill the
     # process at the limit and answer (EMQ_KILL_GRACE later at most); EventMQ's never
     time_limit_grace: float = 10.0
+    # seconds of waiting that raise a job's priority by one (emq_django/broker/priority.py)
+    priority_aging: float = 1.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> BrokerConfig:
@@ -81,6 +84,7 @@ class BrokerConfig:
             max_dead_letters=settings.MAX_DEAD_LETTERS,
             max_body_bytes=settings.MAX_BODY_BYTES,
             time_limit_grace=settings.TIME_LIMIT_GRACE,
+            priority_aging=settings.PRIORITY_AGING,
         )
 
 
@@ -189,7 +193,10 @@ class Queue:
 
     ``tiers`` maps weight -> ready peers in rotation order (a dict used as an
     ordered set); ``weights`` is kept sorted high to low. A queue only holds
-    waiting jobs while none of its servers has credit.
+    waiting jobs while none of its servers has credit, or, once it is ``ranked``
+    (a job with a priority waited in it), while none of them is idle: a worker
+    process of ours that holds a job gets no more from a ranked queue, as a job it
+    held unstarted could not be overtaken by a higher one that came later.
     """
 
     __slots__ = (
@@ -202,11 +209,13 @@ class Queue:
         "servers",
         "in_flight",
         "max_age",
+        "ranked",
+        "aging",
     )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, aging: float = 0.0) -> None:
         self.name = name
-        self.pending: deque[Job] = deque()
+        self.pending: deque[Job] | RankedPending[Job] = deque()
         self.pending_bytes = 0  # bodies of the waiting jobs: the memory bound
         self.spilled = 0  # guaranteed jobs waiting on disk only (over the memory bound)
         self.tiers: dict[int, dict[Peer, None]] = {}
@@ -214,10 +223,21 @@ class Queue:
         self.servers: dict[Peer, int] = {}
         self.in_flight = 0
         self.max_age = 0.0  # seconds; older waiting jobs are dropped (0: never)
+        # ``pending`` is a RankedPending (priority order) since a job with a priority
+        # waited here; ``aging``: EMQ_PRIORITY_AGING (emq_django/broker/priority.py)
+        self.ranked = False
+        self.aging = aging
 
     def push(self, job: Job) -> None:
+        if job.headers.priority and not self.ranked:
+            self.rank()
         self.pending.append(job)
         self.pending_bytes += len(job.body)
+
+    def rank(self) -> None:
+        """From now on, dispatch in priority order (the jobs waiting keep theirs)."""
+        self.pending = RankedPending(self.aging, self.pending)
+        self.ranked = True
 
     def push_front(self, job: Job) -> None:
         self.pending.appendleft(job)
@@ -254,7 +274,19 @@ class Queue:
             tier = self.tiers[weight]
             if tier:
                 peer = next(iter(tier))
+                if self.ranked and peer.inflight and peer.role == ROLE_SLOT:
+                    found = next((p for p in tier if not holds_jobs(p)), None)
+                    if found is None:
+                        continue  # all busy: a ranked queue's jobs wait (holds_jobs)
+                    peer = found
                 del tier[peer]
                 tier[peer] = None  # to the back: rotation among equals
                 return peer
         return None
+
+
+def holds_jobs(peer: Peer) -> bool:
+    """A worker process of ours that has a job already (running, or held unstarted
+    by its credit): a ranked queue gives it no more until it is idle. Other peers
+    (EventMQ's job managers, Majordomo workers) say READY only for a free worker."""
+    return peer.role == ROLE_SLOT and bool(peer.inflight)

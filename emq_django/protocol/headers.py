@@ -8,11 +8,14 @@ from functools import lru_cache
 
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol.limits import (
+    MAX_PRIORITY,
     MAX_RETRIES,
     MAX_TIMEOUT,
+    MIN_PRIORITY,
     REFUSED_BAD_HEADER,
     REFUSED_BAD_RUN_AFTER,
     check_count,
+    check_priority,
     check_seconds,
 )
 
@@ -39,6 +42,8 @@ class Headers:
     # extension: the client reads an ACK that names several msgids (``acks``); only
     # our client sends it, so an EventMQ client only ever gets one msgid per ACK
     acks: bool = False
+    # extension: higher runs first, -100..100 (docs/eventmq-wire.md); 0 when absent
+    priority: int = 0
     extra: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -64,6 +69,22 @@ def _number(key: str, value: str, raw: bytes, cast: type[int] | type[float]) -> 
     if limit is not None and number > limit:
         raise ProtocolError(
             f"header {key!r} is {value[:40]}; the most is {int(limit)}", [raw], code
+        )
+    return number
+
+
+def _priority(value: str, raw: bytes) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ProtocolError(
+            f"header 'priority' needs an integer, got {value[:40]!r}", [raw], REFUSED_BAD_HEADER
+        ) from None
+    if not MIN_PRIORITY <= number <= MAX_PRIORITY:
+        raise ProtocolError(
+            f"header 'priority' is {number}; it must be from {MIN_PRIORITY} to {MAX_PRIORITY}",
+            [raw],
+            REFUSED_BAD_HEADER,
         )
     return number
 
@@ -111,6 +132,8 @@ def parse_headers(raw: bytes) -> Headers:
             fields["stream"] = True
         elif key == "acks":
             fields["acks"] = True
+        elif key == "priority":
+            fields["priority"] = _priority(value, raw)
         else:
             extra.append((key, value if sep else ""))
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
@@ -152,12 +175,15 @@ def format_headers(
     run_after: float = 0,
     task: str = "",
     stream: bool = False,
+    priority: int = 0,
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """Build a headers frame, in the order EventMQ writes them. Raises ``TypeError``
     or ``ValueError`` for a value the broker would refuse (a negative, non-integer
-    ``retry_count``; a negative or non-finite ``timeout`` or ``run_after``)."""
+    ``retry_count``; a negative or non-finite ``timeout`` or ``run_after``; a
+    ``priority`` that is not an int from -100 to 100)."""
     check_count("retries", retry_count)
+    check_priority(priority)
     check_seconds("timeout", timeout, MAX_TIMEOUT)
     check_seconds("run_after", run_after)
     items: list[str] = []
@@ -179,5 +205,7 @@ def format_headers(
         items.append(f"task:{task}")
     if stream:
         items.append("stream")
+    if priority:
+        items.append(f"priority:{priority}")
     items.extend(f"{k}:{v}" if v else k for k, v in extra)
     return ",".join(items).encode()

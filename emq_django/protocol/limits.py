@@ -27,6 +27,9 @@ MAX_RETRIES = 2**31 - 1
 MAX_TIMEOUT = MAX_DELAY
 # a schedule's interval: at most ten such years (its ticks must stay dates)
 MAX_INTERVAL = 10 * MAX_DELAY
+# a job's priority: an int, higher first (Django Tasks' range and convention)
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
 
 # ERROR codes (the frame after the refused msgid), one counter each
 REFUSED_MALFORMED = "malformed"  # wrong frame count, bad msgid, ...
@@ -125,6 +128,16 @@ def check_count(what: str, value: Any, limit: int = MAX_RETRIES) -> int:
         raise ValueError(f"{what} must be >= 0, got {value!r}")
     if value > limit:
         raise ValueError(f"{what} is {value}; the most is {limit}")
+    return value
+
+
+def check_priority(value: Any) -> int:
+    """A job's priority, an int from ``MIN_PRIORITY`` to ``MAX_PRIORITY`` (higher
+    runs first); raises ``TypeError``/``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int from -100 to 100, got {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"priority must be from -100 to 100 (higher first), got {value}")
     return value
 
 

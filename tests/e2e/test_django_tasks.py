@@ -153,7 +153,7 @@ def test_refused_before_sending_priority_and_unknown_ids(stack: Stack) -> None:
         from {_api_module()}.exceptions import {_invalid_task()} as Invalid
         from {_api_module()}.exceptions import TaskResultDoesNotExist
         try:
-            t.add.using(priority=10)
+            t.add.using(priority=101)
         except Invalid as exc:
             show("PRIORITY", str(exc))
         try:

@@ -89,10 +89,11 @@ def test_bad_options_are_refused_with_their_name() -> None:
             task_backends["default"]
 
 
-def test_priority_is_refused_not_ignored() -> None:
-    assert EmqTaskBackend.supports_priority is False
+def test_priority_is_supported_and_its_range_checked() -> None:
+    assert EmqTaskBackend.supports_priority is True
+    assert t.add.using(priority=10).priority == 10
     with pytest.raises(InvalidTaskError, match="priority"):
-        t.add.using(priority=10)
+        t.add.using(priority=101)
 
 
 def test_queues_are_checked_when_the_backend_lists_them() -> None:

@@ -109,6 +109,11 @@ def test_counts_and_seconds() -> None:
         (b"timeout:nan", "bad-header"),
         (b"retry-count:abc", "bad-header"),
         (b"retry-count:1.5", "bad-header"),
+        (b"priority:101", "bad-header"),
+        (b"priority:-101", "bad-header"),
+        (b"priority:1.5", "bad-header"),
+        (b"priority:high", "bad-header"),
+        (b"priority", "bad-header"),
         (b"run-after:nan", "bad-run-after"),
         (b"run-after:inf", "bad-run-after"),
         (b"run-after:-inf", "bad-run-after"),
@@ -135,6 +140,19 @@ def test_format_headers_refuses_what_the_broker_would() -> None:
             format_headers(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         format_headers(retry_count="3")  # type: ignore[arg-type]
+    for bad in (101, -101):
+        with pytest.raises(ValueError, match="from -100 to 100"):
+            format_headers(priority=bad)
+    for wrong in (1.0, "5", True, None):
+        with pytest.raises(TypeError, match="an int"):
+            format_headers(priority=wrong)  # type: ignore[arg-type]
+
+
+def test_priority_header_round_trips() -> None:
+    assert parse_headers(format_headers(priority=-100)).priority == -100
+    assert parse_headers(format_headers(priority=100, task="t.f")).priority == 100
+    assert format_headers(priority=0) == b""  # the default is not sent
+    assert parse_headers(b"task:t.f").priority == 0
 
 
 def core_with(**config: Any) -> EmqpMachine:
@@ -153,6 +171,7 @@ def refusals(core: EmqpMachine) -> list[Error]:
         (b"run-after:%d" % (100 + MAX_DELAY + 60), "bad-run-after"),
         (b"run-after:inf", "bad-run-after"),
         (b"timeout:-1", "bad-header"),
+        (b"priority:500", "bad-header"),
     ],
 )
 def test_core_refuses_with_an_error_and_counts_by_code(headers: bytes, code: str) -> None:

@@ -1,0 +1,109 @@
+"""The waiting jobs of a queue that uses priorities: higher first, FIFO within one
+priority, with aging.
+
+A queue keeps its plain ``deque`` until a job with a priority other than 0 waits
+in it; from then on its ``pending`` is a ``RankedPending`` (``Queue.push``), so a
+queue that never sees a priority pays nothing for the feature.
+
+Aging: a job's effective priority rises by one for every ``aging`` seconds it has
+waited. Job *a* (priority ``pa``, enqueued at ``ta``) goes before job *b* when
+``pa + (now - ta) / aging > pb + (now - tb) / aging``, that is when
+``ta - pa * aging < tb - pb * aging``: the order does not depend on ``now``, so
+each job gets its rank once, on the way in, and the heap never needs resorting.
+The promise that follows: a job is overtaken only by jobs that arrived less than
+``(their priority - its priority) * aging`` seconds after it. ``aging`` 0: strict
+priority (a job can wait for ever behind a steady stream of higher ones).
+
+Pure: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+from emq_django.protocol.headers import Headers
+
+
+class _Waiting(Protocol):
+    """What a job must have to be ranked (``state.Job``; not imported: state imports
+    this module)."""
+
+    @property
+    def headers(self) -> Headers: ...
+
+    @property
+    def enqueued_at(self) -> float: ...
+
+
+Job = TypeVar("Job", bound=_Waiting)
+
+
+class RankedPending(Generic[Job]):
+    """A heap of ``(rank, seq, job)``, with the part of ``deque``'s interface that
+    the core uses on ``Queue.pending`` (``append``, ``appendleft``, ``popleft``,
+    ``[0]``, ``remove``, ``in``, ``len``, iteration in no particular order)."""
+
+    __slots__ = ("aging", "_heap", "_seq", "_front")
+
+    def __init__(self, aging: float, jobs: Iterable[Job] = ()) -> None:
+        self.aging = aging
+        self._heap: list[tuple[float, float, int, Job]] = []
+        self._seq = 0
+        self._front = 0  # appendleft: a job given back goes before its equals
+        for job in jobs:
+            self.append(job)
+
+    def _rank(self, job: Job) -> tuple[float, float]:
+        priority = job.headers.priority
+        if self.aging:
+            return (job.enqueued_at - priority * self.aging, 0.0)
+        return (-priority, job.enqueued_at)
+
+    def append(self, job: Job) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (*self._rank(job), self._seq, job))
+
+    def appendleft(self, job: Job) -> None:
+        """Back at the head of its equals (a job requeued unstarted)."""
+        self._front -= 1
+        heapq.heappush(self._heap, (*self._rank(job), self._front, job))
+
+    def popleft(self) -> Job:
+        return heapq.heappop(self._heap)[3]
+
+    def __getitem__(self, index: int) -> Job:
+        if index != 0:
+            raise IndexError("a ranked queue only shows its head ([0])")
+        return self._heap[0][3]
+
+    def remove(self, job: Job) -> None:
+        for i, item in enumerate(self._heap):
+            if item[3] is job:
+                last = self._heap.pop()
+                if i < len(self._heap):
+                    self._heap[i] = last
+                    heapq.heapify(self._heap)
+                return
+        raise ValueError("job not waiting in this queue")
+
+    def __contains__(self, job: object) -> bool:
+        return any(item[3] is job for item in self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Job]:
+        return (item[3] for item in self._heap)
+
+    def by_priority(self) -> dict[int, int]:
+        """Waiting jobs per (declared) priority, for the monitor."""
+        counts: dict[int, int] = {}
+        for item in self._heap:
+            priority = item[3].headers.priority
+            counts[priority] = counts.get(priority, 0) + 1
+        return counts

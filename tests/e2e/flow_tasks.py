@@ -1,0 +1,44 @@
+"""Tasks for tests/e2e/test_priority.py. Each run appends one line to the file named
+by ``EMQ_FLOW_LOG`` (one small O_APPEND write: lines never mix) when it starts, so the
+test reads the order in which jobs started."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import emq_django as emq
+
+
+def record(key: str, **more: object) -> None:
+    line = json.dumps({"key": key, "t": time.time(), **more})
+    fd = os.open(os.environ["EMQ_FLOW_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def started() -> list[dict[str, object]]:
+    try:
+        text = Path(os.environ["EMQ_FLOW_LOG"]).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@emq.task(queue="flow", reply=False)
+def mark(key: str, sent: float = 0.0, seconds: float = 0.0) -> None:
+    record(key, sent=sent)
+    if seconds:
+        time.sleep(seconds)  # the job's own body: its length is the point
+
+
+@emq.task(queue="flow", reply=False)
+def gate(key: str, path: str) -> None:
+    """Runs until ``path`` exists (the test opens the gate)."""
+    record(key)
+    while not os.path.exists(path):
+        time.sleep(0.02)

@@ -1,0 +1,97 @@
+"""Priority in BrokerCore (issue 33): a ranked queue dispatches higher first, FIFO
+within a priority, with aging, and sends nothing more to a worker process of ours
+that holds a job. Typed commands in, typed effects out, fake ``now``."""
+
+from __future__ import annotations
+
+import pytest
+
+from emq_django.broker.core import BrokerConfig
+from emq_django.broker.effects import OK_READY, Deliver, Effect, Outcome
+from emq_django.broker.priority import RankedPending
+from emq_django.broker.state import Job
+from emq_django.protocol.headers import parse_headers
+from emq_django.task import task
+from tests.support.core_harness import CoreHarness
+from tests.unit.test_broker_core import INTERVAL, LIVENESS
+
+SLOT = {"role": "slot", "manager": "jm", "incarnation": "1", "slot": 0, "pid": 1}
+
+
+def core_with(aging: float = 0.0) -> CoreHarness:
+    return CoreHarness(BrokerConfig(INTERVAL, LIVENESS, priority_aging=aging))
+
+
+def delivered(out: list[Effect]) -> list[bytes]:
+    return [e.job.id for e in out if isinstance(e, Deliver)]
+
+
+def send(core: CoreHarness, msgid: bytes, priority: int, now: float = 0.0) -> list[Effect]:
+    return core.request(b"client", msgid, "default", b"priority:%d" % priority, now=now)
+
+
+def test_a_ranked_queue_runs_higher_first_and_fifo_within_a_priority() -> None:
+    core = core_with()
+    core.join(b"w", meta=SLOT, now=0.0)
+    core.ready(b"w", now=0.0)
+    assert delivered(send(core, b"first", 0)) == [b"first"]
+    for msgid, priority in ((b"low1", -5), (b"mid1", 0), (b"high", 7), (b"low2", -5)):
+        send(core, msgid, priority)
+    order = []
+    running = b"first#1"
+    for _ in range(4):
+        out = core.result(b"w", running, OK_READY, b"{}", now=1.0)
+        (job,) = delivered(out)
+        order.append(job)
+        running = job + b"#1"
+    assert order == [b"high", b"mid1", b"low1", b"low2"]
+
+
+def test_a_busy_worker_process_gets_nothing_from_a_ranked_queue_whatever_its_credit() -> None:
+    core = core_with()
+    core.join(b"w", meta=SLOT, now=0.0)
+    core.ready(b"w", times=8, now=0.0)  # prefetch: credit for 8
+    assert delivered(send(core, b"running", -1)) == [b"running"]
+    assert delivered(send(core, b"low", -1)) == []  # held back at the broker ...
+    assert delivered(send(core, b"high", 5)) == []
+    # ... so the later, higher job goes first once the process is idle, even without
+    # a READY with the answer (the credit it had left covers it)
+    out = core.result(b"w", b"running#1", Outcome(failed=False), b"{}", now=1.0)
+    assert delivered(out) == [b"high"]
+
+
+def test_an_unranked_queue_still_prefetches() -> None:
+    core = core_with()
+    core.join(b"w", meta=SLOT, now=0.0)
+    core.ready(b"w", times=3, now=0.0)
+    assert delivered(send(core, b"a", 0)) == [b"a"]
+    assert delivered(send(core, b"b", 0)) == [b"b"]
+
+
+def test_aging_bounds_how_long_a_job_is_overtaken() -> None:
+    pending = RankedPending(aging=0.1)  # 10 priority levels per second waited
+    old = Job(b"old", "q", parse_headers(b"priority:0"), b"", None, enqueued_at=0.0)
+    pending.append(old)
+    # priority-50 jobs overtake it when they arrive less than 5 s after it
+    for i, at in enumerate((1.0, 4.9, 5.1, 9.0)):
+        pending.append(Job(b"h%d" % i, "q", parse_headers(b"priority:50"), b"", None, at))
+    assert [pending.popleft().id for _ in range(5)] == [b"h0", b"h1", b"old", b"h2", b"h3"]
+
+
+def test_a_job_given_back_goes_before_its_equals() -> None:
+    pending = RankedPending(aging=0.0)
+    jobs = [Job(b"j%d" % i, "q", parse_headers(b"priority:3"), b"", None, 1.0) for i in range(3)]
+    pending.append(jobs[0])
+    pending.append(jobs[1])
+    pending.appendleft(jobs[2])
+    assert pending[0] is jobs[2] and jobs[1] in pending
+    pending.remove(jobs[1])
+    assert [pending.popleft().id for _ in range(2)] == [b"j2", b"j0"] and not pending
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"), [(101, ValueError), (-101, ValueError), ("1", TypeError)]
+)
+def test_task_priority_is_checked_where_it_is_declared(bad: object, error: type) -> None:
+    with pytest.raises(error, match="priority"):
+        task(priority=bad)(len)  # type: ignore[arg-type]
