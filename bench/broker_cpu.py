@@ -14,6 +14,14 @@ unacknowledged, as the client does. Only the broker does real work, so its CPU
 per job (``/proc``, user+sys, from the first send to the last REPLY) is much
 steadier than in the full benchmark. ``--reply``: the jobs ask for their result
 (the results phase: the broker forwards every REPLY to the producer).
+
+``--profile DIR``: each broker runs under cProfile (``PYTHONMALLOC=malloc``, so that
+it does not re-execute itself out of the profiler; stopped with SIGINT, so that
+the stats are written) into ``DIR/<round>-<tree>.prof``; then the Python calls per
+job of each tree and the functions whose calls per job differ most from the first
+tree's (``bench/profile_diff.py``). Call counts do not depend on the machine's
+load, as times do: a change of the broker's path shows on a busy machine too
+(its CPU figures are then the profiler's, not the broker's).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -64,9 +73,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_broker(spec: str, work: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_broker(
+    spec: str, work: str, profile: str = ""
+) -> tuple[subprocess.Popen[bytes], str, str]:
     """``spec``: a tree, optionally followed by ``,NAME=VALUE`` pairs for its broker's
-    environment (one tree twice: ``TREE TREE,EMQ_BROKER_PYTHONMALLOC=``)."""
+    environment (one tree twice: ``TREE TREE,EMQ_BROKER_PYTHONMALLOC=``); ``profile``:
+    a cProfile stats file to run it under."""
     tree, *pairs = spec.split(",")
     front, back, mon = free_port(), free_port(), free_port()
     url = "tcp://127.0.0.1:%d"
@@ -87,8 +99,11 @@ def start_broker(spec: str, work: str) -> tuple[subprocess.Popen[bytes], str, st
     for name in PROTOCOL_BINDS:
         env[f"EMQ_{name}"] = url % free_port()
     python = os.path.join(tree, ".venv", "bin", "python")
+    profiler = ["-m", "cProfile", "-o", profile] if profile else []
+    if profile:
+        env["PYTHONMALLOC"] = "malloc"  # as the re-execution would, without leaving cProfile
     proc = subprocess.Popen(
-        [python, os.path.join(tree, "manage.py"), "emq_broker"],
+        [python, *profiler, os.path.join(tree, "manage.py"), "emq_broker"],
         env=env,
         cwd=tree,
         stdout=subprocess.DEVNULL,
@@ -106,9 +121,11 @@ class Ids:
         return b"d%d" % self.n
 
 
-def one_run(tree: str, tasks: int, reply: bool, credit: int, window: int) -> dict[str, float]:
+def one_run(
+    tree: str, tasks: int, reply: bool, credit: int, window: int, profile: str = ""
+) -> dict[str, float]:
     work = tempfile.mkdtemp(prefix="broker-cpu-")
-    proc, front_url, back_url = start_broker(tree, work)
+    proc, front_url, back_url = start_broker(tree, work, profile)
     ctx = zmq.Context()
     new_id = Ids()
     try:
@@ -186,9 +203,12 @@ def one_run(tree: str, tasks: int, reply: bool, credit: int, window: int) -> dic
             figures[f"thread {name}"] = (seconds - start_threads.get(name, 0.0)) / tasks * 1e6
         return figures
     finally:
-        proc.terminate()
+        if profile:
+            proc.send_signal(signal.SIGINT)  # a clean exit: cProfile writes its stats
+        else:
+            proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(60 if profile else 10)
         except subprocess.TimeoutExpired:
             proc.kill()
         ctx.destroy(linger=0)
@@ -202,11 +222,15 @@ def main() -> None:
     ap.add_argument("--credit", type=int, default=20, help="READYs per slot at the start")
     ap.add_argument("--window", type=int, default=1000, help="unacknowledged REQUESTs at most")
     ap.add_argument("--reply", action="store_true")
+    ap.add_argument("--profile", default="", help="a directory: run the brokers under cProfile")
     opts = ap.parse_args()
+    if opts.profile:
+        os.makedirs(opts.profile, exist_ok=True)
     runs: dict[str, list[dict[str, float]]] = {t: [] for t in opts.trees}
     for i in range(opts.pairs):
         for tree in opts.trees:
-            r = one_run(tree, opts.tasks, opts.reply, opts.credit, opts.window)
+            stats = profile_file(opts.profile, i, tree) if opts.profile else ""
+            r = one_run(tree, opts.tasks, opts.reply, opts.credit, opts.window, stats)
             runs[tree].append(r)
             load = os.getloadavg()[0]
             print(
@@ -219,7 +243,17 @@ def main() -> None:
     for tree, rs in runs.items():
         med = statistics.median(r["cpu_us"] for r in rs)
         print(f"median {tree}: {med:.1f} us/job ({med / base:.2f}x the first tree)")
+    if opts.profile:
+        from bench.profile_diff import report
+
+        files = {t: [profile_file(opts.profile, i, t) for i in range(opts.pairs)] for t in runs}
+        print("\n".join(report(files, opts.tasks * opts.pairs)))
     sys.stdout.flush()
+
+
+def profile_file(directory: str, round_no: int, tree: str) -> str:
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in tree.strip("/"))
+    return os.path.join(directory, f"{round_no + 1}-{name}.prof")
 
 
 if __name__ == "__main__":

@@ -63,8 +63,18 @@ log = logging.getLogger(__name__)
 
 # the journal's session: a lock on the lease row (a standby taking it) is waited
 # for briefly; a transaction left open by a broker that stopped mid-way (SIGSTOP)
-# is ended by the server, so that it cannot hold the lease row for ever
-SESSION = {"lock_timeout": "1s", "idle_in_transaction_session_timeout": "5s"}
+# is ended by the server, so that it cannot hold the lease row for ever. Each
+# statement is planned for its own parameters (plan_cache_mode): the turn's one
+# statement is prepared, and the generic plan PostgreSQL keeps after five runs,
+# made while emq_jobs was small (a fresh journal: no statistics yet), joined the
+# dones with a sequential scan of the whole table at every commit, its cost
+# growing with the table until an ANALYZE (bench/guaranteed_bench.py: most of
+# PostgreSQL's CPU per guaranteed job). Planned per run, a done is found by its id.
+SESSION = {
+    "lock_timeout": "1s",
+    "idle_in_transaction_session_timeout": "5s",
+    "plan_cache_mode": "force_custom_plan",
+}
 # ``stats``: a count of the jobs by state that took longer than this is made again
 # only every RECOUNT_SECONDS (a scan of the table on the broker's loop)
 COUNT_INLINE_SECONDS = 0.05
