@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from emq_django import conf as _conf
-from emq_django import registry
+from emq_django import registry, signals
 from emq_django.handles import EagerResult, Result, SentResult, client_module
 from emq_django.ids import ID_CHARS
 from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
@@ -122,6 +122,8 @@ class Task(Generic[P, R]):
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
         handle._msgid = msgid
+        if signals.job_sent.receivers:
+            self._sent(msgid, self.queue, args, kwargs)
         return handle
 
     def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> Result:
@@ -146,6 +148,7 @@ class Task(Generic[P, R]):
 
         settings = cached_settings()
         bodies = []
+        pairs: list[tuple[Any, Any]] = []  # (args, kwargs) of each call: job_sent's
         for call in calls:
             if (
                 isinstance(call, tuple)
@@ -153,9 +156,10 @@ class Task(Generic[P, R]):
                 and isinstance(call[1], Mapping)
                 and isinstance(call[0], list | tuple)
             ):
-                body = encode_run_body(self.path, self.callable, call[0], call[1])
+                pairs.append((call[0], call[1]))
             else:
-                body = encode_run_body(self.path, self.callable, call, None)
+                pairs.append((call, None))
+            body = encode_run_body(self.path, self.callable, *pairs[-1])
             bodies.append(_check_size(body, settings.MAX_BODY_BYTES, self.name))
         if settings.EAGER:
             return [self._run_eagerly(body, self.reply) for body in bodies]
@@ -171,6 +175,9 @@ class Task(Generic[P, R]):
             results=results,
             noreply=not self.reply,
         )
+        if signals.job_sent.receivers:
+            for job_id, (args, kwargs) in zip(ids, pairs, strict=True):
+                self._sent(job_id, self.queue, args, kwargs)
         return results
 
     def apply_async(
@@ -248,9 +255,25 @@ class Task(Generic[P, R]):
             noreply=not want_reply,
         )
         result = Result(job_id, self.name, reply=want_reply, client=client)
+        if signals.job_sent.receivers:
+            self._sent(job_id, queue or self.queue, args, kwargs)
         if not confirm:  # a plain job: lost if the broker restarts (JobLost)
             result._sent_at_change = changes
         return result
+
+    def _sent(self, msgid: Any, queue: str, args: Any, kwargs: Any) -> None:
+        """``signals.job_sent``, when a receiver listens."""
+        job_id = msgid.decode() if isinstance(msgid, bytes) else str(msgid)
+        signals.send(
+            signals.job_sent,
+            self,
+            job_id=job_id,
+            attempt=0,
+            task=self.name,
+            queue=queue,
+            args=list(args),
+            kwargs=dict(kwargs or {}),
+        )
 
     def _send_on_commit(
         self,

@@ -7,6 +7,7 @@ import logging
 
 import zmq
 
+from emq_django import signals
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
 
@@ -63,3 +64,7 @@ class PartialSender:
     def __call__(self, body: bytes) -> None:
         self.count += 1
         self.out.send(self.attempt_id, body, self.count)
+        if signals.partial_sent.receivers:
+            from emq_django.worker import job_signals
+
+            job_signals.partial(self.attempt_id, body, self.count)
