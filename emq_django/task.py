@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from emq_django import conf as _conf
-from emq_django import registry, signals
+from emq_django import otel, registry, signals
 from emq_django.handles import EagerResult, Result, SentResult, client_module
 from emq_django.ids import ID_CHARS
 from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
@@ -110,6 +110,8 @@ class Task(Generic[P, R]):
             return self.apply_async(args, kwargs)
         if settings.EAGER:
             return self._run_eagerly(body, self.reply)
+        if otel.active():  # a PRODUCER span, its context in the headers
+            return self.apply_async(args, kwargs)
         client = (_client_module or _load_client_module()).get_client()
         handle = _new_handle(self._handle)  # SentResult without an __init__ call
         changes = client.broker_changes  # a plain job is lost if it changes (JobLost)
@@ -166,15 +168,24 @@ class Task(Generic[P, R]):
         client = get_client()
         ids = [client.new_id() for _ in bodies]  # before sending: a resend reuses them
         results = [Result(i, self.name, reply=self.reply, client=client) for i in ids]
-        client.send_batch(
-            self.queue,
-            self._headers,
-            bodies,
-            ids,
-            confirm=self.guarantee,
-            results=results,
-            noreply=not self.reply,
-        )
+
+        def send(headers: bytes) -> None:
+            client.send_batch(
+                self.queue,
+                headers,
+                bodies,
+                ids,
+                confirm=self.guarantee,
+                results=results,
+                noreply=not self.reply,
+            )
+
+        if otel.active():
+            with otel.producing(self.name, self.queue) as sending:
+                send(otel.with_trace(self._headers, sending.headers))
+                sending.sent([i.decode() if isinstance(i, bytes) else str(i) for i in ids])
+        else:
+            send(self._headers)
         if signals.job_sent.receivers:
             for job_id, (args, kwargs) in zip(ids, pairs, strict=True):
                 self._sent(job_id, self.queue, args, kwargs)
@@ -246,17 +257,21 @@ class Task(Generic[P, R]):
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
         changes = client.broker_changes
-        job_id = client.send(
-            queue or self.queue,
-            headers,
-            body,
-            confirm=confirm,
-            job_id=job_id,
-            noreply=not want_reply,
-        )
+        target = queue or self.queue
+        if otel.active():  # a PRODUCER span, its context in the headers
+            with otel.producing(self.name, target) as sending:
+                headers = otel.with_trace(headers, sending.headers)
+                job_id = client.send(
+                    target, headers, body, confirm=confirm, job_id=job_id, noreply=not want_reply
+                )
+                sending.sent([job_id])
+        else:
+            job_id = client.send(
+                target, headers, body, confirm=confirm, job_id=job_id, noreply=not want_reply
+            )
         result = Result(job_id, self.name, reply=want_reply, client=client)
         if signals.job_sent.receivers:
-            self._sent(job_id, queue or self.queue, args, kwargs)
+            self._sent(job_id, target, args, kwargs)
         if not confirm:  # a plain job: lost if the broker restarts (JobLost)
             result._sent_at_change = changes
         return result

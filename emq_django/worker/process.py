@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from emq_django import signals, wire
+from emq_django import otel, signals, wire
 from emq_django.exceptions import (
     Cancelled,
     HandshakeRefused,
@@ -29,7 +29,7 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
 from emq_django.task import SOFT_TIMEOUT_HEADER
-from emq_django.worker import job_signals
+from emq_django.worker import observing
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import (
     Outcome,
@@ -300,7 +300,8 @@ class SlotWorker:
             self.table.clear(slot)
             self._skip_cancelled(msgid)
             return
-        view = job_signals.started(msgid, queue, h, body) if signals.worker_listened else None
+        observed = signals.worker_listened or otel.active()
+        view = observing.started(msgid, queue, h, body) if observed else None
         if h.extra and h.get(SOFT_TIMEOUT_HEADER):
             outcome = self.soft_limit.execute(body, msgid, h, PartialSender(self.partials, msgid))
         else:
@@ -310,7 +311,7 @@ class SlotWorker:
         if h.timeout or self.table.cancelled(slot):
             outcome = self._overruled(outcome, elapsed, h.timeout)
         if view is not None:
-            job_signals.finished(view, outcome)
+            observing.finished(view, outcome)
         self.policy.observe(elapsed)
         last_run = self._last_run
         if h.task:  # (a job without a task header, EventMQ's, is never known fast)
