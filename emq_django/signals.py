@@ -15,7 +15,8 @@ and, per signal:
 - ``job_succeeded``: ``result`` (the value the task returned), ``runtime`` (s).
 - ``job_failed`` (every failed attempt): ``exception`` (the exception, or ``None``
   when the attempt was failed around the task: a time limit, a cancel),
-  ``error`` (its type's name), ``runtime``.
+  ``error`` (its type's name), ``outcome`` (what comes of it: ``retrying``,
+  ``dead_lettered``, ``failed``, ``cancelled``), ``runtime``.
 - ``job_retrying`` (after ``job_failed``, when the job's retries allow another
   attempt): ``exception``, ``error``, ``delay`` (what ``emq.Retry`` asked, or
   ``None``: the backoff's).

@@ -119,7 +119,13 @@ def finished(attempt: Attempt, outcome: Outcome) -> None:
     exc, error = outcome.exception, outcome.error_type
     if signals.job_failed.receivers:
         signals.send(
-            signals.job_failed, sender, exception=exc, error=error, runtime=runtime, **fields
+            signals.job_failed,
+            sender,
+            exception=exc,
+            error=error,
+            outcome=what,
+            runtime=runtime,
+            **fields,
         )
     if what == RETRYING and signals.job_retrying.receivers:
         requested = outcome.retry
