@@ -78,6 +78,10 @@ def parse_priority(text: str) -> int | None:
     raise ValueError(f"give idle, normal or a nice value from 1 to 19, not {text!r}")
 
 
+def _log_format(value: str) -> str | None:
+    return None if value in ("text", "json") else "use text or json"
+
+
 def _priority(value: str) -> str | None:
     try:
         parse_priority(value)
@@ -265,6 +269,14 @@ class EmqSettings:
         10.0,
         "the longest the recorder process holds records back while the CPUs are busy",
         section="worker",
+    )
+    LOG_FORMAT: str = setting(
+        "text",
+        "how `emq_broker`, `emq_jobmanager` and `emq_scheduler` write their logs: `text` "
+        "lines as LOGGING formats them, or `json`, one object a line with the job's "
+        "`job_id`, `attempt`, `task` and `queue` ([observability](features/observability.md))",
+        section="broker",
+        check=_log_format,
     )
     TRACE_DIR: str = setting(
         "",

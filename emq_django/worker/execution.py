@@ -149,6 +149,7 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
             "refused job %s: %s is not a registered task; it was not imported",
             job_id.decode(errors="replace"),
             spec.task_name,
+            extra=job_fields(job_id, task=spec.task_name),
         )
         name = "emq_django.exceptions.TaskNotFound"
         message = f"{spec.task_name!r} is not a registered task"
@@ -161,7 +162,11 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
             value = drain(value)
     except Retry as exc:
         log.info(
-            "job %s (%s) asked to be retried: %s", job_id.decode(errors="replace"), task.name, exc
+            "job %s (%s) asked to be retried: %s",
+            job_id.decode(errors="replace"),
+            task.name,
+            exc,
+            extra=job_fields(job_id, task=task.name),
         )
         name = "emq_django.exceptions.Retry"
         delay = -1.0 if exc.delay is None else max(0.0, float(exc.delay))
@@ -173,6 +178,7 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
             task.name,
             type_name(exc),
             exc,
+            extra=job_fields(job_id, task=task.name),
         )
         return failure(exc, traceback.format_exc(), spec)
     finally:
