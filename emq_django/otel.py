@@ -12,8 +12,8 @@ has set a tracer provider; nothing at all otherwise.
   a later attempt links to the producer's span; each partial is a span event.
 - A malformed ``traceparent`` is ignored: the attempt starts a new trace.
 
-``active()`` is the one check on the hot paths: whether the API is installed and a
-tracer provider was set (a module attribute read, no call into OpenTelemetry).
+``active()``: whether the API is installed and a tracer provider was set; the hot
+paths read the same attribute in place (below).
 """
 
 from __future__ import annotations
@@ -32,12 +32,26 @@ if TYPE_CHECKING:
 
     from emq_django.protocol.headers import Headers
 
+
+class _NoApi:
+    """Stands for ``opentelemetry.trace`` where the otel extra is not installed."""
+
+    _TRACER_PROVIDER = None
+
+
 try:
     from opentelemetry import context as _context
     from opentelemetry import trace as _trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    api: Any = _trace
 except ImportError:  # the otel extra is not installed
-    _trace = None  # type: ignore[assignment]
+    api = _NoApi
+
+# The hot paths (the client's send, the worker loop) test
+# ``otel.api._TRACER_PROVIDER is not None`` in place of calling ``active()``: two
+# attribute reads, no call. It is the API's own record of ``set_tracer_provider``
+# (None until then), which its ``get_tracer_provider`` reads too.
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +64,7 @@ _SCOPE = "emq_django"
 
 def active() -> bool:
     """Whether spans are made: the API is installed and a tracer provider is set."""
-    return _trace is not None and _trace._TRACER_PROVIDER is not None
+    return api._TRACER_PROVIDER is not None
 
 
 _tracers: dict[int, Any] = {}  # the provider's id -> our tracer from it

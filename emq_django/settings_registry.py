@@ -274,7 +274,7 @@ class EmqSettings:
         "text",
         "how `emq_broker`, `emq_jobmanager` and `emq_scheduler` write their logs: `text` "
         "lines as LOGGING formats them, or `json`, one object a line with the job's "
-        "`job_id`, `attempt`, `task` and `queue` ([observability](features/observability.md))",
+        "`job_id`, `attempt`, `task` and `queue` ([observability](../features/observability.md))",
         section="broker",
         check=_log_format,
     )

@@ -110,7 +110,7 @@ class Task(Generic[P, R]):
             return self.apply_async(args, kwargs)
         if settings.EAGER:
             return self._run_eagerly(body, self.reply)
-        if otel.active():  # a PRODUCER span, its context in the headers
+        if otel.api._TRACER_PROVIDER is not None:  # a PRODUCER span: apply_async's
             return self.apply_async(args, kwargs)
         client = (_client_module or _load_client_module()).get_client()
         handle = _new_handle(self._handle)  # SentResult without an __init__ call
@@ -258,7 +258,7 @@ class Task(Generic[P, R]):
         client = _get_client()
         changes = client.broker_changes
         target = queue or self.queue
-        if otel.active():  # a PRODUCER span, its context in the headers
+        if otel.api._TRACER_PROVIDER is not None:  # a PRODUCER span, its context in the headers
             with otel.producing(self.name, target) as sending:
                 headers = otel.with_trace(headers, sending.headers)
                 job_id = client.send(

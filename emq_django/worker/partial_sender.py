@@ -65,5 +65,5 @@ class PartialSender:
     def __call__(self, body: bytes) -> None:
         self.count += 1
         self.out.send(self.attempt_id, body, self.count)
-        if signals.partial_sent.receivers or otel.active():
+        if signals.partial_sent.receivers or otel.api._TRACER_PROVIDER is not None:
             observing.partial(self.attempt_id, body, self.count)

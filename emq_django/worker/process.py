@@ -300,7 +300,7 @@ class SlotWorker:
             self.table.clear(slot)
             self._skip_cancelled(msgid)
             return
-        observed = signals.worker_listened or otel.active()
+        observed = signals.worker_listened or otel.api._TRACER_PROVIDER is not None
         view = observing.started(msgid, queue, h, body) if observed else None
         if h.extra and h.get(SOFT_TIMEOUT_HEADER):
             outcome = self.soft_limit.execute(body, msgid, h, PartialSender(self.partials, msgid))
