@@ -208,18 +208,3 @@ def consumed(consuming: Consuming, outcome: str, error: str, exc: BaseException 
 def partial(consuming: Consuming, index: int) -> None:
     """A partial result of the attempt went out: an event on its span."""
     consuming.span.add_event("emq.partial", {"emq.partial.index": index})
-
-
-def trace_id_of(headers: str) -> str | None:
-    """The trace id (32 hex digits) in a job's headers, if they carry a valid one."""
-    for item in headers.split(","):
-        key, _, value = item.strip().partition(":")
-        if key == TRACEPARENT:
-            parts = value.split("-")
-            if len(parts) == 4 and len(parts[1]) == 32 and parts[1].strip("0"):
-                try:
-                    int(parts[1], 16)
-                except ValueError:
-                    return None
-                return parts[1].lower()
-    return None

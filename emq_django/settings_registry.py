@@ -82,6 +82,10 @@ def _log_format(value: str) -> str | None:
     return None if value in ("text", "json") else "use text or json"
 
 
+def _trace_url(value: str) -> str | None:
+    return None if not value or "{trace_id}" in value else "must contain {trace_id}"
+
+
 def _priority(value: str) -> str | None:
     try:
         parse_priority(value)
@@ -277,6 +281,14 @@ class EmqSettings:
         "`job_id`, `attempt`, `task` and `queue` ([observability](../features/observability.md))",
         section="broker",
         check=_log_format,
+    )
+    TRACE_URL: str = setting(
+        "",
+        "a link from the admin's job page to the job's OpenTelemetry trace: a URL with "
+        "`{trace_id}` (e.g. `https://tempo.example.com/trace/{trace_id}`); `''`: no link "
+        "([observability](../features/observability.md))",
+        section="results",
+        check=_trace_url,
     )
     TRACE_DIR: str = setting(
         "",

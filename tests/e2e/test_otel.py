@@ -68,6 +68,7 @@ def env(emq_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
             "EMQ_RETRY_BASE": "0.2",
             "EMQ_RETRY_CAP": "1",
             "EMQ_RECORDER": "",
+            "EMQ_TRACE_DIR": str(tmp_path / "trace"),
         }
     )
     yield emq_env
@@ -97,7 +98,7 @@ def of_job(spans: list[dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
 def test_worker_span_is_the_producer_span_child_with_attributes_links_and_events(
     emq_processes: EmqProcesses, env: dict[str, str]
 ) -> None:
-    broker = start_broker(emq_processes, env)
+    broker = start_broker(emq_processes, env, extra_env=env)
     jm = emq_processes.start(
         "emq_jobmanager",
         "--queues",
@@ -182,6 +183,17 @@ def test_worker_span_is_the_producer_span_child_with_attributes_links_and_events
     assert failed["status"]["status_code"] == "ERROR"
     assert failed["attributes"]["error.type"] == "ValueError"
     assert [e["name"] for e in failed["events"]] == ["exception"]
+
+    # the broker's trace names each job's trace (the admin's link, EMQ_TRACE_URL)
+    enqueued = {
+        e["job"]: e.get("otel")
+        for path in sorted(Path(env["EMQ_TRACE_DIR"]).glob("trace-*.jsonl"))
+        for e in map(json.loads, path.read_text().splitlines())
+        if e["event"] == "enqueued"
+    }
+    assert enqueued[ok_id] == ok_send["context"]["trace_id"].removeprefix("0x")
+    assert enqueued["otel-flaky"] == flaky_send["context"]["trace_id"].removeprefix("0x")
+    assert enqueued["otel-bad"] is None  # malformed: no trace id
 
     # a malformed traceparent: a new trace, no parent, and the job ran
     (bad,) = of_job(spans, "otel-bad")
