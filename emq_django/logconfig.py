@@ -9,12 +9,15 @@ that logs knows them ('' where it does not). docs/deployment.md ("Logging").
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 from typing import Any
 
 from emq_django.ids import split_attempt
 
 JOB_FIELDS = ("job_id", "attempt", "queue", "task")
+LOG_FORMATS = ("text", "json")  # EMQ_LOG_FORMAT
 
 
 def job_fields(attempt_id: bytes | str, queue: str = "", task: str = "") -> dict[str, Any]:
@@ -25,12 +28,49 @@ def job_fields(attempt_id: bytes | str, queue: str = "", task: str = "") -> dict
     return {"job_id": job_id, "attempt": attempt, "queue": queue, "task": task}
 
 
-def configure_command_logging(verbosity: int = 1) -> None:
-    """Send emq_django's logs to stderr, unless the project's LOGGING already does."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``pid``, ``message``, the job's fields where the record has them
+    (``JOB_FIELDS``), and ``exception`` (the formatted traceback) when it has one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        created = dt.datetime.fromtimestamp(record.created, dt.UTC)
+        doc: dict[str, Any] = {
+            "time": created.isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        for name in JOB_FIELDS:
+            if name in record.__dict__:
+                doc[name] = record.__dict__[name]
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exception"] = record.exc_text
+        return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+def configure_command_logging(verbosity: int = 1, log_format: str = "text") -> None:
+    """Send emq_django's logs to stderr, unless the project's LOGGING already does.
+    ``log_format`` (``EMQ_LOG_FORMAT``): ``text`` leaves the lines as they are;
+    ``json`` makes every handler of the command's loggers (``emq_django``'s and the
+    root's, the project's own included) write one object a line (``JsonFormatter``)."""
     logger = logging.getLogger("emq_django")
     level = logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 1 else logging.WARNING
-    if not logger.handlers and not logging.getLogger().handlers:
+    root = logging.getLogger()
+    if not logger.handlers and not root.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level)
+    if log_format == "json":
+        formatter = JsonFormatter()
+        loggers = [
+            root,
+            *(lg for lg in root.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+        ]
+        for each in loggers:
+            for known in each.handlers:
+                known.setFormatter(formatter)

@@ -78,6 +78,14 @@ def parse_priority(text: str) -> int | None:
     raise ValueError(f"give idle, normal or a nice value from 1 to 19, not {text!r}")
 
 
+def _log_format(value: str) -> str | None:
+    return None if value in ("text", "json") else "use text or json"
+
+
+def _trace_url(value: str) -> str | None:
+    return None if not value or "{trace_id}" in value else "must contain {trace_id}"
+
+
 def _priority(value: str) -> str | None:
     try:
         parse_priority(value)
@@ -265,6 +273,22 @@ class EmqSettings:
         10.0,
         "the longest the recorder process holds records back while the CPUs are busy",
         section="worker",
+    )
+    LOG_FORMAT: str = setting(
+        "text",
+        "how `emq_broker`, `emq_jobmanager` and `emq_scheduler` write their logs: `text` "
+        "lines as LOGGING formats them, or `json`, one object a line with the job's "
+        "`job_id`, `attempt`, `task` and `queue` ([observability](../features/observability.md))",
+        section="broker",
+        check=_log_format,
+    )
+    TRACE_URL: str = setting(
+        "",
+        "a link from the admin's job page to the job's OpenTelemetry trace: a URL with "
+        "`{trace_id}` (e.g. `https://tempo.example.com/trace/{trace_id}`); `''`: no link "
+        "([observability](../features/observability.md))",
+        section="results",
+        check=_trace_url,
     )
     TRACE_DIR: str = setting(
         "",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from emq_django import conf as _conf
-from emq_django import registry
+from emq_django import otel, registry, signals
 from emq_django.handles import EagerResult, Result, SentResult, client_module
 from emq_django.ids import ID_CHARS
 from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
@@ -116,6 +116,8 @@ class Task(Generic[P, R]):
             return self.apply_async(args, kwargs)
         if settings.EAGER:
             return self._run_eagerly(body, self.reply)
+        if otel.api._TRACER_PROVIDER is not None:  # a PRODUCER span: apply_async's
+            return self.apply_async(args, kwargs)
         # get_client()'s fast path inline (a call per job: bench/profile_diff.py)
         proc = _client_process
         client = None if proc is None else proc._client
@@ -132,6 +134,8 @@ class Task(Generic[P, R]):
         else:
             msgid = client.send_request(self._queue_bytes, self._headers, body, confirm=True)
         handle._msgid = msgid
+        if signals.job_sent.receivers:
+            self._sent(msgid, self.queue, args, kwargs)
         return handle
 
     def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> Result:
@@ -156,6 +160,7 @@ class Task(Generic[P, R]):
 
         settings = cached_settings()
         bodies = []
+        pairs: list[tuple[Any, Any]] = []  # (args, kwargs) of each call: job_sent's
         for call in calls:
             if (
                 isinstance(call, tuple)
@@ -163,24 +168,37 @@ class Task(Generic[P, R]):
                 and isinstance(call[1], Mapping)
                 and isinstance(call[0], list | tuple)
             ):
-                body = encode_run_body(self.path, self.callable, call[0], call[1])
+                pairs.append((call[0], call[1]))
             else:
-                body = encode_run_body(self.path, self.callable, call, None)
+                pairs.append((call, None))
+            body = encode_run_body(self.path, self.callable, *pairs[-1])
             bodies.append(_check_size(body, settings.MAX_BODY_BYTES, self.name))
         if settings.EAGER:
             return [self._run_eagerly(body, self.reply) for body in bodies]
         client = get_client()
         ids = [client.new_id() for _ in bodies]  # before sending: a resend reuses them
         results = [Result(i, self.name, reply=self.reply, client=client) for i in ids]
-        client.send_batch(
-            self.queue,
-            self._headers,
-            bodies,
-            ids,
-            confirm=self.guarantee,
-            results=results,
-            noreply=not self.reply,
-        )
+
+        def send(headers: bytes) -> None:
+            client.send_batch(
+                self.queue,
+                headers,
+                bodies,
+                ids,
+                confirm=self.guarantee,
+                results=results,
+                noreply=not self.reply,
+            )
+
+        if otel.active():
+            with otel.producing(self.name, self.queue) as sending:
+                send(otel.with_trace(self._headers, sending.headers))
+                sending.sent([i.decode() if isinstance(i, bytes) else str(i) for i in ids])
+        else:
+            send(self._headers)
+        if signals.job_sent.receivers:
+            for job_id, (args, kwargs) in zip(ids, pairs, strict=True):
+                self._sent(job_id, self.queue, args, kwargs)
         return results
 
     def apply_async(
@@ -255,18 +273,38 @@ class Task(Generic[P, R]):
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
         changes = client.broker_changes
-        job_id = client.send(
-            queue or self.queue,
-            headers,
-            body,
-            confirm=confirm,
-            job_id=job_id,
-            noreply=not want_reply,
-        )
+        target = queue or self.queue
+        if otel.api._TRACER_PROVIDER is not None:  # a PRODUCER span, its context in the headers
+            with otel.producing(self.name, target) as sending:
+                headers = otel.with_trace(headers, sending.headers)
+                job_id = client.send(
+                    target, headers, body, confirm=confirm, job_id=job_id, noreply=not want_reply
+                )
+                sending.sent([job_id])
+        else:
+            job_id = client.send(
+                target, headers, body, confirm=confirm, job_id=job_id, noreply=not want_reply
+            )
         result = Result(job_id, self.name, reply=want_reply, client=client)
+        if signals.job_sent.receivers:
+            self._sent(job_id, target, args, kwargs)
         if not confirm:  # a plain job: lost if the broker restarts (JobLost)
             result._sent_at_change = changes
         return result
+
+    def _sent(self, msgid: Any, queue: str, args: Any, kwargs: Any) -> None:
+        """``signals.job_sent``, when a receiver listens."""
+        job_id = msgid.decode() if isinstance(msgid, bytes) else str(msgid)
+        signals.send(
+            signals.job_sent,
+            self,
+            job_id=job_id,
+            attempt=0,
+            task=self.name,
+            queue=queue,
+            args=list(args),
+            kwargs=dict(kwargs or {}),
+        )
 
     def _send_on_commit(
         self,

@@ -35,6 +35,7 @@ from emq_django.broker.journal import (
 )
 from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, TIMEOUT_ERROR, RetryPolicy
 from emq_django.broker.state import BrokerConfig, Job, show_identity
+from emq_django.logconfig import job_fields
 from emq_django.protocol.headers import parse_stored_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
 
@@ -208,6 +209,7 @@ class JobLifecycle:
             job.headers.task or job.queue,
             job.failures,
             error,
+            extra=job_fields(job.attempt_id or job.id, job.queue, job.headers.task),
         )
         if self.tracer is not None:
             self.tracer.event("dead_lettered", job, now, error, final=True, failed_now=True)

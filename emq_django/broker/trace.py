@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from emq_django.broker.state import show_identity
+from emq_django.protocol.headers import trace_id_of
 
 if TYPE_CHECKING:
     from emq_django.broker.state import Job, Peer
@@ -241,12 +242,14 @@ class JobTracer:
     def enqueued(self, job: Job, now: float) -> None:
         # not kept on the job yet: a job waiting in a backlog would hold it for
         # nothing; dispatched() keeps it for the attempt's lines
+        where = where_fields(job.headers.task, job.queue, "")
+        if job.headers.extra:  # (an empty tuple for almost every job)
+            trace_id = trace_id_of(job.headers)
+            if trace_id:  # the job's OpenTelemetry trace, for the admin's link
+                where += f',"otel":"{trace_id}"'
         self.lines.append(
             enqueued_line(
-                now + self.wall_offset,
-                job.trace[0] or job_json(job.id),
-                job.attempt,
-                where_fields(job.headers.task, job.queue, ""),
+                now + self.wall_offset, job.trace[0] or job_json(job.id), job.attempt, where
             )
         )
 

@@ -139,6 +139,19 @@ def parse_headers(raw: bytes) -> Headers:
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
 
 
+def trace_id_of(h: Headers) -> str:
+    """The W3C trace id (32 lowercase hex digits) of the job's ``traceparent``
+    header (docs/eventmq-wire.md, section 8), or '' when it has none or a malformed
+    one."""
+    if not h.extra:
+        return ""
+    parts = (h.get("traceparent") or "").split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or not parts[1].strip("0"):
+        return ""
+    trace_id = parts[1].lower()
+    return trace_id if all(c in "0123456789abcdef" for c in trace_id) else ""
+
+
 def parse_stored_headers(raw: bytes) -> Headers:
     """The headers of a job a journal kept, maybe from before a limit existed: an
     out-of-range ``retry-count`` or ``timeout`` is brought down to its limit (in

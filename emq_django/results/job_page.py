@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from emq_django.conf import cached_settings
 from emq_django.logconfig import job_fields
 from emq_django.results import trace_lookup
 from emq_django.results.conf import results_settings
@@ -135,6 +136,7 @@ def context(job_id: str) -> dict[str, Any]:
     state = links["task_state"]
     page["task"] = row.task if row else getattr(state, "task", "") or story.task
     page["queue"] = row.queue if row else getattr(state, "queue", "") or story.queue
+    page["trace_id"], page["trace_url"] = trace_link(story)
     if row is None:
         page["state"] = STATE_OF_EVENT.get(story.final, story.final) or "not finished"
         page["state_label"] = status_label(page["state"])
@@ -161,6 +163,16 @@ def context(job_id: str) -> dict[str, Any]:
         partials=getattr(row, "partials", None),
     )
     return page
+
+
+def trace_link(story: trace_lookup.JobStory) -> tuple[str, str]:
+    """The job's OpenTelemetry trace id (its enqueued line's ``otel``) and its link
+    (``EMQ_TRACE_URL``), each '' when there is none."""
+    trace_id = next((str(e["otel"]) for e in story.events if e.get("otel")), "")
+    template = cached_settings().TRACE_URL
+    if not trace_id or not template:
+        return trace_id, ""
+    return trace_id, template.replace("{trace_id}", trace_id)
 
 
 def render(request: HttpRequest, page: dict[str, Any]) -> HttpResponse:

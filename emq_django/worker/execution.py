@@ -67,6 +67,7 @@ class Outcome:
     spec: RunBody | None = None
     retry: float | None = None  # emq.Retry: the delay it asked for, -1 for the backoff
     partials: int = 0  # partial results it sent (a generator's values, emq.partial())
+    exception: BaseException | None = None  # what the task raised (signals.job_failed)
 
     def status(self, ready: bool) -> bytes:
         """The REPLY's status frame: ``ok``/``failed``, ``ready``, ``error:<type>``."""
@@ -82,7 +83,7 @@ class Outcome:
 
 def failure(exc: BaseException, tb: str = "", spec: RunBody | None = None) -> Outcome:
     name = type_name(exc)
-    return Outcome(encode_failure(name, str(exc), tb), True, name, spec)
+    return Outcome(encode_failure(name, str(exc), tb), True, name, spec, exception=exc)
 
 
 class _Counted:
@@ -148,6 +149,7 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
             "refused job %s: %s is not a registered task; it was not imported",
             job_id.decode(errors="replace"),
             spec.task_name,
+            extra=job_fields(job_id, task=spec.task_name),
         )
         name = "emq_django.exceptions.TaskNotFound"
         message = f"{spec.task_name!r} is not a registered task"
@@ -160,11 +162,15 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
             value = drain(value)
     except Retry as exc:
         log.info(
-            "job %s (%s) asked to be retried: %s", job_id.decode(errors="replace"), task.name, exc
+            "job %s (%s) asked to be retried: %s",
+            job_id.decode(errors="replace"),
+            task.name,
+            exc,
+            extra=job_fields(job_id, task=task.name),
         )
         name = "emq_django.exceptions.Retry"
         delay = -1.0 if exc.delay is None else max(0.0, float(exc.delay))
-        return Outcome(encode_failure(name, str(exc), ""), True, name, spec, delay)
+        return Outcome(encode_failure(name, str(exc), ""), True, name, spec, delay, exception=exc)
     except Exception as exc:
         log.info(
             "job %s (%s) failed: %s: %s",
@@ -172,6 +178,7 @@ def run_in_place(body: bytes, job_id: bytes, sink: CountingSink) -> Outcome:
             task.name,
             type_name(exc),
             exc,
+            extra=job_fields(job_id, task=task.name),
         )
         return failure(exc, traceback.format_exc(), spec)
     finally:

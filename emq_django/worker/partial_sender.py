@@ -7,8 +7,10 @@ import logging
 
 import zmq
 
+from emq_django import otel, signals
 from emq_django.link import BrokerLink
 from emq_django.protocol import frames as F
+from emq_django.worker import observing
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +65,5 @@ class PartialSender:
     def __call__(self, body: bytes) -> None:
         self.count += 1
         self.out.send(self.attempt_id, body, self.count)
+        if signals.partial_sent.receivers or otel.api._TRACER_PROVIDER is not None:
+            observing.partial(self.attempt_id, body, self.count)

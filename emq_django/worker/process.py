@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from emq_django import wire
+from emq_django import otel, signals, wire
 from emq_django.exceptions import (
     Cancelled,
     HandshakeRefused,
@@ -29,6 +29,7 @@ from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
 from emq_django.task import SOFT_TIMEOUT_HEADER
+from emq_django.worker import observing
 from emq_django.worker.credit import CreditPolicy
 from emq_django.worker.execution import (
     Outcome,
@@ -299,6 +300,8 @@ class SlotWorker:
             self.table.clear(slot)
             self._skip_cancelled(msgid)
             return
+        observed = signals.worker_listened or otel.api._TRACER_PROVIDER is not None
+        view = observing.started(msgid, queue, h, body) if observed else None
         if h.extra and h.get(SOFT_TIMEOUT_HEADER):
             outcome = self.soft_limit.execute(body, msgid, h, PartialSender(self.partials, msgid))
         else:
@@ -307,6 +310,8 @@ class SlotWorker:
         elapsed = _monotonic() - started
         if h.timeout or self.table.cancelled(slot):
             outcome = self._overruled(outcome, elapsed, h.timeout)
+        if view is not None:
+            observing.finished(view, outcome)
         self.policy.observe(elapsed)
         last_run = self._last_run
         if h.task:  # (a job without a task header, EventMQ's, is never known fast)

@@ -504,3 +504,29 @@ def test_dashboard_journal_counts_waiting_jobs_not_the_ones_kept_for_deduplicati
     assert journal == {"size_bytes": 112 * 1024, "jobs": 1, "waiting": 0, "dead": 0, "done": 1}
     busy = _journal({"size_bytes": 1, "jobs": {"ready": 2, "delayed": 1, "spilled": 3, "dead": 4}})
     assert busy is not None and (busy["waiting"], busy["dead"], busy["done"]) == (6, 4, 0)
+
+
+def test_job_page_links_to_the_job_s_opentelemetry_trace_with_emq_trace_url(
+    staff: Client, settings: Any, tmp_path: Path
+) -> None:
+    settings.EMQ_TRACE_DIR = str(tmp_path)
+    enqueued = timezone.now().replace(microsecond=250_000)
+    write_trace(tmp_path, "jt1", enqueued)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    path = tmp_path / f"trace-{enqueued.astimezone(dt.UTC):%Y%m%d-%H}.jsonl"
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["otel"] = trace_id  # the broker's enqueued line of a job sent with a traceparent
+    path.write_text("\n".join([json.dumps(first, separators=(",", ":")), *lines[1:]]) + "\n")
+    row("jt1", "failed", attempts=2, finished_at=enqueued + dt.timedelta(seconds=2))
+
+    page = staff.get(f"{LIST}jt1/change/").content.decode()
+    assert f'<code id="emq-trace-id">{trace_id}</code>' in page  # no EMQ_TRACE_URL: no link
+    settings.EMQ_TRACE_URL = "https://tempo.example.com/trace/{trace_id}?from=emq"
+    page = staff.get(f"{LIST}jt1/change/").content.decode()
+    assert f'href="https://tempo.example.com/trace/{trace_id}?from=emq"' in page
+    # a job without a trace id shows neither
+    write_trace(tmp_path, "jt2", enqueued)
+    row("jt2", "failed", attempts=2, finished_at=enqueued + dt.timedelta(seconds=2))
+    page = staff.get(f"{LIST}jt2/change/").content.decode()
+    assert "emq-trace-link" not in page and "emq-trace-id" not in page

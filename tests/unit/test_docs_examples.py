@@ -61,7 +61,11 @@ def test_the_page_s_examples_run(page: str, settings: object) -> None:
 
 # The test files a ``runs-in`` comment may name: each runs the examples that name it
 # (and checks that it does: test_the_examples_marked_for_this_file_run_here there).
-RUNNERS = {"tests/e2e/test_docs_examples.py", "tests/packaging/test_adoption.py"}
+RUNNERS = {
+    "tests/e2e/test_docs_examples.py",
+    "tests/packaging/test_adoption.py",
+    "tests/e2e/test_otel.py",  # a tracer provider set for good: in a process of its own
+}
 
 
 def test_every_example_runs_here_or_in_the_test_file_it_names() -> None:

@@ -51,7 +51,7 @@ class Command(BaseCommand):
         from emq_django.broker.server import BrokerServer
         from emq_django.security.store import load_authorized_keys, save_last_seen
 
-        configure_command_logging(opts["verbosity"])
+        configure_command_logging(opts["verbosity"], get_settings().LOG_FORMAT)
         settings = get_settings(
             frontend_bind=opts["frontend"],
             backend_bind=opts["backend"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -11,6 +12,8 @@ from emq_django import registry
 from emq_django.conf import get_settings
 from emq_django.logconfig import configure_command_logging
 from emq_django.worker.jobmanager import JobManager, JobManagerConfig, parse_queue_option
+
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -47,7 +50,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        configure_command_logging(opts["verbosity"])
+        configure_command_logging(opts["verbosity"], get_settings().LOG_FORMAT)
         try:
             queues = parse_queue_option(opts["queues"])
         except ValueError as exc:
@@ -59,7 +62,7 @@ class Command(BaseCommand):
             names = registry.autodiscover(settings.IMPORTS)
         except ImportError as exc:
             raise CommandError(str(exc)) from exc
-        self.stderr.write(f"registered tasks: {', '.join(names) or '(none)'}")
+        log.info("registered tasks: %s", ", ".join(names) or "(none)")
         config = JobManagerConfig(
             broker_url=settings.WORKER_URL,
             queues=queues,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from emq_django.logconfig import configure_command_logging
 from emq_django.scheduler.timing import CATCH_UP_POLICIES
+
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -41,7 +44,7 @@ class Command(BaseCommand):
         from emq_django.scheduler.config import load_config
         from emq_django.scheduler.peer import SchedulerPeer
 
-        configure_command_logging(opts["verbosity"])
+        configure_command_logging(opts["verbosity"], get_settings().LOG_FORMAT)
         try:
             config = load_config(
                 broker_url=opts["broker"], catch_up=opts["catch_up"], poll_interval=opts["poll"]
@@ -52,7 +55,7 @@ class Command(BaseCommand):
         if not opts["no_sync"]:
             stored, removed = sync_periodic()
             if stored or removed:
-                self.stderr.write(f"@emq.periodic: {stored} stored, {removed} removed")
+                log.info("@emq.periodic: %d stored, %d removed", stored, removed)
         code = SchedulerPeer(config).run()
         if code:
             raise SystemExit(code)
