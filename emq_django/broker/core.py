@@ -47,6 +47,8 @@ from emq_django.broker.state import (
 )
 from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
+from emq_django.broker.workflows import WorkflowEngine
+from emq_django.exceptions import ProtocolError
 from emq_django.logconfig import job_fields
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers, parse_stored_headers
@@ -58,6 +60,7 @@ from emq_django.protocol.limits import (
     refusal_counter,
 )
 from emq_django.protocol.reply_status import status_frame
+from emq_django.protocol.workflow import WORKFLOW_QUEUE, parse_workflow
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ TIMEOUT_ERROR = "TimeoutError"
 # an attempt the broker ended past its time limit: a time-out (retried as its job
 # says); its peer's credit does not come back (its worker may be dead or stuck)
 TIMED_OUT = Outcome(failed=True, error=TIMEOUT_ERROR)
+EXPIRED = Outcome(failed=True, error="Expired")
 
 COUNTERS = (
     "received",
@@ -169,6 +173,8 @@ class BrokerCore:
         # job id -> (job, body, outcome, more): restored jobs' final outcomes that no
         # client has claimed yet (oldest first, MAX_UNCLAIMED)
         self.unclaimed: dict[bytes, tuple[Job, bytes, Outcome, tuple[bytes, ...]]] = {}
+        # chain, group, chord: started here, moved on in _answer (broker/workflows.py)
+        self.workflows = WorkflowEngine(self._start_step, self.cancel, self._emit)
 
     @property
     def wall_offset(self) -> float:
@@ -348,6 +354,9 @@ class BrokerCore:
         among the known ones (a lookup in the recently finished ids, a large table,
         took a tenth of the broker's time per Majordomo round trip: py-spy)."""
         self.counters["received"] += 1
+        if queue_name == WORKFLOW_QUEUE:  # (a job manager may name it too: checked first)
+            self._workflow(client, msgid, headers, body, now)
+            return
         queue = self.queues.get(queue_name)
         if queue is None:
             if len(self.queues) >= MAX_QUEUES:
@@ -365,6 +374,52 @@ class BrokerCore:
                 return
         # the ACK goes out after the job: the worker can start a little sooner
         self._accept(client, msgid, queue, headers, body, more, now, fresh)
+
+    def _workflow(
+        self, client: ClientRef, msgid: bytes, headers: Headers, body: bytes, now: float
+    ) -> None:
+        """A workflow's REQUEST (broker/workflows.py): ACKed and started, or refused."""
+        if self.workflows.known(msgid):
+            self.counters["duplicates"] += 1
+            self._ack(client, msgid)
+            return
+        if self.stopping:
+            self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
+            return
+        refusal = self._check_request(headers, body, now)
+        if refusal is not None:
+            self.refuse(client, msgid, *refusal)
+            return
+        try:
+            spec = parse_workflow(body)
+        except ProtocolError as exc:
+            self.refuse(client, msgid, exc.code, f"workflow refused: {exc.reason}")
+            return
+        self._ack(client, msgid)
+        job = Job(msgid, WORKFLOW_QUEUE, headers, b"", client, now)
+        self.workflows.submit(job, spec, now)
+
+    def _start_step(
+        self,
+        job_id: bytes,
+        queue_name: str,
+        headers: Headers,
+        body: bytes,
+        client: ClientRef | None,
+        now: float,
+    ) -> None:
+        """A workflow's step, as a job of its queue (not journaled, not bounded: its
+        workflow was accepted whole)."""
+        queue = self._queue(queue_name)
+        job = Job(job_id, queue.name, headers, body, client, now)
+        self.counters["received"] += 1
+        if self.tracer is not None:
+            self.tracer.enqueued(job, now)
+        self.life.jobs[job_id] = job
+        self._route(job, queue, now)
+
+    def _emit(self, effect: Effect) -> None:
+        self.out.append(effect)
 
     def _check_request(self, headers: Headers, body: bytes, now: float) -> tuple[str, str] | None:
         """(code, reason) if the broker refuses this job outright, else None."""
@@ -650,7 +705,7 @@ class BrokerCore:
                 elif owner is not None and owner is not peer and owner.role == ROLE_SLOT:
                     self._drop_peer(owner, now, "lost its worker process", verdict=True)
             if final:
-                self._answer(job, body, outcome, more)
+                self._answer(job, body, outcome, more, now=now)
         if outcome.ready:
             self._credit(peer, now)
 
@@ -699,7 +754,7 @@ class BrokerCore:
             show_identity(attempt_id),
         )
         if self.life.settle(job, outcome, now):
-            self._answer(job, body, outcome, more)
+            self._answer(job, body, outcome, more, now=now)
         return True
 
     def _claim(self, client: ClientRef, job_id: bytes) -> None:
@@ -891,6 +946,9 @@ class BrokerCore:
             if self.tracer is not None:
                 self.tracer.event("failed", job, now, "Expired", final=True)
             self.life.forget(job, now)
+            if job.id in self.workflows.steps:
+                expired = encode_failure("Expired", f"older than {queue.name}'s max age", "")
+                self.workflows.step_ended(job, expired, EXPIRED, (), now)
 
     def _set_credit(self, peer: Peer, credit: int) -> None:
         was, peer.credit = peer.credit, credit
@@ -965,7 +1023,8 @@ class BrokerCore:
             job.peer = None
             self.life.end_cancelled(job, now)
             # given back unstarted (no peer lost): it never ran
-            self._answer(job, b"" if lost_from else CANCELLED_UNSTARTED, CANCELLED_OUTCOME)
+            body = b"" if lost_from else CANCELLED_UNSTARTED
+            self._answer(job, body, CANCELLED_OUTCOME, now=now)
             return
         if self.tracer is not None:
             self.tracer.event("requeued", job, now, "PeerLost", peer=lost_from)
@@ -979,10 +1038,17 @@ class BrokerCore:
             queue.push_front(job)
 
     def _answer(
-        self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...] = ()
+        self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...] = (), *, now: float
     ) -> None:
         """The job's final outcome, to its client if one waits (a restored job's
-        is kept for a client that claims it: ``_claim``)."""
+        is kept for a client that claims it: ``_claim``); a workflow's step's goes
+        to its workflow, which moves on."""
+        if self.workflows.steps and job.id in self.workflows.steps:
+            if outcome.failed and job.cancelled and body is not CANCELLED_UNSTARTED:
+                body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
+                outcome, more = CANCELLED_OUTCOME, ()
+            self.workflows.step_ended(job, body, outcome, more, now)
+            return
         if job.headers.reply_requested and job.headers.guarantee:
             self._keep_reply(job, body, outcome, more)
         if self.restored and job.id in self.restored:
@@ -1178,7 +1244,7 @@ class BrokerCore:
         outcome = Outcome(failed=True, error=WORKER_LOST, lost=detail)
         if self.life.settle(job, outcome, now):
             body = encode_failure(WORKER_LOST, message or f"the job's {detail} mid-job", "")
-            self._answer(job, body, outcome)
+            self._answer(job, body, outcome, now=now)
 
     def _kill_attempt(self, job: Job) -> bool:
         """Ask the job manager running ``job`` to kill its worker process (an effect
@@ -1368,6 +1434,8 @@ class BrokerCore:
         and the job ends as cancelled, ``stopping``. One running on an EventMQ job
         manager cannot be stopped but will not be retried: ``running``. Else
         ``unknown``."""
+        if job_id in self.workflows.workflows:
+            return self.workflows.cancel(job_id, now)
         spilled_to = self.life.cancel_spilled(job_id, now)
         if spilled_to is not None:
             self.queues[spilled_to].spilled -= 1
@@ -1388,7 +1456,8 @@ class BrokerCore:
         job.cancelled = True
         self.life.end_cancelled(job, now)
         if waiting:
-            self._answer(job, CANCELLED_UNSTARTED, CANCELLED_OUTCOME)  # get() raises Cancelled
+            # get() raises Cancelled
+            self._answer(job, CANCELLED_UNSTARTED, CANCELLED_OUTCOME, now=now)
         return "cancelled"
 
     # ---- dead letters (the monitor's commands) -----------------------------------------
