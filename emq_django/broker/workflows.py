@@ -122,7 +122,7 @@ class WorkflowEngine:
         for job_id, (owner, _) in list(self.steps.items()):
             if owner is wf:
                 self._cancel_job(job_id, now)
-        return "cancelled" if workflow_id not in self.workflows else "stopping"
+        return "cancelled"  # as a workflow: no step starts any more
 
     def step_ended(
         self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...], now: float

@@ -78,6 +78,17 @@ def parse_workflow(body: bytes) -> Spec:
         raise ProtocolError(str(exc), [body[:200]], REFUSED_BAD_WORKFLOW) from None
 
 
+def step_queues(spec: Spec) -> set[str]:
+    """The queues the workflow's steps go to."""
+    if isinstance(spec, StepSpec):
+        return {spec.queue}
+    found: set[str] = set()
+    for child in (*spec.children, spec.body, spec.on_error):
+        if child is not None:
+            found |= step_queues(child)
+    return found
+
+
 def check_graph(graph: dict[str, Any]) -> Spec:
     """The client's check of a graph it built; raises ``WorkflowError``."""
     return _node(graph, "root", 1, [0])
