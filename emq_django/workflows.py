@@ -16,7 +16,12 @@ from emq_django.handles import Result
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.protocol.limits import MAX_TIMEOUT, check_count, check_queue_name, check_seconds
-from emq_django.protocol.workflow import WORKFLOW_QUEUE, WORKFLOW_VERSION, check_graph
+from emq_django.protocol.workflow import (
+    WORKFLOW_QUEUE,
+    WORKFLOW_VERSION,
+    check_graph,
+    guaranteed,
+)
 
 _OPTIONS = ("queue", "retries", "timeout", "soft_timeout", "guarantee")
 _NOT_IN_WORKFLOWS = {
@@ -25,12 +30,6 @@ _NOT_IN_WORKFLOWS = {
     "reply": "a workflow's steps always reply to the workflow",
     "on_commit": "send the whole workflow on commit instead (transaction.on_commit)",
 }
-
-
-_NO_GUARANTEE = (
-    "guaranteed steps are not supported yet (the broker keeps workflows in memory); "
-    "run it as a plain step with .set(guarantee=False)"
-)
 
 
 class Signature:
@@ -76,8 +75,8 @@ class Signature:
             if key not in _OPTIONS:
                 raise TypeError(f"{self.name}: unknown option {key!r}; one of {_OPTIONS}")
             if key == "guarantee":
-                if value is not False:
-                    raise ValueError(f"{self.name}: guarantee=True: {_NO_GUARANTEE}")
+                if not isinstance(value, bool):
+                    raise TypeError(f"{self.name}: guarantee must be True or False")
             elif key == "queue":
                 check_queue_name(value)
             elif key == "retries":
@@ -109,12 +108,11 @@ class Signature:
     def node(self) -> dict[str, Any]:
         """The step as the workflow's graph carries it (protocol/workflow.py)."""
         task, opts = self.task, self.options
-        if task.guarantee and "guarantee" not in opts:
-            raise ValueError(f"{self.name} is a guaranteed task: {_NO_GUARANTEE}")
         timeout = opts.get("timeout", task.timeout)
         soft = opts.get("soft_timeout", getattr(task, "soft_timeout", 0))
         headers = format_headers(
             reply_requested=True,
+            guarantee=opts.get("guarantee", task.guarantee),
             retry_count=opts.get("retries", task.retries),
             timeout=timeout,
             task=task.name,
@@ -184,7 +182,8 @@ class Workflow:
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 
-        body = json.dumps(self.graph(), separators=(",", ":"), ensure_ascii=False).encode()
+        graph = self.graph()
+        body = json.dumps(graph, separators=(",", ":"), ensure_ascii=False).encode()
         settings = cached_settings()
         if settings.EAGER:
             raise ImproperlyConfigured(
@@ -197,7 +196,9 @@ class Workflow:
                 f"{settings.MAX_BODY_BYTES} (EMQ_MAX_BODY_BYTES)"
             )
         client = get_client()
-        headers = format_headers(reply_requested=True, task=WORKFLOW_QUEUE)
+        # kept in the broker's journal when any step is guaranteed
+        kept = guaranteed(check_graph(graph["root"]))
+        headers = format_headers(reply_requested=True, guarantee=kept, task=WORKFLOW_QUEUE)
         wid = client.send(WORKFLOW_QUEUE, headers, body, confirm=True, job_id=job_id)
         return WorkflowResult(wid, self.node(), client)
 

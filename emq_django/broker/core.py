@@ -47,7 +47,7 @@ from emq_django.broker.state import (
 )
 from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
-from emq_django.broker.workflows import WorkflowEngine
+from emq_django.broker.workflows import WAITING, WorkflowEngine
 from emq_django.exceptions import ProtocolError
 from emq_django.logconfig import job_fields
 from emq_django.protocol.body import encode_failure
@@ -174,7 +174,9 @@ class BrokerCore:
         # client has claimed yet (oldest first, MAX_UNCLAIMED)
         self.unclaimed: dict[bytes, tuple[Job, bytes, Outcome, tuple[bytes, ...]]] = {}
         # chain, group, chord: started here, moved on in _answer (broker/workflows.py)
-        self.workflows = WorkflowEngine(self._start_step, self.cancel, self._emit)
+        self.workflows = WorkflowEngine(
+            self._start_step, self.cancel, self._emit, self._end_workflow
+        )
 
     @property
     def wall_offset(self) -> float:
@@ -379,9 +381,11 @@ class BrokerCore:
         self, client: ClientRef, msgid: bytes, headers: Headers, body: bytes, now: float
     ) -> None:
         """A workflow's REQUEST (broker/workflows.py): ACKed and started, or refused."""
-        if self.workflows.known(msgid):
+        if self.workflows.known(msgid) or self.life.known(msgid):
             self.counters["duplicates"] += 1
             self._ack(client, msgid)
+            if headers.reply_requested and not self.workflows.claim(msgid, client):
+                self._claim(client, msgid)  # it ended: its kept REPLY, if any
             return
         if self.stopping:
             self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
@@ -395,9 +399,41 @@ class BrokerCore:
         except ProtocolError as exc:
             self.refuse(client, msgid, exc.code, f"workflow refused: {exc.reason}")
             return
+        job = Job(msgid, WORKFLOW_QUEUE, headers, body, client, now)
+        if headers.guarantee and self.life.journal_ops is not None:
+            self.life.keep(job, WORKFLOW_QUEUE, now, False)  # its graph, journaled
         self._ack(client, msgid)
-        job = Job(msgid, WORKFLOW_QUEUE, headers, b"", client, now)
         self.workflows.submit(job, spec, now)
+
+    def _end_workflow(self, job: Job, body: bytes, outcome: Outcome, now: float) -> None:
+        if self.life.jobs.get(job.id) is job:  # a guaranteed one: its row is done
+            self.life.forget(job, now)
+        self._answer(job, body, outcome, now=now)
+
+    def _resume_workflow(self, job: Job, now: float) -> None:
+        """A guaranteed workflow restored from the journal (``restore``)."""
+        try:
+            spec = parse_workflow(job.body)
+        except ProtocolError as exc:
+            log.error("journal: workflow %s cannot be resumed: %s", show_identity(job.id), exc)
+            self.life.forget(job, now)
+            return
+        self.workflows.resume(job, spec, now, self._kept_step)
+
+    def _kept_step(self, job_id: bytes) -> str | tuple[bytes, Outcome] | None:
+        """What the restored journal says of a workflow's step (``resume``)."""
+        kept = self.unclaimed.pop(job_id, None)
+        if kept is not None:
+            self.restored.discard(job_id)
+            return kept[1], kept[2]
+        letter = self.life.dead.items.get(job_id)
+        if letter is not None:
+            body = encode_failure(letter.error, "dead-lettered: it failed past its retries", "")
+            return body, Outcome(failed=True, error=letter.error)
+        if job_id in self.life.jobs:
+            self.restored.discard(job_id)
+            return WAITING
+        return None
 
     def _start_step(
         self,
@@ -415,7 +451,10 @@ class BrokerCore:
         self.counters["received"] += 1
         if self.tracer is not None:
             self.tracer.enqueued(job, now)
-        self.life.jobs[job_id] = job
+        if headers.guarantee and self.life.journal_ops is not None:
+            self.life.keep(job, queue.name, now, False)  # journaled, as any guaranteed job
+        else:
+            self.life.jobs[job_id] = job
         self._route(job, queue, now)
 
     def _emit(self, effect: Effect) -> None:
@@ -1047,6 +1086,8 @@ class BrokerCore:
             if outcome.failed and job.cancelled and body is not CANCELLED_UNSTARTED:
                 body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
                 outcome, more = CANCELLED_OUTCOME, ()
+            if job.headers.guarantee:  # its outcome stays in the journal: never run again
+                self._keep_reply(job, body, outcome, more)
             self.workflows.step_ended(job, body, outcome, more, now)
             return
         if job.headers.reply_requested and job.headers.guarantee:
@@ -1351,12 +1392,18 @@ class BrokerCore:
         counts, ready, spilled = self.life.restore(stored, now)
         self.restored.update(j for j, job in self.life.jobs.items() if job.client is None)
         self._restore_replies(stored, now)
+        flows = []
         for job in ready:
-            self._queue(job.queue).push(job)
+            if job.queue == WORKFLOW_QUEUE:
+                flows.append(job)
+            else:
+                self._queue(job.queue).push(job)
         for name, n in spilled.items():
             self._queue(name).spilled += n
         for queue in self.queues.values():
             self._check_spill(queue)
+        for job in flows:  # after their steps' jobs and kept replies are back
+            self._resume_workflow(job, now)
         return counts
 
     def _restore_replies(self, stored: list[Any], now: float) -> None:

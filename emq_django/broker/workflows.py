@@ -42,6 +42,13 @@ BODY, ON_ERROR = -1, -2  # a chord's callback and error handler, as a child inde
 StartStep = Callable[[bytes, str, Headers, bytes, ClientRef | None, float], None]
 CancelJob = Callable[[bytes, float], str]
 Emit = Callable[[Effect], None]
+# a workflow's end: (its job, the REPLY body, the outcome, now)
+Finish = Callable[[Job, bytes, Outcome, float], None]
+# on resuming a workflow: what the journal says of a step, by its job id: None (no
+# trace: start it), WAITING (its job was restored: wait for it) or (body, outcome),
+# the final outcome it had (never run again)
+WAITING = "waiting"
+KeptStep = Callable[[bytes], "str | tuple[bytes, Outcome] | None"]
 
 
 @dataclass(slots=True, eq=False)
@@ -94,10 +101,14 @@ def steps_of(node: Node) -> list[Node]:
 class WorkflowEngine:
     """The running workflows, and the hooks the core calls."""
 
-    def __init__(self, start_step: StartStep, cancel_job: CancelJob, emit: Emit) -> None:
+    def __init__(
+        self, start_step: StartStep, cancel_job: CancelJob, emit: Emit, finish: Finish
+    ) -> None:
         self._start_step = start_step
         self._cancel_job = cancel_job
         self._emit = emit  # appends to the core's ``out`` (which the server swaps)
+        self._finish_job = finish  # the workflow's REPLY (and journal row), as a job's
+        self._kept: KeptStep | None = None  # while a restored workflow is replayed
         self.workflows: dict[bytes, Workflow] = {}
         self.steps: dict[bytes, tuple[Workflow, Node]] = {}  # step job id -> its node
         self.finished: OrderedDict[bytes, None] = OrderedDict()
@@ -112,6 +123,26 @@ class WorkflowEngine:
         wf = self.workflows[job.id] = Workflow(job, root, now)
         self.counts["running"] += 1
         self._start(wf, root, False, None, now)
+
+    def resume(self, job: Job, spec: Spec, now: float, kept: KeptStep) -> None:
+        """Take up a workflow restored from the journal: its graph is replayed from
+        the start; a step that had ended ends again at once with its kept outcome
+        (it never runs again), one whose job was restored is waited for, and the
+        others start when their turn comes."""
+        self._kept = kept
+        try:
+            self.submit(job, spec, now)
+        finally:
+            self._kept = None
+
+    def claim(self, workflow_id: bytes, client: ClientRef) -> bool:
+        """A client sent a running workflow again (after a failover): it gets the
+        workflow's REPLY. False if the workflow is not running."""
+        wf = self.workflows.get(workflow_id)
+        if wf is None:
+            return False
+        wf.job.client = client
+        return True
 
     def cancel(self, workflow_id: bytes, now: float) -> str:
         """No further step starts; running ones are cancelled as jobs are."""
@@ -132,6 +163,11 @@ class WorkflowEngine:
         wf, node = self.steps.pop(job.id)
         if job.client is not None:
             self._emit(Answer(job.client, job, body, outcome, more))
+        self._step_outcome(wf, node, body, outcome, now)
+
+    def _step_outcome(
+        self, wf: Workflow, node: Node, body: bytes, outcome: Outcome, now: float
+    ) -> None:
         spec = node.spec
         assert isinstance(spec, StepSpec)
         if outcome.failed:
@@ -165,6 +201,14 @@ class WorkflowEngine:
             self._ended(wf, node, False, error, now)
             return
         job_id = wf.job.id + b"/" + node.path.encode()
+        if self._kept is not None:  # replaying a restored workflow
+            found = self._kept(job_id)
+            if found == WAITING:
+                self.steps[job_id] = (wf, node)
+                return
+            if isinstance(found, tuple):
+                self._step_outcome(wf, node, *found, now)
+                return
         self.steps[job_id] = (wf, node)
         self._start_step(job_id, spec.queue, parse_headers(spec.headers), body, wf.job.client, now)
 
@@ -172,7 +216,7 @@ class WorkflowEngine:
         node.state, node.ended_at = ("succeeded" if ok else "failed"), now
         parent = node.parent
         if parent is None:
-            self._finish(wf, ok, value)
+            self._finish(wf, ok, value, now)
             return
         spec = parent.spec
         assert isinstance(spec, FlowSpec)
@@ -223,7 +267,7 @@ class WorkflowEngine:
         if parent.left == 0 and parent.result is not None:
             self._ended(wf, parent, *parent.result, now)
 
-    def _finish(self, wf: Workflow, ok: bool, value: Any) -> None:
+    def _finish(self, wf: Workflow, ok: bool, value: Any, now: float) -> None:
         job = wf.job
         del self.workflows[job.id]
         self.finished[job.id] = None
@@ -242,8 +286,7 @@ class WorkflowEngine:
                 message = f"workflow step {where} ({value.get('task')}) failed: {message}"
             body = encode_failure(kind, message, str(value.get("traceback", "")))
             outcome = Outcome(failed=True, error=kind)
-        if job.client is not None:
-            self._emit(Answer(job.client, job, body, outcome))
+        self._finish_job(job, body, outcome, now)
 
     def describe(self, workflow_id: bytes) -> dict[str, Any] | None:
         """A running workflow's steps and their states (the monitor's view)."""

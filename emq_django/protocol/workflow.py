@@ -78,15 +78,25 @@ def parse_workflow(body: bytes) -> Spec:
         raise ProtocolError(str(exc), [body[:200]], REFUSED_BAD_WORKFLOW) from None
 
 
-def step_queues(spec: Spec) -> set[str]:
-    """The queues the workflow's steps go to."""
+def steps_in(spec: Spec) -> list[StepSpec]:
+    """The workflow's steps, in graph order."""
     if isinstance(spec, StepSpec):
-        return {spec.queue}
-    found: set[str] = set()
+        return [spec]
+    found: list[StepSpec] = []
     for child in (*spec.children, spec.body, spec.on_error):
         if child is not None:
-            found |= step_queues(child)
+            found.extend(steps_in(child))
     return found
+
+
+def step_queues(spec: Spec) -> set[str]:
+    """The queues the workflow's steps go to."""
+    return {step.queue for step in steps_in(spec)}
+
+
+def guaranteed(spec: Spec) -> bool:
+    """Whether any step is guaranteed: then the broker journals the workflow."""
+    return any(b"guarantee" in step.headers.split(b",") for step in steps_in(spec))
 
 
 def check_graph(graph: dict[str, Any]) -> Spec:
@@ -156,11 +166,6 @@ def _step(value: Any, where: str) -> StepSpec:
         parsed = parse_headers(raw)
     except ProtocolError as exc:
         raise WorkflowError(f"{where}: {exc}") from None
-    if parsed.guarantee:
-        raise WorkflowError(
-            f"{where}: guaranteed steps are not supported yet (workflows are kept in "
-            "the broker's memory): send the step's task with guarantee=False"
-        )
     if parsed.run_after:
         raise WorkflowError(f"{where}: a step cannot have a countdown or an eta")
     return StepSpec(path, name, queue, raw, args, kwargs, bool(value.get("immutable", False)))

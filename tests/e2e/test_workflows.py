@@ -6,6 +6,7 @@ a step's own retry; a cancel stops it; MONITOR JSON counts workflows."""
 from __future__ import annotations
 
 import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +128,30 @@ def test_a_cancelled_workflow_stops_its_running_step_and_starts_no_further_one(
         result.steps[0].get(timeout=10)
     assert runs(tmp_path) == Counter({"slow started": 1})  # the workflow is over: no more
     assert monitor(env)["workflows"]["cancelled"] == 1
+
+
+def test_a_guaranteed_chord_goes_on_after_kill_9_of_the_broker_and_its_callback_runs_once(
+    emq_processes: EmqProcesses, env: dict[str, str], tmp_path: Path
+) -> None:
+    broker, jm = start(emq_processes, env)
+    rd = str(tmp_path)
+    flow = emq.chord([tasks.kept_member.s(i, rd) for i in range(200)], tasks.kept_collect.s(rd))
+    result = flow.delay()  # returns once the broker has journaled it
+    wait_until(lambda: len(runs(tmp_path)) >= 60, "60 members to run", 60, [broker, jm])
+
+    emq_processes.send_signal(broker, signal.SIGKILL)
+    emq_processes.wait_for_exit(broker)
+    ran_before = set(runs(tmp_path))
+    assert len(ran_before) < 200  # killed midway
+    again = start_broker(emq_processes, env, name="broker-2")
+    emq_processes.wait_for_output(again, "guaranteed jobs reloaded")
+
+    # sent again under its id: the broker knows it, and this client gets its REPLY
+    claimed = flow.apply_async(job_id=result.id)
+    assert claimed.get(timeout=120) == {"members": 200, "errors": len(range(3, 200, 7))}
+    seen = runs(tmp_path)
+    assert seen["kept callback"] == 1
+    assert all(seen[f"kept {i}"] >= 1 for i in range(200))  # every member ran
+    again_ran = [i for i in range(200) if seen[f"kept {i}"] > 1]
+    # run twice: only members in flight at the kill (2 slots, a prefetch each)
+    assert len(again_ran) <= 4, again_ran

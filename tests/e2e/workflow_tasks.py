@@ -67,3 +67,20 @@ def slow(value: int, runs_dir: str) -> int:
     _record(runs_dir, "slow started")
     time.sleep(120)
     return value
+
+
+@emq.task(queue="wf", guarantee=True)
+def kept_member(i: int, runs_dir: str) -> int:
+    """A guaranteed chord member: takes a little while, every seventh fails."""
+    _record(runs_dir, f"kept {i}")
+    time.sleep(0.02)
+    if i % 7 == 3:
+        raise ValueError(f"member {i} failed")
+    return i
+
+
+@emq.task(queue="wf", guarantee=True)
+def kept_collect(outcomes: list[object], runs_dir: str) -> dict[str, int]:
+    _record(runs_dir, "kept callback")
+    errors = [o for o in outcomes if isinstance(o, dict) and "error" in o]
+    return {"members": len(outcomes), "errors": len(errors)}

@@ -59,6 +59,15 @@ def kept(x: int) -> int:
     return x
 
 
+def test_a_workflow_with_a_guaranteed_step_is_sent_as_guaranteed():
+    from emq_django.protocol.workflow import check_graph, guaranteed
+
+    assert guaranteed(check_graph(emq.chain(add.s(1, 2), kept.s()).graph()["root"]))
+    assert not guaranteed(
+        check_graph(emq.chain(add.s(1, 2), kept.s().set(guarantee=False)).graph()["root"])
+    )
+
+
 @pytest.fixture(autouse=True)
 def _clear_runs():
     runs.clear()
@@ -91,8 +100,8 @@ def test_a_signature_of_an_unregistered_task_raises_where_it_is_made():
 def test_a_step_option_that_a_workflow_cannot_honour_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="countdown"):
         add.s(1, 2).set(countdown=5)
-    with pytest.raises(ValueError, match="guarantee"):
-        emq.chain(kept.s(1)).graph()
+    with pytest.raises(TypeError, match="guarantee"):
+        kept.s(1).set(guarantee="yes")
 
 
 # ---- refusals -----------------------------------------------------------------------
