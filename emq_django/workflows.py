@@ -66,7 +66,7 @@ class Signature:
         return f"<Signature {self.name}.{mark}({self.args!r}, {self.kwargs!r})>"
 
     def set(self, **options: Any) -> Signature:
-        """Set the step's ``queue``, ``retries``, ``timeout`` or ``soft_timeout``
+        """Set the step's ``queue``, ``retries``, ``timeout``, ``soft_timeout`` or ``guarantee``
         (as ``apply_async`` takes them); returns the signature. Raises
         ``ValueError``/``TypeError`` for an option a step cannot have or a bad value."""
         for key, value in options.items():

@@ -14,8 +14,13 @@ the error of the step that ended it, named in the message.
 
 The broker decodes the JSON of a workflow's body and of its steps' results (a
 step's result is the next step's argument); it never decodes any other job's.
-Kept in memory: a broker restart loses running workflows (guaranteed steps are
-refused until the journal keeps workflows).
+
+A workflow with a guaranteed step is journaled with its graph, as a guaranteed
+job of ``WORKFLOW_QUEUE``; its guaranteed steps are guaranteed jobs whose final
+REPLY is kept with their done row (``BrokerCore._keep_reply``). After a restart
+(``BrokerCore.restore``) the graph is replayed (``resume``): a step that had
+ended ends again at once with its kept outcome, never run again; one whose job
+was restored is waited for. Plain workflows live in memory only.
 """
 
 from __future__ import annotations
