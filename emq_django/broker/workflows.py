@@ -319,7 +319,7 @@ def _error_of(body: bytes, outcome: Outcome, path: str, spec: StepSpec) -> dict[
     """The step's error as the chord's callback sees it: type, message, step, task."""
     try:
         data = json.loads(body) if body else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON: the step's error is its type
         data = None
     found = data.get("error") if isinstance(data, dict) else None
     if isinstance(found, dict):
@@ -335,7 +335,7 @@ def _error_of(body: bytes, outcome: Outcome, path: str, spec: StepSpec) -> dict[
 def _value_of(body: bytes) -> Any:
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # a peer's reply that is not JSON
         return None
     if isinstance(data, dict) and "value" in data:
         return data["value"]
