@@ -231,3 +231,32 @@ def test_the_monitor_counts_workflows_running_finished_and_failed(emq_broker):
 
     counts = emq_broker.core.workflows.counts
     assert (counts["running"], counts["finished"], counts["failed"]) == (0, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("root", "reason"),
+    [
+        ({"chain": []}, "an empty chain"),
+        ({"chord": {"header": [{"chain": [{"step": {}}]}]}}, "without a callback"),
+        ({"loop": []}, "unknown node kind 'loop'"),
+        ({"step": {"path": "m", "callable": "f", "queue": "a b"}}, "whitespace"),
+        ({"step": {"path": "m", "callable": "f", "queue": "q", "args": {}}}, "'args' is a list"),
+        (
+            {"step": {"path": "m", "callable": "f", "queue": "q", "headers": "timeout:-1"}},
+            "timeout",
+        ),
+    ],
+)
+def test_the_broker_refuses_each_bad_graph_with_the_reason(emq_broker, root, reason):
+    body = json.dumps({"workflow": 1, "root": root}).encode()
+    job_id = get_client().send(WORKFLOW_QUEUE, b"reply-requested", body)
+
+    with pytest.raises(emq.JobRefused, match=reason):
+        emq.result(job_id).get()
+
+
+def test_the_broker_refuses_a_workflow_body_that_is_not_json(emq_broker):
+    job_id = get_client().send(WORKFLOW_QUEUE, b"reply-requested", b"\xff not json")
+
+    with pytest.raises(emq.JobRefused, match="must be JSON"):
+        emq.result(job_id).get()
