@@ -29,7 +29,7 @@ def _order(path: str) -> tuple[tuple[int, int | str], ...]:
 
 def context(workflow_id: str) -> dict[str, Any]:
     rows = JobResult.objects.filter(id__startswith=f"{workflow_id}/")
-    steps = []
+    steps: list[dict[str, object]] = []
     for row in rows:
         path = row.id.partition("/")[2]
         steps.append(
@@ -47,7 +47,7 @@ def context(workflow_id: str) -> dict[str, Any]:
                 "error": f"{row.error_type}: {row.error}" if row.error_type else "",
             }
         )
-    steps.sort(key=lambda s: _order(s["path"]))
+    steps.sort(key=lambda s: _order(str(s["path"])))
     return {"workflow_id": workflow_id, "steps": steps, "title": f"Workflow {workflow_id}"}
 
 
