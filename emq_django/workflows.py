@@ -17,6 +17,7 @@ from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.protocol.limits import MAX_TIMEOUT, check_count, check_queue_name, check_seconds
 from emq_django.protocol.workflow import (
+    MAX_WORKFLOW_ID,
     WORKFLOW_QUEUE,
     WORKFLOW_VERSION,
     check_graph,
@@ -182,6 +183,11 @@ class Workflow:
         from emq_django.client import get_client
         from emq_django.conf import cached_settings
 
+        if job_id is not None and len(str(job_id).encode("utf-8", "replace")) > MAX_WORKFLOW_ID:
+            raise ValueError(
+                f"a workflow's job_id is at most {MAX_WORKFLOW_ID} bytes: its steps' ids "
+                "add their path to it"
+            )
         graph = self.graph()
         body = json.dumps(graph, separators=(",", ":"), ensure_ascii=False).encode()
         settings = cached_settings()

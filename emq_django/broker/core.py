@@ -60,7 +60,7 @@ from emq_django.protocol.limits import (
     refusal_counter,
 )
 from emq_django.protocol.reply_status import status_frame
-from emq_django.protocol.workflow import WORKFLOW_QUEUE, parse_workflow
+from emq_django.protocol.workflow import WORKFLOW_QUEUE, check_workflow_id, parse_workflow
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +395,7 @@ class BrokerCore:
             self.refuse(client, msgid, *refusal)
             return
         try:
+            check_workflow_id(msgid)
             spec = parse_workflow(body)
         except ProtocolError as exc:
             self.refuse(client, msgid, exc.code, f"workflow refused: {exc.reason}")

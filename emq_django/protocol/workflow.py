@@ -25,6 +25,9 @@ WORKFLOW_QUEUE = "emq.workflow"  # reserved: a REQUEST here is a workflow, not a
 WORKFLOW_VERSION = 1
 MAX_WORKFLOW_DEPTH = 8  # chains, groups and chords nested in one another, at most
 MAX_WORKFLOW_STEPS = 20_000  # steps (task calls) in one workflow, at most
+# bytes of a workflow's id: its steps' ids (``<id>/<path>``, a path up to about 80
+# bytes), and their attempt ids after them, stay within the wire's 255-byte ids
+MAX_WORKFLOW_ID = 64
 KINDS = ("chain", "group", "chord")
 
 
@@ -56,6 +59,17 @@ class FlowSpec:
 
 
 Spec = StepSpec | FlowSpec
+
+
+def check_workflow_id(msgid: bytes) -> None:
+    """Raises ``ProtocolError`` (``bad-workflow``) for an id too long for its steps'."""
+    if len(msgid) > MAX_WORKFLOW_ID:
+        raise ProtocolError(
+            f"a workflow's id is at most {MAX_WORKFLOW_ID} bytes (its steps' ids add their "
+            f"path to it); got {len(msgid)}",
+            [msgid[:100]],
+            REFUSED_BAD_WORKFLOW,
+        )
 
 
 def parse_workflow(body: bytes) -> Spec:

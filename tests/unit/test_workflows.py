@@ -255,6 +255,17 @@ def test_the_broker_refuses_each_bad_graph_with_the_reason(emq_broker, root, rea
         emq.result(job_id).get()
 
 
+def test_a_workflow_id_too_long_for_its_steps_ids_is_refused(emq_broker):
+    flow = emq.chain(add.s(1, 2))
+    with pytest.raises(ValueError, match="at most 64 bytes"):
+        flow.apply_async(job_id="w" * 65)
+
+    body = json.dumps(flow.graph()).encode()
+    job_id = get_client().send(WORKFLOW_QUEUE, b"reply-requested", body, job_id="w" * 65)
+    with pytest.raises(emq.JobRefused, match="at most 64 bytes"):
+        emq.result(job_id).get()
+
+
 def test_the_broker_refuses_a_workflow_body_that_is_not_json(emq_broker):
     job_id = get_client().send(WORKFLOW_QUEUE, b"reply-requested", b"\xff not json")
 
