@@ -445,8 +445,8 @@ class BrokerCore:
         client: ClientRef | None,
         now: float,
     ) -> None:
-        """A workflow's step, as a job of its queue (not journaled, not bounded: its
-        workflow was accepted whole)."""
+        """A workflow's step, as a job of its queue: journaled when guaranteed, never
+        refused for a full queue (its workflow was accepted whole)."""
         queue = self._queue(queue_name)
         job = Job(job_id, queue.name, headers, body, client, now)
         self.counters["received"] += 1
