@@ -37,6 +37,7 @@ from emq_django.pubsub import (
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.streaming import partial
 from emq_django.task import Task, task
+from emq_django.workflows import Signature, WorkflowResult, chain, chord, group, signature
 
 __all__ = [
     "BatchUnacknowledged",
@@ -55,12 +56,17 @@ __all__ = [
     "ResultTimeout",
     "ResultUnavailable",
     "Retry",
+    "Signature",
     "SoftTimeLimitExceeded",
     "Task",
     "TaskFailed",
     "TaskNotFound",
     "WorkerLost",
+    "WorkflowResult",
     "asubscribe",
+    "chain",
+    "chord",
+    "group",
     "partial",
     "periodic",
     "publish",
@@ -69,6 +75,7 @@ __all__ = [
     "wait_published",
     "result",
     "schedule",
+    "signature",
     "subscribe",
     "task",
     "unschedule",

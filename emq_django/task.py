@@ -32,6 +32,7 @@ SOFT_TIMEOUT_HEADER = "soft-timeout"  # a headers extension: the soft time limit
 if TYPE_CHECKING:
     from emq_django.client import Client
     from emq_django.conf import EmqSettings
+    from emq_django.workflows import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -137,6 +138,21 @@ class Task(Generic[P, R]):
         if signals.job_sent.receivers:
             self._sent(msgid, self.queue, args, kwargs)
         return handle
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this task with these arguments (``emq.chain`` and co.): in
+        a chain it gets the previous step's result as its first argument. Raises
+        ``TypeError`` for arguments JSON cannot carry, ``TaskNotFound`` for a task
+        not registered."""
+        from emq_django.workflows import Signature
+
+        return Signature(self.name, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: it does not take the previous step's result."""
+        from emq_django.workflows import Signature
+
+        return Signature(self.name, args, kwargs, immutable=True)
 
     def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> Result:
         """Send the task once the surrounding transaction commits (never if it rolls

@@ -48,6 +48,8 @@ from emq_django.broker.state import (
 )
 from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
+from emq_django.broker.workflows import WAITING, WorkflowEngine
+from emq_django.exceptions import ProtocolError
 from emq_django.logconfig import job_fields
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers, parse_stored_headers
@@ -59,6 +61,7 @@ from emq_django.protocol.limits import (
     refusal_counter,
 )
 from emq_django.protocol.reply_status import status_frame
+from emq_django.protocol.workflow import WORKFLOW_QUEUE, check_workflow_id, parse_workflow
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ TIMEOUT_ERROR = "TimeoutError"
 # an attempt the broker ended past its time limit: a time-out (retried as its job
 # says); its peer's credit does not come back (its worker may be dead or stuck)
 TIMED_OUT = Outcome(failed=True, error=TIMEOUT_ERROR)
+EXPIRED = Outcome(failed=True, error="Expired")
 
 COUNTERS = (
     "received",
@@ -172,6 +176,10 @@ class BrokerCore:
         # job id -> (job, body, outcome, more): restored jobs' final outcomes that no
         # client has claimed yet (oldest first, MAX_UNCLAIMED)
         self.unclaimed: dict[bytes, tuple[Job, bytes, Outcome, tuple[bytes, ...]]] = {}
+        # chain, group, chord: started here, moved on in _answer (broker/workflows.py)
+        self.workflows = WorkflowEngine(
+            self._start_step, self.cancel, self._emit, self._end_workflow
+        )
 
     @property
     def wall_offset(self) -> float:
@@ -351,6 +359,9 @@ class BrokerCore:
         among the known ones (a lookup in the recently finished ids, a large table,
         took a tenth of the broker's time per Majordomo round trip: py-spy)."""
         self.counters["received"] += 1
+        if queue_name == WORKFLOW_QUEUE:  # (a job manager may name it too: checked first)
+            self._workflow(client, msgid, headers, body, now)
+            return
         queue = self.queues.get(queue_name)
         if queue is None:
             if len(self.queues) >= MAX_QUEUES:
@@ -368,6 +379,90 @@ class BrokerCore:
                 return
         # the ACK goes out after the job: the worker can start a little sooner
         self._accept(client, msgid, queue, headers, body, more, now, fresh)
+
+    def _workflow(
+        self, client: ClientRef, msgid: bytes, headers: Headers, body: bytes, now: float
+    ) -> None:
+        """A workflow's REQUEST (broker/workflows.py): ACKed and started, or refused."""
+        if self.workflows.known(msgid) or self.life.known(msgid):
+            self.counters["duplicates"] += 1
+            self._ack(client, msgid)
+            if headers.reply_requested and not self.workflows.claim(msgid, client):
+                self._claim(client, msgid)  # it ended: its kept REPLY, if any
+            return
+        if self.stopping:
+            self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
+            return
+        refusal = self._check_request(headers, body, now)
+        if refusal is not None:
+            self.refuse(client, msgid, *refusal)
+            return
+        try:
+            check_workflow_id(msgid)
+            spec = parse_workflow(body)
+        except ProtocolError as exc:
+            self.refuse(client, msgid, exc.code, f"workflow refused: {exc.reason}")
+            return
+        job = Job(msgid, WORKFLOW_QUEUE, headers, body, client, now)
+        if headers.guarantee and self.life.journal_ops is not None:
+            self.life.keep(job, WORKFLOW_QUEUE, now, False)  # its graph, journaled
+        self._ack(client, msgid)
+        self.workflows.submit(job, spec, now)
+
+    def _end_workflow(self, job: Job, body: bytes, outcome: Outcome, now: float) -> None:
+        if self.life.jobs.get(job.id) is job:  # a guaranteed one: its row is done
+            self.life.forget(job, now)
+        self._answer(job, body, outcome, now=now)
+
+    def _resume_workflow(self, job: Job, now: float) -> None:
+        """A guaranteed workflow restored from the journal (``restore``)."""
+        try:
+            spec = parse_workflow(job.body)
+        except ProtocolError as exc:
+            log.error("journal: workflow %s cannot be resumed: %s", show_identity(job.id), exc)
+            self.life.forget(job, now)
+            return
+        self.workflows.resume(job, spec, now, self._kept_step)
+
+    def _kept_step(self, job_id: bytes) -> str | tuple[bytes, Outcome] | None:
+        """What the restored journal says of a workflow's step (``resume``)."""
+        kept = self.unclaimed.pop(job_id, None)
+        if kept is not None:
+            self.restored.discard(job_id)
+            return kept[1], kept[2]
+        letter = self.life.dead.items.get(job_id)
+        if letter is not None:
+            body = encode_failure(letter.error, "dead-lettered: it failed past its retries", "")
+            return body, Outcome(failed=True, error=letter.error)
+        if job_id in self.life.jobs:
+            self.restored.discard(job_id)
+            return WAITING
+        return None
+
+    def _start_step(
+        self,
+        job_id: bytes,
+        queue_name: str,
+        headers: Headers,
+        body: bytes,
+        client: ClientRef | None,
+        now: float,
+    ) -> None:
+        """A workflow's step, as a job of its queue: journaled when guaranteed, never
+        refused for a full queue (its workflow was accepted whole)."""
+        queue = self._queue(queue_name)
+        job = Job(job_id, queue.name, headers, body, client, now)
+        self.counters["received"] += 1
+        if self.tracer is not None:
+            self.tracer.enqueued(job, now)
+        if headers.guarantee and self.life.journal_ops is not None:
+            self.life.keep(job, queue.name, now, False)  # journaled, as any guaranteed job
+        else:
+            self.life.jobs[job_id] = job
+        self._route(job, queue, now)
+
+    def _emit(self, effect: Effect) -> None:
+        self.out.append(effect)
 
     def _check_request(self, headers: Headers, body: bytes, now: float) -> tuple[str, str] | None:
         """(code, reason) if the broker refuses this job outright, else None."""
@@ -655,7 +750,7 @@ class BrokerCore:
                 elif owner is not None and owner is not peer and owner.role == ROLE_SLOT:
                     self._drop_peer(owner, now, "lost its worker process", verdict=True)
             if final:
-                self._answer(job, body, outcome, more)
+                self._answer(job, body, outcome, more, now=now)
             if owner is peer and peer.credit and not peer.inflight and not peer.draining:
                 self._serve_ranked(peer, now)  # idle again: a ranked queue may go on
         if outcome.ready:
@@ -714,7 +809,7 @@ class BrokerCore:
             show_identity(attempt_id),
         )
         if self.life.settle(job, outcome, now):
-            self._answer(job, body, outcome, more)
+            self._answer(job, body, outcome, more, now=now)
         return True
 
     def _claim(self, client: ClientRef, job_id: bytes) -> None:
@@ -915,6 +1010,9 @@ class BrokerCore:
             if self.tracer is not None:
                 self.tracer.event("failed", job, now, "Expired", final=True)
             self.life.forget(job, now)
+            if job.id in self.workflows.steps:
+                expired = encode_failure("Expired", f"older than {queue.name}'s max age", "")
+                self.workflows.step_ended(job, expired, EXPIRED, (), now)
 
     def _set_credit(self, peer: Peer, credit: int) -> None:
         was, peer.credit = peer.credit, credit
@@ -989,7 +1087,8 @@ class BrokerCore:
             job.peer = None
             self.life.end_cancelled(job, now)
             # given back unstarted (no peer lost): it never ran
-            self._answer(job, b"" if lost_from else CANCELLED_UNSTARTED, CANCELLED_OUTCOME)
+            body = b"" if lost_from else CANCELLED_UNSTARTED
+            self._answer(job, body, CANCELLED_OUTCOME, now=now)
             return
         if self.tracer is not None:
             self.tracer.event("requeued", job, now, "PeerLost", peer=lost_from)
@@ -1003,10 +1102,19 @@ class BrokerCore:
             queue.push_front(job)
 
     def _answer(
-        self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...] = ()
+        self, job: Job, body: bytes, outcome: Outcome, more: tuple[bytes, ...] = (), *, now: float
     ) -> None:
         """The job's final outcome, to its client if one waits (a restored job's
-        is kept for a client that claims it: ``_claim``)."""
+        is kept for a client that claims it: ``_claim``); a workflow's step's goes
+        to its workflow, which moves on."""
+        if self.workflows.steps and job.id in self.workflows.steps:
+            if outcome.failed and job.cancelled and body is not CANCELLED_UNSTARTED:
+                body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
+                outcome, more = CANCELLED_OUTCOME, ()
+            if job.headers.guarantee:  # its outcome stays in the journal: never run again
+                self._keep_reply(job, body, outcome, more)
+            self.workflows.step_ended(job, body, outcome, more, now)
+            return
         if job.headers.reply_requested and job.headers.guarantee:
             self._keep_reply(job, body, outcome, more)
         if self.restored and job.id in self.restored:
@@ -1202,7 +1310,7 @@ class BrokerCore:
         outcome = Outcome(failed=True, error=WORKER_LOST, lost=detail)
         if self.life.settle(job, outcome, now):
             body = encode_failure(WORKER_LOST, message or f"the job's {detail} mid-job", "")
-            self._answer(job, body, outcome)
+            self._answer(job, body, outcome, now=now)
 
     def _kill_attempt(self, job: Job) -> bool:
         """Ask the job manager running ``job`` to kill its worker process (an effect
@@ -1311,12 +1419,18 @@ class BrokerCore:
             (j, job.attempt) for j, job in self.life.jobs.items() if job.client is None
         )
         self._restore_replies(stored, now)
+        flows = []
         for job in ready:
-            self._queue(job.queue).push(job)
+            if job.queue == WORKFLOW_QUEUE:
+                flows.append(job)
+            else:
+                self._queue(job.queue).push(job)
         for name, n in spilled.items():
             self._queue(name).spilled += n
         for queue in self.queues.values():
             self._check_spill(queue)
+        for job in flows:  # after their steps' jobs and kept replies are back
+            self._resume_workflow(job, now)
         return counts
 
     def _restore_replies(self, stored: list[Any], now: float) -> None:
@@ -1394,6 +1508,8 @@ class BrokerCore:
         and the job ends as cancelled, ``stopping``. One running on an EventMQ job
         manager cannot be stopped but will not be retried: ``running``. Else
         ``unknown``."""
+        if job_id in self.workflows.workflows:
+            return self.workflows.cancel(job_id, now)
         spilled_to = self.life.cancel_spilled(job_id, now)
         if spilled_to is not None:
             self.queues[spilled_to].spilled -= 1
@@ -1414,7 +1530,8 @@ class BrokerCore:
         job.cancelled = True
         self.life.end_cancelled(job, now)
         if waiting:
-            self._answer(job, CANCELLED_UNSTARTED, CANCELLED_OUTCOME)  # get() raises Cancelled
+            # get() raises Cancelled
+            self._answer(job, CANCELLED_UNSTARTED, CANCELLED_OUTCOME, now=now)
         return "cancelled"
 
     # ---- dead letters (the monitor's commands) -----------------------------------------

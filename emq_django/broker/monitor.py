@@ -120,6 +120,8 @@ def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) ->
         "dead_letters": len(core.life.dead),
         "delayed": len(core.life.delayed),
         "in_flight": len(core.inflight),
+        # running now, and ended since the broker started (broker/workflows.py)
+        "workflows": dict(core.workflows.counts),
     }
 
 

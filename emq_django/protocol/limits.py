@@ -48,6 +48,9 @@ REFUSED_LEASE_LOST = "lease-lost"
 REFUSED_QUEUE_FULL = "queue-full"
 REFUSED_SHUTTING_DOWN = "shutting-down"
 REFUSED_TOO_MANY_QUEUES = "too-many-queues"
+# a workflow graph the broker will not run (protocol/workflow.py): malformed, an
+# empty group, a chord without a callback, nested too deep, too many steps
+REFUSED_BAD_WORKFLOW = "bad-workflow"
 
 REFUSAL_CODES = (
     REFUSED_MALFORMED,
@@ -64,6 +67,7 @@ REFUSAL_CODES = (
     REFUSED_QUEUE_FULL,
     REFUSED_SHUTTING_DOWN,
     REFUSED_TOO_MANY_QUEUES,
+    REFUSED_BAD_WORKFLOW,
 )
 
 _QUEUE_NAME_FORBIDDEN = frozenset(",:")  # separators of --queues and INFORM's name:weight

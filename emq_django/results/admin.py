@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results import actions, job_page
+from emq_django.results import actions, job_page, workflow_page
 from emq_django.results.admin_pages import DashboardAdmin  # noqa: F401  (registers it)
 from emq_django.results.display import human_duration, short_time, status_label
 from emq_django.results.models import JobResult
@@ -213,6 +213,7 @@ class JobResultAdmin(admin.ModelAdmin):
         return [
             path("<path:object_id>/retry/", view(self.retry_view), name="emq_job_retry"),
             path("<path:object_id>/cancel/", view(self.cancel_view), name="emq_job_cancel"),
+            path("workflow/<str:workflow_id>/", view(self.workflow_view), name="emq_workflow"),
             *super().get_urls(),
         ]
 
@@ -233,6 +234,16 @@ class JobResultAdmin(admin.ModelAdmin):
         context["can_retry"] = self.has_retry_permission(request)
         context["can_cancel"] = context["can_cancel"] and self.has_cancel_permission(request)
         return job_page.render(request, context)
+
+    def workflow_view(self, request: HttpRequest, workflow_id: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        page = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            **workflow_page.context(workflow_id),
+        }
+        return workflow_page.render(request, page)
 
     def _job_url(self, job_id: str) -> str:
         return reverse("admin:emq_results_jobresult_change", args=[quote(job_id)])

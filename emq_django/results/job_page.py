@@ -26,6 +26,7 @@ from emq_django.results.display import (
     status_label,
 )
 from emq_django.results.models import JobResult, RetryLink
+from emq_django.results.workflow_page import workflow_of
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def context(job_id: str) -> dict[str, Any]:
     story = _story(job_id, row.finished_at if row else timezone.now())
     enqueued = enqueued_at(row, story, links)
     page: dict[str, Any] = {"job_id": job_id, "row": row, "story": story, **links}
+    page["workflow"] = workflow_of(job_id)  # (workflow id, step path) of a workflow's step
     page["title"] = f"Job {job_id}"
     page["enqueued"] = precise_time(enqueued)
     state = links["task_state"]

@@ -19,7 +19,9 @@ from typing import Any
 from emq_django.broker.core import CANCELLED, CANCELLED_UNSTARTED, BrokerCore
 from emq_django.broker.effects import Answer, ClientRef, Deliver, Outcome, Refuse
 from emq_django.broker.state import BrokerConfig, Job, Peer
+from emq_django.exceptions import ProtocolError
 from emq_django.protocol.headers import Headers
+from emq_django.protocol.workflow import WORKFLOW_QUEUE, parse_workflow, step_queues
 from emq_django.testing.client import MemoryClient
 from emq_django.worker.execution import run_in_place
 
@@ -196,8 +198,11 @@ class InMemoryBroker:
     def request(
         self, client: ClientRef, msgid: bytes, queue: str, headers: Headers, body: bytes
     ) -> None:
-        """A job from our client: to the core, with a worker for its queue."""
-        if queue not in self.workers:
+        """A job from our client: to the core, with a worker for its queue (for a
+        workflow: for its steps' queues)."""
+        if queue == WORKFLOW_QUEUE:
+            self._add_step_workers(body)
+        elif queue not in self.workers:
             self._add_worker(queue)
         if headers.run_after:  # a wall time: the same distance ahead on our clock
             ahead = headers.run_after - time.time()
@@ -205,6 +210,14 @@ class InMemoryBroker:
             headers = dataclasses.replace(headers, run_after=run_after)
         self.core.client_request(client, msgid, queue, headers, body, self.now)
         self.apply()
+
+    def _add_step_workers(self, body: bytes) -> None:
+        try:
+            queues = step_queues(parse_workflow(body))
+        except ProtocolError:
+            return  # the core refuses it, with the reason
+        for name in sorted(queues - set(self.workers)):
+            self._add_worker(name)
 
     def refuse(self, client: ClientRef, msgid: bytes, code: str, reason: str) -> None:
         self.core.refuse(client, msgid, code, reason)
