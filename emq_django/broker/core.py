@@ -428,14 +428,14 @@ class BrokerCore:
         """What the restored journal says of a workflow's step (``resume``)."""
         kept = self.unclaimed.pop(job_id, None)
         if kept is not None:
-            self.restored.discard(job_id)
+            self.restored.pop(job_id, None)
             return kept[1], kept[2]
         letter = self.life.dead.items.get(job_id)
         if letter is not None:
             body = encode_failure(letter.error, "dead-lettered: it failed past its retries", "")
             return body, Outcome(failed=True, error=letter.error)
         if job_id in self.life.jobs:
-            self.restored.discard(job_id)
+            self.restored.pop(job_id, None)
             return WAITING
         return None
 
