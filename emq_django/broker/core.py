@@ -869,7 +869,7 @@ class BrokerCore:
             queue = self.queues[name]
             if queue.max_age:
                 self._drop_expired(queue, now)
-            if queue.pending:
+            if queue.pending and not queue.paused:
                 self._dispatch(queue.pop(), queue, peer, now, returning=True)
                 if queue.spilled:
                     self._check_spill(queue)

@@ -202,6 +202,7 @@ class Queue:
         "servers",
         "in_flight",
         "max_age",
+        "paused",
     )
 
     def __init__(self, name: str) -> None:
@@ -214,6 +215,7 @@ class Queue:
         self.servers: dict[Peer, int] = {}
         self.in_flight = 0
         self.max_age = 0.0  # seconds; older waiting jobs are dropped (0: never)
+        self.paused = False  # the admin's pause (broker/live.py): its jobs wait
 
     def push(self, job: Job) -> None:
         self.pending.append(job)
@@ -249,7 +251,10 @@ class Queue:
             tier.pop(peer, None)
 
     def pick(self) -> Peer | None:
-        """The ready server with the highest weight, rotating among equals."""
+        """The ready server with the highest weight, rotating among equals; none
+        while the queue is paused."""
+        if self.paused:
+            return None
         for weight in self.weights:
             tier = self.tiers[weight]
             if tier:
