@@ -80,27 +80,41 @@ def waiting(
     }
 
 
+def _manager_of(job: Job) -> str:
+    peer = job.peer
+    return (peer.manager_name if peer is not None else None) or (job.manager or "")
+
+
 def running(
-    core: BrokerCore, queue_name: str | None, offset: int, limit: int, bodies: bool, now: float
+    core: BrokerCore,
+    queue_name: str | None,
+    offset: int,
+    limit: int,
+    bodies: bool,
+    now: float,
+    manager: str | None = None,
 ) -> dict[str, Any]:
-    """One page of the attempts in flight (of one queue, or all), in dispatch order:
-    the job manager, the worker process (its pid), since when, and whether the
-    process runs it already (a process takes several at once and runs them in turn)."""
+    """One page of the attempts in flight (of one queue or job manager, or all), in
+    dispatch order: the job manager, the worker process (its pid), since when, and
+    whether the process runs it already (a process takes several and runs them in
+    turn)."""
     limit = min(limit, MAX_PAGE)
     wall_offset = core.wall_offset
-    if queue_name is None:
-        selected = core.inflight.values()
-        total = len(core.inflight)
-    else:
-        selected = [j for j in core.inflight.values() if j.queue == queue_name]
+    selected: Any = core.inflight.values()
+    total = len(core.inflight)
+    if queue_name is not None or manager is not None:
+        selected = [
+            j
+            for j in selected
+            if (queue_name is None or j.queue == queue_name)
+            and (manager is None or _manager_of(j) == manager)
+        ]
         total = len(selected)
     jobs = []
     for job in itertools.islice(selected, offset, offset + limit):
         doc = _job(job, wall_offset, now, bodies)
         peer = job.peer
-        doc["job_manager"] = (peer.manager_name if peer is not None else None) or (
-            job.manager or ""
-        )
+        doc["job_manager"] = _manager_of(job)
         doc["pid"] = peer.meta.get("pid") if peer is not None else None
         doc["dispatched"] = round(job.dispatched_at + wall_offset, 3)
         doc["running_for"] = round(max(now - job.dispatched_at, 0.0), 3)
@@ -108,7 +122,14 @@ def running(
             peer is not None and next(iter(peer.inflight), None) == job.attempt_id
         )
         jobs.append(doc)
-    return {"queue": queue_name, "total": total, "offset": offset, "limit": limit, "jobs": jobs}
+    return {
+        "queue": queue_name,
+        "job_manager": manager,
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+        "jobs": jobs,
+    }
 
 
 def pause(core: BrokerCore, queue_name: str) -> dict[str, Any]:

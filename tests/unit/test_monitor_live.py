@@ -73,6 +73,8 @@ def test_running_jobs_name_their_job_manager_process_and_age() -> None:
     assert second["started"] is False  # taken, waiting its turn in the process
     assert ask(port, b"JOBS RUNNING * 1 1")["jobs"][0]["id"] == "r1"
     assert ask(port, b"JOBS RUNNING other")["total"] == 0
+    assert ask(port, b"JOBS RUNNING @jm-a 0 5")["total"] == 2
+    assert ask(port, b"JOBS RUNNING @jm-b")["jobs"] == []
     assert ask(port, b"JOBS WAITING q")["total"] == 1
 
 

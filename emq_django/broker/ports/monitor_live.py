@@ -2,8 +2,8 @@
 
 - ``JOBS WAITING <queue> [<offset> [<limit>]] [BODIES]``: a page of the queue's
   waiting jobs, oldest first, and its delayed ones, soonest due first;
-- ``JOBS RUNNING [<queue>|*] [<offset> [<limit>]] [BODIES]``: a page of the
-  attempts in flight;
+- ``JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES]``: a
+  page of the attempts in flight (of a queue, all, or one job manager's);
 - ``QUEUE PAUSE <queue>`` and ``QUEUE RESUME <queue>`` (the ``admin`` role).
 
 ``limit`` is 50 unless given, at most ``live.MAX_PAGE``; ``BODIES`` adds a preview
@@ -21,7 +21,8 @@ DEFAULT_LIMIT = 50
 MAX_QUEUE_NAME = 255
 USAGE = (
     b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
-    b"JOBS RUNNING [<queue>|*] [<offset> [<limit>]] [BODIES], QUEUE PAUSE|RESUME <queue>"
+    b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
+    b"QUEUE PAUSE|RESUME <queue>"
 )
 
 
@@ -93,9 +94,13 @@ def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
     if what == b"RUNNING":
         rest = words[2:]
         queue: str | None = None
+        manager: str | None = None
         if rest and not rest[0].isdigit() and rest[0].upper() != b"BODIES":
-            queue = None if rest[0] == b"*" else _queue_name(rest[0])
+            if rest[0].startswith(b"@"):
+                manager = _queue_name(rest[0][1:])  # (the same rules as a queue's name)
+            elif rest[0] != b"*":
+                queue = _queue_name(rest[0])
             rest = rest[1:]
         offset, limit, bodies = _page(rest)
-        return live.running(core, queue, offset, limit, bodies, now)
+        return live.running(core, queue, offset, limit, bodies, now, manager)
     raise BadRequest(USAGE[len(b"ERROR ") :].decode())
