@@ -4,7 +4,9 @@
   waiting jobs, oldest first, and its delayed ones, soonest due first;
 - ``JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES]``: a
   page of the attempts in flight (of a queue, all, or one job manager's);
-- ``QUEUE PAUSE <queue>`` and ``QUEUE RESUME <queue>`` (the ``admin`` role).
+- ``QUEUE PAUSE <queue>`` and ``QUEUE RESUME <queue>`` (the ``admin`` role);
+- ``TASKS``: per task and queue, the jobs succeeded, failed, retried and
+  dead-lettered and the run-time histogram (``broker/task_stats.py``).
 
 ``limit`` is 50 unless given, at most ``live.MAX_PAGE``; ``BODIES`` adds a preview
 of each job's body (its arguments). Answers are JSON; bad input is answered
@@ -22,7 +24,7 @@ MAX_QUEUE_NAME = 255
 USAGE = (
     b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
     b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
-    b"QUEUE PAUSE|RESUME <queue>"
+    b"QUEUE PAUSE|RESUME <queue>, TASKS"
 )
 
 
@@ -36,7 +38,7 @@ def changes(words: list[bytes]) -> bool:
 
 
 def handles(words: list[bytes]) -> bool:
-    return bool(words) and words[0].upper() in (b"JOBS", b"QUEUE")
+    return bool(words) and words[0].upper() in (b"JOBS", b"QUEUE", b"TASKS")
 
 
 def _queue_name(word: bytes) -> str:
@@ -81,6 +83,13 @@ def answer(core: Any, words: list[bytes], now: float) -> bytes:
 
 def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
     what = words[1].upper() if len(words) > 1 else b""
+    if words[0].upper() == b"TASKS":
+        if len(words) != 1:
+            raise BadRequest("usage: TASKS (no arguments)")
+        stats = core.life.task_stats
+        if stats is None:
+            return {"enabled": False, "buckets": [], "tasks": []}
+        return {"enabled": True, **stats.doc()}
     if words[0].upper() == b"QUEUE":
         if what not in (b"PAUSE", b"RESUME") or len(words) != 3:
             raise BadRequest("usage: QUEUE PAUSE <queue> or QUEUE RESUME <queue>")
