@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results import actions, job_page
+from emq_django.results import actions, job_page, previews
 from emq_django.results.admin_pages import DashboardAdmin  # noqa: F401  (registers it)
 from emq_django.results.display import human_duration, short_time, status_label
 from emq_django.results.models import JobResult
@@ -140,6 +140,8 @@ class JobResultAdmin(admin.ModelAdmin):
         "finished",
         "run_time",
         "job_manager",
+        "arguments",
+        "result_preview",
     )
     list_display_links = ("id",)
     list_filter = (StatusFilter, QueueFilter, TaskFilter, FinishedFilter)
@@ -161,7 +163,7 @@ class JobResultAdmin(admin.ModelAdmin):
         qs = super().get_queryset(request)
         match = request.resolver_match
         if match and (match.url_name or "").endswith("changelist"):
-            qs = qs.defer(*LIST_DEFERRED)
+            qs = previews.annotate(qs.defer(*LIST_DEFERRED))
         return qs
 
     def get_search_results(
@@ -201,6 +203,14 @@ class JobResultAdmin(admin.ModelAdmin):
         return format_html(
             '<span title="{}">{}</span>', obj.finished_at.isoformat(), short_time(obj.finished_at)
         )
+
+    @admin.display(description="arguments")
+    def arguments(self, obj: JobResult) -> str:
+        return previews.arguments(obj)
+
+    @admin.display(description="result")
+    def result_preview(self, obj: JobResult) -> str:
+        return previews.result(obj)
 
     @admin.display(description="run", ordering="runtime")
     def run_time(self, obj: JobResult) -> str:

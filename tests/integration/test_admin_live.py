@@ -128,3 +128,19 @@ def test_metrics_carry_the_per_task_histogram(broker: str) -> None:
     text = client.get("/emq/metrics").content.decode()
     assert "# TYPE emq_task_run_seconds histogram" in text
     assert "# TYPE emq_task_succeeded_total counter" in text
+
+
+def test_job_list_previews_arguments_masked_and_results(settings: Any) -> None:
+    from tests.integration.test_admin_jobs import row
+
+    row("p1", args='["card-4242-secret", 7]', kwargs='{"retry": true}', result='{"total": 12.5}')
+    row("p2", args='["' + "x" * 300 + '"]', result='"' + "y" * 300 + '"')
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "a@example.com", "admin"))
+    masked = client.get("/admin/emq_results/jobresult/").content.decode()
+    assert "card-4242-secret" not in masked and "••••" in masked
+    assert "{&quot;total&quot;: 12.5}" in masked  # the result, as the job page shows it
+    settings.EMQ_RESULTS_SHOW_ARGS = True
+    shown = client.get("/admin/emq_results/jobresult/").content.decode()
+    assert "[&quot;card-4242-secret&quot;, 7] {&quot;retry&quot;: true}" in shown  # tooltip
+    assert "x" * 300 not in shown and "y" * 300 not in shown  # only the head is read
