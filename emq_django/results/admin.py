@@ -140,8 +140,6 @@ class JobResultAdmin(admin.ModelAdmin):
         "finished",
         "run_time",
         "job_manager",
-        "arguments",
-        "result_preview",
     )
     list_display_links = ("id",)
     list_filter = (StatusFilter, QueueFilter, TaskFilter, FinishedFilter)
@@ -192,7 +190,14 @@ class JobResultAdmin(admin.ModelAdmin):
     @admin.display(description="task", ordering="task")
     def task_name(self, obj: JobResult) -> str:
         short = obj.task.rsplit(".", 2)[-2:] if obj.task else ["-"]
-        return format_html('<span title="{}">{}</span>', obj.task, ".".join(short))
+        # the previews on a second line of the task's cell: the list keeps its width
+        return format_html(
+            '<span title="{}">{}</span><br><span class="emq-previews">{} → {}</span>',
+            obj.task,
+            ".".join(short),
+            previews.arguments(obj),
+            previews.result(obj),
+        )
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobResult) -> str:
@@ -203,14 +208,6 @@ class JobResultAdmin(admin.ModelAdmin):
         return format_html(
             '<span title="{}">{}</span>', obj.finished_at.isoformat(), short_time(obj.finished_at)
         )
-
-    @admin.display(description="arguments")
-    def arguments(self, obj: JobResult) -> str:
-        return previews.arguments(obj)
-
-    @admin.display(description="result")
-    def result_preview(self, obj: JobResult) -> str:
-        return previews.result(obj)
 
     @admin.display(description="run", ordering="runtime")
     def run_time(self, obj: JobResult) -> str:

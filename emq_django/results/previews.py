@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from emq_django.results.conf import results_settings
 
 HEAD = 120  # characters read per column
-SHOWN = 32  # characters shown in the column (all of HEAD in its tooltip)
+SHOWN = 24  # characters shown of each (all of HEAD in its tooltip)
 MASKED = "••••"
 MASKED_TITLE = "masked: set EMQ_RESULTS_SHOW_ARGS=true to show"
 
