@@ -359,6 +359,14 @@ class EmqSettings:
         "once)",
         section="worker",
     )
+    TASK_METRICS: bool = setting(
+        False,
+        "count jobs succeeded, failed, retried and dead-lettered per task and queue, with "
+        "run-time histograms, for `/emq/metrics` "
+        "([Live lists and controls](../features/admin-live.md))",
+        section="broker",
+        shown="false",
+    )
     TIME_LIMIT_GRACE: float = setting(
         10.0,
         "seconds past a job's `timeout` after which the broker ends an unanswered attempt itself "

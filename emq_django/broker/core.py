@@ -979,7 +979,7 @@ class BrokerCore:
             queue = self.queues[name]
             if queue.max_age:
                 self._drop_expired(queue, now)
-            if queue.pending and not (queue.ranked and holds_jobs(peer)):
+            if queue.pending and not queue.paused and not (queue.ranked and holds_jobs(peer)):
                 self._dispatch(queue.pop(), queue, peer, now, returning=True)
                 if queue.spilled:
                     self._check_spill(queue)
@@ -997,7 +997,7 @@ class BrokerCore:
         (it kept them from ``peer`` while it held a job: ``holds_jobs``)."""
         for _weight, name in peer.queues:
             queue = self.queues[name]
-            if queue.ranked and queue.pending and not self.stopping:
+            if queue.ranked and queue.pending and not queue.paused and not self.stopping:
                 self._dispatch(queue.pop(), queue, peer, now)
                 return
 

@@ -35,6 +35,7 @@ from emq_django.broker.journal import (
 )
 from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, TIMEOUT_ERROR, RetryPolicy
 from emq_django.broker.state import BrokerConfig, Job, show_identity
+from emq_django.broker.task_stats import FAILED, RETRIED, SUCCEEDED, TaskStats
 from emq_django.logconfig import job_fields
 from emq_django.protocol.headers import parse_stored_headers
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
@@ -59,6 +60,8 @@ class JobLifecycle:
         self.config = config
         self.counters = counters
         self.tracer = tracer
+        # per task and queue, for Prometheus (EMQ_TASK_METRICS)
+        self.task_stats = TaskStats() if config.task_metrics else None
         self.wall_offset = 0.0
         self.jobs: dict[bytes, Job] = {}  # every live job: waiting, in flight, delayed, dead
         self.delayed = DelayedJobs()
@@ -124,10 +127,13 @@ class JobLifecycle:
     def settle(self, job: Job, outcome: Outcome, now: float) -> bool:
         """A job's attempt is over: done, retried or dead-lettered. Returns whether
         that was its final outcome (its client's answer goes out then)."""
+        stats = self.task_stats
         if not outcome.failed:
             self.counters["succeeded"] += 1
             if self.tracer is not None:
                 self.tracer.succeeded(job, now)
+            if stats is not None:
+                stats.attempt(job, SUCCEEDED, now)
             self.forget(job, now)
             return True
         job.failures += 1
@@ -145,9 +151,13 @@ class JobLifecycle:
         )
         died, bury = decision.died, decision.bury
         if decision.retry:  # also while stopping: journaled
+            if stats is not None:
+                stats.attempt(job, RETRIED, now)
             self._retry(job, error, decision.delay, now)
             return False
         self.counters["failed"] += 1
+        if stats is not None:
+            stats.attempt(job, FAILED, now)
         if self.tracer is not None:
             event = "timed_out" if error == TIMEOUT_ERROR else "failed"
             # not final when a dead letter follows: that line ends the job
@@ -203,6 +213,8 @@ class JobLifecycle:
 
     def _bury(self, job: Job, error: str, now: float) -> None:
         self.counters["dead_lettered"] += 1
+        if self.task_stats is not None:
+            self.task_stats.dead_lettered(job)
         log.warning(
             "job %s (%s) failed %d times (%s): moved to the dead letters",
             show_identity(job.id),

@@ -85,6 +85,7 @@ def queues(core: BrokerCore) -> list[dict[str, Any]]:
                 "name": queue.name,
                 "depth": len(queue.pending),
                 "in_flight": queue.in_flight,
+                "paused": queue.paused,
                 "job_managers": sorted(serving.values(), key=lambda e: -e["weight"]),
             }
         )

@@ -100,6 +100,11 @@ class RankedPending(Generic[Job]):
     def __iter__(self) -> Iterator[Job]:
         return (item[3] for item in self._heap)
 
+    def page(self, offset: int, limit: int) -> list[Job]:
+        """Jobs ``offset`` to ``offset + limit`` in dispatch order (the monitor's
+        waiting list): O(n log(offset + limit)), never a sort of the whole queue."""
+        return [item[3] for item in heapq.nsmallest(offset + limit, self._heap)[offset:]]
+
     def by_priority(self) -> dict[int, int]:
         """Waiting jobs per (declared) priority, for the monitor."""
         counts: dict[int, int] = {}

@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results import actions, job_page, workflow_page
+from emq_django.results import actions, job_page, previews, workflow_page
 from emq_django.results.admin_pages import DashboardAdmin  # noqa: F401  (registers it)
 from emq_django.results.display import human_duration, short_time, status_label
 from emq_django.results.models import JobResult
@@ -161,7 +161,7 @@ class JobResultAdmin(admin.ModelAdmin):
         qs = super().get_queryset(request)
         match = request.resolver_match
         if match and (match.url_name or "").endswith("changelist"):
-            qs = qs.defer(*LIST_DEFERRED)
+            qs = previews.annotate(qs.defer(*LIST_DEFERRED))
         return qs
 
     def get_search_results(
@@ -190,7 +190,14 @@ class JobResultAdmin(admin.ModelAdmin):
     @admin.display(description="task", ordering="task")
     def task_name(self, obj: JobResult) -> str:
         short = obj.task.rsplit(".", 2)[-2:] if obj.task else ["-"]
-        return format_html('<span title="{}">{}</span>', obj.task, ".".join(short))
+        # the previews on a second line of the task's cell: the list keeps its width
+        return format_html(
+            '<span title="{}">{}</span><br><span class="emq-previews">{} → {}</span>',
+            obj.task,
+            ".".join(short),
+            previews.arguments(obj),
+            previews.result(obj),
+        )
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobResult) -> str:

@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from emq_django.exceptions import EmqError
-from emq_django.results import actions, dashboard, topics_page
+from emq_django.results import actions, dashboard, live_pages, topics_page
 from emq_django.results.models import Dashboard
 from emq_django.results.permissions import PURGE_DEAD, REQUEUE_DEAD, allowed, refused
 
@@ -61,7 +61,32 @@ class DashboardAdmin(admin.ModelAdmin):
                 view(require_POST(self.dead_letters_action)),
                 name="emq_dead_letters_action",
             ),
+            # the live views (issue 35): a queue's jobs, a job manager
+            path("queue/<path:name>/", view(self.live_queue_view), name="emq_live_queue"),
+            path(
+                "queue-action/<path:name>/",
+                view(require_POST(self.live_queue_action)),
+                name="emq_live_queue_action",
+            ),
+            path(
+                "jobmanager/<path:name>/",
+                view(self.live_job_manager_view),
+                name="emq_live_job_manager",
+            ),
         ]
+
+    def live_queue_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        return live_pages.queue_view(self, request, name)
+
+    def live_queue_action(self, request: HttpRequest, name: str) -> HttpResponse:
+        return live_pages.queue_action(self, request, name)
+
+    def live_job_manager_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        return live_pages.job_manager_view(self, request, name)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):

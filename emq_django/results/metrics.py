@@ -7,12 +7,15 @@ when ``EMQ_METRICS_TOKEN`` is set.
 from __future__ import annotations
 
 import hmac
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
+from emq_django.exceptions import BrokerUnavailable
+from emq_django.monitor_client import query
 from emq_django.results import dashboard
 from emq_django.results.conf import results_settings
 
@@ -201,5 +204,50 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         )
         response["WWW-Authenticate"] = 'Bearer realm="emq metrics"'
         return response
-    state = dashboard.broker_state(dashboard.monitor_url(), results_settings().dashboard_timeout)
-    return HttpResponse(render(state), content_type=CONTENT_TYPE)
+    url, timeout = dashboard.monitor_url(), results_settings().dashboard_timeout
+    state = dashboard.broker_state(url, timeout)
+    text = render(state)
+    if state["ok"]:
+        text += render_tasks(task_stats(url, timeout))
+    return HttpResponse(text, content_type=CONTENT_TYPE)
+
+
+def task_stats(url: str, timeout: float) -> dict[str, Any] | None:
+    """The monitor channel's ``TASKS``; None when it did not answer with them (a
+    broker before issue 35 answers ERROR)."""
+    try:
+        doc = json.loads(query(url, b"TASKS", timeout))
+    except (BrokerUnavailable, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def render_tasks(doc: dict[str, Any] | None) -> str:
+    """Per task and queue: counters by outcome and the attempts' run-time histogram."""
+    if not doc or not doc.get("enabled"):
+        return ""
+    tasks = doc.get("tasks", [])
+    lines: list[str] = []
+    for field, help_ in (
+        ("succeeded", "Jobs of the task that succeeded."),
+        ("failed", "Jobs of the task that failed for good (no retry left)."),
+        ("retried", "Failed attempts of the task that were retried."),
+        ("dead_lettered", "Jobs of the task moved to the dead letters."),
+    ):
+        samples = [(_task_labels(t), t.get(field, 0)) for t in tasks]
+        lines += _metric(f"emq_task_{field}_total", "counter", help_, samples)
+    lines.append("# HELP emq_task_run_seconds Run time of the task's attempts at the broker.")
+    lines.append("# TYPE emq_task_run_seconds histogram")
+    bounds = doc.get("buckets", [])
+    for t in tasks:
+        labels = _task_labels(t)[1:-1]
+        for bound, count in zip(bounds, t.get("run_buckets", []), strict=False):
+            lines.append(f'emq_task_run_seconds_bucket{{{labels},le="{bound}"}} {count}')
+        lines.append(f'emq_task_run_seconds_bucket{{{labels},le="+Inf"}} {t.get("run_count", 0)}')
+        lines.append(f"emq_task_run_seconds_sum{{{labels}}} {t.get('run_sum', 0)}")
+        lines.append(f"emq_task_run_seconds_count{{{labels}}} {t.get('run_count', 0)}")
+    return "\n".join(lines) + "\n"
+
+
+def _task_labels(t: dict[str, Any]) -> str:
+    return f'{{task="{_label(t.get("task") or "")}",queue="{_label(t.get("queue", ""))}"}}'

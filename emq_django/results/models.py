@@ -135,4 +135,5 @@ class Dashboard(models.Model):
         permissions = [
             ("requeue_deadletters", "Can requeue the broker's dead letters"),
             ("purge_deadletters", "Can purge the broker's dead letters (gone for good)"),
+            ("pause_queues", "Can pause and resume the broker's queues"),
         ]

@@ -14,6 +14,7 @@ RETRY_JOBS = "emq_results.retry_jobresult"
 CANCEL_JOBS = "emq_results.cancel_jobresult"
 REQUEUE_DEAD = "emq_results.requeue_deadletters"
 PURGE_DEAD = "emq_results.purge_deadletters"
+PAUSE_QUEUES = "emq_results.pause_queues"
 RUN_SCHEDULES = "emq_scheduler.run_scheduledjob"
 
 

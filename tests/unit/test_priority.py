@@ -95,3 +95,21 @@ def test_a_job_given_back_goes_before_its_equals() -> None:
 def test_task_priority_is_checked_where_it_is_declared(bad: object, error: type) -> None:
     with pytest.raises(error, match="priority"):
         task(priority=bad)(len)  # type: ignore[arg-type]
+
+
+def test_a_ranked_queues_page_is_in_dispatch_order() -> None:
+    """The monitor's waiting list (``JOBS WAITING``) pages a queue with priorities
+    in the order its jobs will go, not in the heap's storage order."""
+    from types import SimpleNamespace
+
+    from emq_django.broker.priority import RankedPending
+
+    jobs = [
+        SimpleNamespace(headers=SimpleNamespace(priority=p), enqueued_at=float(t))
+        for t, p in enumerate([0, 5, -3, 9, 5, 1, 0, 7, -1, 2])
+    ]
+    pending = RankedPending(0.0, jobs)
+    order = [pending.popleft() for _ in range(len(jobs))]
+    pending = RankedPending(0.0, jobs)
+    assert pending.page(0, 4) + pending.page(4, 4) + pending.page(8, 4) == order
+    assert [j.headers.priority for j in order] == [9, 7, 5, 5, 2, 1, 0, 0, -1, -3]

@@ -6,7 +6,9 @@ A REQ (or DEALER with an empty delimiter) sends one line and gets one answer:
 - ``CANCEL <job id>...``: the ids by what happened (JSON);
 - ``DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...]`` (JSON);
 - ``TOPIC LATEST <n> <topic>``: the topic's latest ``n`` events kept (at most
-  ``MAX_LATEST``), oldest first, their data in base64 (JSON); the admin's Topics page.
+  ``MAX_LATEST``), oldest first, their data in base64 (JSON); the admin's Topics page;
+- ``JOBS WAITING ...``, ``JOBS RUNNING ...``, ``QUEUE PAUSE|RESUME <queue>``: the
+  live lists and queue controls (``monitor_live``).
 
 Anything else is answered ``ERROR ...`` and counted.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from emq_django.broker import monitor
 from emq_django.broker.effects import Effect
+from emq_django.broker.ports import monitor_live
 from emq_django.broker.ports.base import Port
 from emq_django.security.roles import ADMIN, MONITOR
 from emq_django.transport import SocketOptions
@@ -27,7 +30,8 @@ MAX_REQUEST = 65536
 MAX_LATEST = 100
 UNKNOWN = (
     b"ERROR unknown command; send MONITOR, MONITOR JSON, CANCEL <id>..., "
-    b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...] or TOPIC LATEST <n> <topic>"
+    b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...], TOPIC LATEST <n> <topic>, "
+    b"JOBS WAITING|RUNNING ... or QUEUE PAUSE|RESUME <queue>"
 )
 
 
@@ -51,11 +55,16 @@ class MonitorPort(Port):
         return [*envelope, self.answer(request[:MAX_REQUEST], now)]
 
     def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
-        """Reading needs ``monitor`` or ``admin``; CANCEL, REQUEUE and PURGE ``admin``."""
+        """Reading needs ``monitor`` or ``admin``; CANCEL, REQUEUE, PURGE and QUEUE
+        PAUSE|RESUME ``admin``."""
         words = frames[-1].split()[:2] if frames else []
         command = words[0].upper() if words else b""
         action = words[1].upper() if len(words) > 1 else b"LIST"
-        changes = command == b"CANCEL" or (command == b"DEADLETTERS" and action != b"LIST")
+        changes = (
+            command == b"CANCEL"
+            or (command == b"DEADLETTERS" and action != b"LIST")
+            or monitor_live.changes(words)
+        )
         if changes and ADMIN not in roles:
             return f"{command.decode(errors='replace')} needs the admin role"
         if not roles & {MONITOR, ADMIN}:
@@ -90,6 +99,8 @@ class MonitorPort(Port):
             result = self._dead_letters(words[1:], now)
             if result is not None:
                 return monitor.as_json(result)
+        if monitor_live.handles(words):
+            return monitor_live.answer(self.core, words, now)
         if command == b"TOPIC LATEST":
             answer = self._latest(request)
             if answer is not None:

@@ -32,7 +32,14 @@
       cells.forEach(function (cell) {
         var td = document.createElement("td");
         if (typeof cell === "number") td.className = "emq-num";
-        td.textContent = cell === null || cell === undefined ? "–" : String(cell);
+        if (cell && typeof cell === "object" && cell.href) {  // a link to a live page
+          var a = document.createElement("a");
+          a.href = cell.href;
+          a.textContent = cell.text;
+          td.appendChild(a);
+        } else {
+          td.textContent = cell === null || cell === undefined ? "–" : String(cell);
+        }
         tr.appendChild(td);
       });
       frag.appendChild(tr);
@@ -177,11 +184,11 @@
     renderHa(m.ha, now);
     var rates = queueRates || {};
     fillTable("emq-queues", m.queues.map(function (q) {
-      return [q.name, q.depth, q.in_flight, rates[q.name] === undefined ? 0 : rates[q.name],
+      return [{text: q.name + (q.paused ? " (paused)" : ""), href: "queue/" + encodeURIComponent(q.name) + "/"}, q.depth, q.in_flight, rates[q.name] === undefined ? 0 : rates[q.name],
         q.job_managers.map(function (j) { return j.identity + " (w" + j.weight + ", " + j.free_slots + " free)"; }).join(", ")];
     }));
     fillTable("emq-jobmanagers", m.job_managers.map(function (j) {
-      return [j.identity + (j.draining ? " (stopping)" : ""), j.host, j.pid,
+      return [{text: j.identity + (j.draining ? " (stopping)" : ""), href: "jobmanager/" + encodeURIComponent(j.identity) + "/"}, j.host, j.pid,
         (j.queues || []).map(function (q) { return q[1] + ":" + q[0]; }).join(", "),
         j.busy, j.free_slots, j.slots, j.jobs_done, ago(j.last_heartbeat, now)];
     }));

@@ -1,0 +1,115 @@
+"""The monitor channel's live lists and queue controls (``broker/live.py``):
+
+- ``JOBS WAITING <queue> [<offset> [<limit>]] [BODIES]``: a page of the queue's
+  waiting jobs, oldest first, and its delayed ones, soonest due first;
+- ``JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES]``: a
+  page of the attempts in flight (of a queue, all, or one job manager's);
+- ``QUEUE PAUSE <queue>`` and ``QUEUE RESUME <queue>`` (the ``admin`` role);
+- ``TASKS``: per task and queue, the jobs succeeded, failed, retried and
+  dead-lettered and the run-time histogram (``broker/task_stats.py``).
+
+``limit`` is 50 unless given, at most ``live.MAX_PAGE``; ``BODIES`` adds a preview
+of each job's body (its arguments). Answers are JSON; bad input is answered
+``ERROR`` with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from emq_django.broker import live, monitor
+
+DEFAULT_LIMIT = 50
+MAX_QUEUE_NAME = 255
+USAGE = (
+    b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
+    b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
+    b"QUEUE PAUSE|RESUME <queue>, TASKS"
+)
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def changes(words: list[bytes]) -> bool:
+    """Whether the command changes something (it needs the ``admin`` role)."""
+    return len(words) > 1 and words[0].upper() == b"QUEUE"
+
+
+def handles(words: list[bytes]) -> bool:
+    return bool(words) and words[0].upper() in (b"JOBS", b"QUEUE", b"TASKS")
+
+
+def _queue_name(word: bytes) -> str:
+    try:
+        name = word.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("a queue name is UTF-8") from None
+    if len(word) > MAX_QUEUE_NAME:
+        raise BadRequest(f"a queue name is at most {MAX_QUEUE_NAME} bytes")
+    return name
+
+
+def _number(word: bytes, what: str, low: int, high: int) -> int:
+    if not word.isdigit():
+        raise BadRequest(
+            f"{what} must be a whole number, got {word[:20].decode(errors='replace')!r}"
+        )
+    value = int(word)
+    if not low <= value <= high:
+        raise BadRequest(f"{what} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _page(words: list[bytes]) -> tuple[int, int, bool]:
+    bodies = bool(words) and words[-1].upper() == b"BODIES"
+    if bodies:
+        words = words[:-1]
+    if len(words) > 2:
+        raise BadRequest("too many words: give an offset and a limit at most")
+    offset = _number(words[0], "the offset", 0, 10**12) if words else 0
+    limit = _number(words[1], "the limit", 1, live.MAX_PAGE) if len(words) > 1 else DEFAULT_LIMIT
+    return offset, limit, bodies
+
+
+def answer(core: Any, words: list[bytes], now: float) -> bytes:
+    try:
+        return monitor.as_json(_answer(core, words, now))
+    except BadRequest as exc:
+        core.counters["protocol_errors"] += 1
+        return b"ERROR " + str(exc).encode()
+
+
+def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
+    what = words[1].upper() if len(words) > 1 else b""
+    if words[0].upper() == b"TASKS":
+        if len(words) != 1:
+            raise BadRequest("usage: TASKS (no arguments)")
+        stats = core.life.task_stats
+        if stats is None:
+            return {"enabled": False, "buckets": [], "tasks": []}
+        return {"enabled": True, **stats.doc()}
+    if words[0].upper() == b"QUEUE":
+        if what not in (b"PAUSE", b"RESUME") or len(words) != 3:
+            raise BadRequest("usage: QUEUE PAUSE <queue> or QUEUE RESUME <queue>")
+        name = _queue_name(words[2])
+        return live.pause(core, name) if what == b"PAUSE" else live.resume(core, name, now)
+    if what == b"WAITING":
+        if len(words) < 3:
+            raise BadRequest("usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES]")
+        offset, limit, bodies = _page(words[3:])
+        return live.waiting(core, _queue_name(words[2]), offset, limit, bodies, now)
+    if what == b"RUNNING":
+        rest = words[2:]
+        queue: str | None = None
+        manager: str | None = None
+        if rest and not rest[0].isdigit() and rest[0].upper() != b"BODIES":
+            if rest[0].startswith(b"@"):
+                manager = _queue_name(rest[0][1:])  # (the same rules as a queue's name)
+            elif rest[0] != b"*":
+                queue = _queue_name(rest[0])
+            rest = rest[1:]
+        offset, limit, bodies = _page(rest)
+        return live.running(core, queue, offset, limit, bodies, now, manager)
+    raise BadRequest(USAGE[len(b"ERROR ") :].decode())

@@ -1,0 +1,193 @@
+"""The admin's live views (issue 35): a queue's waiting, delayed and running jobs,
+paged from the broker's monitor channel (``JOBS WAITING``/``JOBS RUNNING``, never
+the whole queue), with Pause/Resume and Cancel; and a job manager's page.
+
+Arguments are masked as the job page masks them (``EMQ_RESULTS_SHOW_ARGS``): while
+masked, the broker is not even asked for them. Every control needs its own
+permission, and says what it did (a message) or why not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from emq_django.conf import cached_settings
+from emq_django.exceptions import EmqError, JobRefused
+from emq_django.monitor_client import query
+from emq_django.results.conf import results_settings
+from emq_django.results.dashboard import monitor_url
+from emq_django.results.display import human_span
+from emq_django.results.permissions import CANCEL_JOBS, PAUSE_QUEUES, allowed, refused
+
+PAGE = 50  # jobs per page of each list
+PREVIEW_CHARS = 80
+MASKED = "•••• (masked)"
+
+
+class NotAName(ValueError):
+    pass
+
+
+def _word(name: str, what: str) -> str:
+    if not name or not name.isprintable() or any(c.isspace() for c in name):
+        raise NotAName(f"{what} {name!r} cannot be asked for: it is empty or has spaces")
+    return name
+
+
+def ask(*words: str) -> dict[str, Any]:
+    """One monitor command; raises ``EmqError`` (``BrokerUnavailable``, or
+    ``JobRefused`` for the broker's ERROR with its reason)."""
+    settings = cached_settings()
+    answer = query(settings.MONITOR_URL, " ".join(words).encode(), settings.MONITOR_TIMEOUT)
+    if answer.startswith(b"ERROR"):
+        raise JobRefused(answer.decode(errors="replace"))
+    doc = json.loads(answer)
+    if not isinstance(doc, dict):
+        raise JobRefused(f"the monitor answered {doc!r}")
+    return doc
+
+
+def preview(body: str | None) -> str:
+    """A short text of a job's arguments (``[args] {kwargs}``) from its body's
+    preview, or the masked marker when the admin masks arguments."""
+    if body is None:
+        return MASKED
+    try:
+        run = json.loads(body)
+        payload = run[1]
+        text = json.dumps(payload.get("args", []), ensure_ascii=False)
+        if payload.get("kwargs"):
+            text += " " + json.dumps(payload["kwargs"], ensure_ascii=False)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        text = body  # not a run body (or cut short): as it is
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def _page_number(request: HttpRequest, key: str) -> int:
+    try:
+        return max(int(request.GET.get(key, "1")), 1)
+    except ValueError:
+        return 1
+
+
+def _rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for job in doc.get("jobs", []):
+        rows.append(
+            {
+                **job,
+                "args": preview(job.get("body")),
+                "waited_text": human_span(job.get("waited")),
+                "running_text": human_span(job.get("running_for")),
+            }
+        )
+    return rows
+
+
+def _pager(doc: dict[str, Any], page: int) -> dict[str, Any]:
+    pages = max(math.ceil(doc.get("total", 0) / PAGE), 1)
+    return {"page": page, "pages": pages, "previous": page - 1, "next": page + 1}
+
+
+def queue_view(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
+    bodies = ["BODIES"] if results_settings().show_args else []
+    waiting_page = _page_number(request, "waiting")
+    running_page = _page_number(request, "running")
+    context: dict[str, Any] = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"Queue {name}",
+        "page_size": PAGE,
+        "queue": name,
+        "monitor_url": monitor_url(),
+        "can_pause": allowed(request, PAUSE_QUEUES),
+        "can_cancel": allowed(request, CANCEL_JOBS),
+        "error": "",
+    }
+    try:
+        _word(name, "the queue")
+        waiting = ask("JOBS", "WAITING", name, str((waiting_page - 1) * PAGE), str(PAGE), *bodies)
+        running = ask("JOBS", "RUNNING", name, str((running_page - 1) * PAGE), str(PAGE), *bodies)
+    except (EmqError, NotAName) as exc:
+        context["error"] = str(exc)
+        return TemplateResponse(request, "emq/live_queue.html", context)
+    context.update(
+        paused=waiting.get("paused", False),
+        waiting=_rows(waiting),
+        waiting_total=waiting.get("total", 0),
+        waiting_pager=_pager(waiting, waiting_page),
+        spilled=waiting.get("spilled", 0),
+        delayed=_rows({"jobs": waiting.get("delayed", [])}),
+        delayed_total=waiting.get("delayed_total", 0),
+        running=_rows(running),
+        running_total=running.get("total", 0),
+        running_pager=_pager(running, running_page),
+    )
+    return TemplateResponse(request, "emq/live_queue.html", context)
+
+
+def queue_action(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
+    action = request.POST.get("action", "")
+    if action not in ("pause", "resume"):
+        return HttpResponseBadRequest(
+            f"Not done: {action!r} is not a queue action; use pause or resume."
+        )
+    if not allowed(request, PAUSE_QUEUES):
+        return refused(f"{action} a queue", PAUSE_QUEUES)
+    back = HttpResponseRedirect(reverse("admin:emq_live_queue", args=[name]))
+    try:
+        doc = ask("QUEUE", action.upper(), _word(name, "the queue"))
+    except (EmqError, NotAName) as exc:
+        model_admin.message_user(request, f"Not done: {exc}", messages.ERROR)
+        return back
+    if action == "pause":
+        was = " (it was paused already)" if doc.get("was_paused") else ""
+        text = (
+            f"Paused queue {name!r}{was}: its {doc.get('waiting', 0)} waiting jobs and new "
+            "ones wait (nothing is refused); running jobs finish."
+        )
+    else:
+        was = "" if doc.get("was_paused") else " (it was not paused)"
+        text = f"Resumed queue {name!r}{was}: {doc.get('dispatched', 0)} waiting jobs dispatched."
+    model_admin.message_user(request, text, messages.SUCCESS)
+    return back
+
+
+def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
+    running_page = _page_number(request, "running")
+    context: dict[str, Any] = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"Job manager {name}",
+        "name": name,
+        "monitor_url": monitor_url(),
+        "can_cancel": allowed(request, CANCEL_JOBS),
+        "error": "",
+        "manager": None,
+    }
+    try:
+        _word(name, "the job manager")
+        status = ask("MONITOR", "JSON")
+        running = ask("JOBS", "RUNNING", "@" + name, str((running_page - 1) * PAGE), str(PAGE))
+    except (EmqError, NotAName) as exc:
+        context["error"] = str(exc)
+        return TemplateResponse(request, "emq/job_manager.html", context)
+    found = [m for m in status.get("job_managers", []) if m.get("identity") == name]
+    wall = status.get("broker", {}).get("time") or 0.0
+    if found:
+        manager = found[0]
+        beat = manager.get("last_heartbeat")
+        manager["heartbeat_ago"] = human_span(wall - beat) if beat else None
+        manager["queue_names"] = [q for _, q in manager.get("queues", [])]
+        context["manager"] = manager
+    context.update(
+        running=_rows(running),
+        running_total=running.get("total", 0),
+        running_pager=_pager(running, running_page),
+    )
+    return TemplateResponse(request, "emq/job_manager.html", context)
