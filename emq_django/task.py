@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -18,13 +17,17 @@ from emq_django.protocol.body import RunBodyEncoder, encode_run_body
 from emq_django.protocol.frames import with_acks_flag
 from emq_django.protocol.headers import format_headers
 from emq_django.protocol.limits import (
-    MAX_DELAY,
     MAX_TIMEOUT,
     check_count,
-    check_job_id,
     check_priority,
     check_queue_name,
     check_seconds,
+)
+from emq_django.task_options import (
+    check_options,
+    check_size,
+    check_soft_timeout,
+    when_to_run,
 )
 
 SOFT_TIMEOUT_HEADER = "soft-timeout"  # a headers extension: the soft time limit, seconds
@@ -112,7 +115,7 @@ class Task(Generic[P, R]):
         else:
             body, head, tail = self._empty
         if len(body) > settings.MAX_BODY_BYTES:
-            _check_size(body, settings.MAX_BODY_BYTES, self.name)
+            check_size(body, settings.MAX_BODY_BYTES, self.name)
         if self.on_commit and _in_transaction():
             return self.apply_async(args, kwargs)
         if settings.EAGER:
@@ -188,7 +191,7 @@ class Task(Generic[P, R]):
             else:
                 pairs.append((call, None))
             body = encode_run_body(self.path, self.callable, *pairs[-1])
-            bodies.append(_check_size(body, settings.MAX_BODY_BYTES, self.name))
+            bodies.append(check_size(body, settings.MAX_BODY_BYTES, self.name))
         if settings.EAGER:
             return [self._run_eagerly(body, self.reply) for body in bodies]
         client = get_client()
@@ -244,7 +247,7 @@ class Task(Generic[P, R]):
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
         when it commits (emq_django/transaction.py) and the result says so."""
-        _check_options(queue, retries, timeout, guarantee, reply, job_id)
+        check_options(queue, retries, timeout, guarantee, reply, job_id)
         if priority is not None:
             check_priority(priority)
         if soft_timeout is not None or timeout is not None:
@@ -252,10 +255,10 @@ class Task(Generic[P, R]):
                 self.soft_timeout if soft_timeout is None else soft_timeout,
                 self.timeout if timeout is None else timeout,
             )
-        run_after = _run_after(countdown, eta)  # bad timing fails now, not at commit
+        run_after = when_to_run(countdown, eta)  # bad timing fails now, not at commit
         body = self._body.encode(args, kwargs)
         settings = _settings()
-        _check_size(body, settings.MAX_BODY_BYTES, self.name)
+        check_size(body, settings.MAX_BODY_BYTES, self.name)
         want_reply = self.reply if reply is None else reply
         if (self.on_commit if on_commit is None else on_commit) and _in_transaction():
             options = {
@@ -414,66 +417,6 @@ def _in_transaction() -> bool:
     from emq_django.transaction import in_transaction
 
     return in_transaction()
-
-
-def _check_options(
-    queue: Any, retries: Any, timeout: Any, guarantee: Any, reply: Any, job_id: Any
-) -> None:
-    """Refuse at the call site what the broker would refuse; ``TypeError``/``ValueError``."""
-    if queue is not None:
-        check_queue_name(queue)
-    if retries is not None:
-        check_count("retries", retries)
-    if timeout is not None:
-        check_seconds("timeout", timeout, MAX_TIMEOUT)
-    for name, flag in (("guarantee", guarantee), ("reply", reply)):
-        if flag is not None and not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if job_id is not None:
-        check_job_id(job_id)
-
-
-def check_soft_timeout(soft_timeout: Any, timeout: Any) -> None:
-    """A soft limit is seconds >= 0 (0: none), under the hard one when there is one;
-    raises ``TypeError``/``ValueError``."""
-    check_seconds("soft_timeout", soft_timeout, MAX_TIMEOUT)
-    if soft_timeout and timeout and soft_timeout >= timeout:
-        raise ValueError(
-            f"soft_timeout ({soft_timeout:g} s) must be less than timeout ({timeout:g} s): "
-            "the hard limit would kill the task before the soft one could raise"
-        )
-
-
-def _check_size(body: bytes, limit: int, name: str) -> bytes:
-    if len(body) > limit:
-        raise ValueError(
-            f"the arguments of {name} encode to {len(body)} bytes; the broker takes at most "
-            f"{limit} (EMQ_MAX_BODY_BYTES): pass large data by reference (a path, a key)"
-        )
-    return body
-
-
-def _run_after(countdown: float | None, eta: dt.datetime | None) -> float:
-    """The run-after time (Unix seconds), 0 for now. Raises ``ValueError`` for a
-    negative, non-finite or more than ``MAX_DELAY`` (a year) away time."""
-    if countdown is not None and eta is not None:
-        raise ValueError("give countdown or eta, not both")
-    if countdown is not None:
-        check_seconds("countdown", countdown, MAX_DELAY)
-        return time.time() + countdown if countdown else 0.0
-    if eta is not None:
-        if not isinstance(eta, dt.datetime):
-            raise TypeError(f"eta must be a datetime, got {type(eta).__name__}")
-        if eta.tzinfo is None:
-            raise ValueError("eta must be timezone-aware (use django.utils.timezone.now())")
-        when = eta.timestamp()
-        if when - time.time() > MAX_DELAY:
-            raise ValueError(
-                f"eta {eta.isoformat()} is more than {MAX_DELAY / 86400:.0f} days ahead; "
-                "use emq.schedule() for jobs that far out"
-            )
-        return max(when, 0.0)
-    return 0.0
 
 
 @overload
