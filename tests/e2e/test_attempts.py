@@ -9,7 +9,6 @@ in tests/e2e/attempt_tasks.py and write one line per run to EMQ_ATTEMPT_LOG.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from emq_django.monitor_client import query
 from tests.e2e import attempt_tasks as tasks
 from tests.e2e.test_spine import job_manager, monitor, run_manage, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
+from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -45,15 +45,8 @@ def env(
         "EMQ_TRACE_DIR": str(tmp_path / "trace"),
         "EMQ_RECORDER": "",
     }
-    emq_env.update(extra)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    yield emq_env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(emq_env, extra):
+        yield emq_env
 
 
 def start(

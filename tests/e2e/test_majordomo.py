@@ -19,6 +19,7 @@ import zmq
 from tests.e2e import mdp_tasks
 from tests.e2e.test_spine import monitor, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
+from tests.support.environ import environment
 
 majortomo = pytest.importorskip("majortomo")
 
@@ -30,15 +31,8 @@ C, W = b"MDPC02", b"MDPW02"
 @pytest.fixture
 def env(emq_env: dict[str, str], emq_client_env: dict[str, str]) -> Iterator[dict[str, str]]:
     extra = {"EMQ_IMPORTS": "tests.e2e.mdp_tasks"}
-    emq_env.update(extra)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    yield emq_env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(emq_env, extra):
+        yield emq_env
 
 
 @pytest.fixture

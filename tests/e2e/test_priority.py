@@ -7,7 +7,6 @@ tests/e2e/flow_tasks.py and write one line per start to EMQ_FLOW_LOG.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from tests.e2e import flow_tasks as tasks
 from tests.e2e.test_spine import monitor, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
+from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -33,15 +33,8 @@ def env(
         "EMQ_RECORDER": "",
         "EMQ_PRIORITY_AGING": str(AGING),
     }
-    emq_env.update(extra)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    yield emq_env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(emq_env, extra):
+        yield emq_env
 
 
 def start(procs: EmqProcesses, env: dict[str, str]) -> list[ManagedProcess]:

@@ -20,6 +20,7 @@ from emq_django.exceptions import TaskFailed
 from tests.e2e import signal_tasks as tasks
 from tests.e2e.test_spine import wait_jm_ready
 from tests.support import EmqProcesses, start_broker, wait_until
+from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -35,15 +36,8 @@ def env(
         "EMQ_RETRY_CAP": "1",
         "EMQ_RECORDER": "",
     }
-    emq_env.update(extra)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    yield emq_env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(emq_env, extra):
+        yield emq_env
 
 
 def lines(env: dict[str, str], job_id: str) -> list[dict[str, Any]]:

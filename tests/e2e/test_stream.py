@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from emq_django.exceptions import TaskFailed
 from tests.e2e import stream_tasks as tasks
 from tests.e2e.test_spine import run_manage, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
+from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -39,16 +39,9 @@ def env(
         "EMQ_TRACE_DIR": str(tmp_path / "trace"),
         "EMQ_RECORDER": RECORDER,
     }
-    emq_env.update(extra)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    assert run_manage(emq_env, "migrate", "--noinput").returncode == 0
-    yield emq_env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(emq_env, extra):
+        assert run_manage(emq_env, "migrate", "--noinput").returncode == 0
+        yield emq_env
 
 
 def start(procs: EmqProcesses, env: dict[str, str]) -> list[ManagedProcess]:

@@ -17,6 +17,7 @@ import emq_django as emq
 from tests.e2e import workflow_tasks as tasks
 from tests.e2e.test_spine import monitor, run_manage, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
+from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -27,16 +28,9 @@ IMPORTS = "tests.e2e.workflow_tasks"
 def env(emq_env: dict[str, str], emq_client_env: dict[str, str]) -> Iterator[dict[str, str]]:
     """The broker, the job manager and this test process share these settings."""
     extra = {"EMQ_IMPORTS": IMPORTS, "EMQ_RETRY_BASE": "0.2", "EMQ_RETRY_CAP": "1"}
-    emq_env.update(extra)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    assert run_manage(emq_env, "migrate", "--noinput").returncode == 0
-    yield emq_env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(emq_env, extra):
+        assert run_manage(emq_env, "migrate", "--noinput").returncode == 0
+        yield emq_env
 
 
 def start(
