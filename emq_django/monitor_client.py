@@ -9,7 +9,7 @@ from typing import Any
 import zmq
 
 from emq_django import transport
-from emq_django.exceptions import BrokerUnavailable
+from emq_django.exceptions import BrokerUnavailable, JobRefused
 from emq_django.security.keys import FROM_SETTINGS, CurveKeys, resolve
 from emq_django.transport import SocketOptions
 
@@ -47,6 +47,22 @@ def query(
     finally:
         watch.close()  # (first: HandshakeWatch.close)
         sock.close()
+
+
+def command(*words: str) -> dict[str, Any]:
+    """One monitor command to ``EMQ_MONITOR_URL`` (the admin's actions and live
+    pages), its JSON answer; raises ``BrokerUnavailable``, or ``JobRefused`` for
+    the broker's ERROR with its reason."""
+    from emq_django.conf import cached_settings
+
+    settings = cached_settings()
+    answer = query(settings.MONITOR_URL, " ".join(words).encode(), settings.MONITOR_TIMEOUT)
+    if answer.startswith(b"ERROR"):
+        raise JobRefused(answer.decode(errors="replace"))
+    doc = json.loads(answer)
+    if not isinstance(doc, dict):
+        raise JobRefused(f"the monitor answered {doc!r}")
+    return doc
 
 
 def status(url: str, timeout: float = 2.0) -> dict[str, Any]:

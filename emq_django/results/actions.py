@@ -13,7 +13,7 @@ from emq_django import registry
 from emq_django.client import get_client
 from emq_django.conf import cached_settings
 from emq_django.exceptions import JobRefused
-from emq_django.monitor_client import query
+from emq_django.monitor_client import command
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.results.models import JobResult, RetryLink
@@ -57,14 +57,7 @@ def _monitor(words: list[str]) -> dict[str, Any]:
     """One monitor command; raises ``BrokerUnavailable``, or ``JobRefused`` for an ERROR."""
     if any(not w or not w.isprintable() or " " in w for w in words):
         raise ValueError("job ids are printable and contain no spaces")
-    settings = cached_settings()
-    answer = query(settings.MONITOR_URL, " ".join(words).encode(), settings.MONITOR_TIMEOUT)
-    if answer.startswith(b"ERROR"):
-        raise JobRefused(answer.decode(errors="replace"))
-    doc = json.loads(answer)
-    if not isinstance(doc, dict):
-        raise JobRefused(f"the monitor answered {doc!r}")
-    return doc
+    return command(*words)
 
 
 def cancel(job_ids: Iterable[str]) -> dict[str, list[str]]:

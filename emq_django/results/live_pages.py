@@ -18,9 +18,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from emq_django.conf import cached_settings
-from emq_django.exceptions import EmqError, JobRefused
-from emq_django.monitor_client import query
+from emq_django.exceptions import EmqError
+from emq_django.monitor_client import command
 from emq_django.results.conf import results_settings
 from emq_django.results.dashboard import monitor_url
 from emq_django.results.display import human_span
@@ -42,16 +41,8 @@ def _word(name: str, what: str) -> str:
 
 
 def ask(*words: str) -> dict[str, Any]:
-    """One monitor command; raises ``EmqError`` (``BrokerUnavailable``, or
-    ``JobRefused`` for the broker's ERROR with its reason)."""
-    settings = cached_settings()
-    answer = query(settings.MONITOR_URL, " ".join(words).encode(), settings.MONITOR_TIMEOUT)
-    if answer.startswith(b"ERROR"):
-        raise JobRefused(answer.decode(errors="replace"))
-    doc = json.loads(answer)
-    if not isinstance(doc, dict):
-        raise JobRefused(f"the monitor answered {doc!r}")
-    return doc
+    """One monitor command (``monitor_client.command``)."""
+    return command(*words)
 
 
 def preview(body: str | None) -> str:

@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 import emq_django as emq
+from emq_django import monitor_client
 from emq_django.exceptions import ResultTimeout, TaskFailed
 from emq_django.results import actions
 from emq_django.results.models import JobResult, JobStat
@@ -258,7 +259,7 @@ def test_cancel_action_says_why_it_cannot(
     def unreachable(*args: Any) -> bytes:
         raise BrokerUnavailable("broker unreachable at tcp://127.0.0.1:1")
 
-    monkeypatch.setattr(actions, "query", unreachable)
+    monkeypatch.setattr(monitor_client, "query", unreachable)
     recorder.record(record("c1"))
     recorder.flush()
     response = staff.post(

@@ -18,8 +18,11 @@ ALLOWED = {
     "workers, dispatch, held slots, heartbeats, time limits) all read and change the "
     "queues, peers and jobs it owns, on the dispatch hot path. What has a role of its own "
     "is out already (lifecycle.py: retries and dead letters; holding.py; state.py; "
-    "effects.py; seam.py; trace.py); splitting the rest means handing that state between "
-    "modules per job. Issue 32 (high availability) is changing it now: split after it.",
+    "effects.py; seam.py; trace.py; priority.py; workflows.py; live.py); splitting the "
+    "rest means handing that state between modules per job. It grew with issue 32's "
+    "restored outcomes and the hooks of priorities and workflows (issues 33 and 34, in "
+    "progress): the next split is its restore and hand-over part (restore, "
+    "_restored_outcome, the kept replies) into a module of its own once those land.",
     "broker/server.py": "the broker's one poll loop: sockets, the one send path, the "
     "turn's journal commit, CURVE, signals and shutdown. The ports own their output and "
     "the guard, turns, memory and exposure modules are out; what is left is the loop. "
