@@ -37,7 +37,15 @@ from emq_django.pubsub import (
 from emq_django.scheduler.api import periodic, schedule, unschedule
 from emq_django.streaming import partial
 from emq_django.task import Task, task
-from emq_django.workflows import Signature, WorkflowResult, chain, chord, group, signature
+from emq_django.workflows import (
+    Signature,
+    StepEvent,
+    WorkflowResult,
+    chain,
+    chord,
+    group,
+    signature,
+)
 
 __all__ = [
     "BatchUnacknowledged",
@@ -58,6 +66,7 @@ __all__ = [
     "Retry",
     "Signature",
     "SoftTimeLimitExceeded",
+    "StepEvent",
     "Task",
     "TaskFailed",
     "TaskNotFound",

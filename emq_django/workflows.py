@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from emq_django import registry
-from emq_django.handles import Result
+from emq_django.exceptions import PartialsLost, TaskFailed
+from emq_django.handles import Result, _process_client, decode_reply_body
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.protocol.limits import MAX_TIMEOUT, check_count, check_queue_name, check_seconds
@@ -298,6 +300,52 @@ class WorkflowResult(Result):
             Result(f"{self.id}/{path}", name, client=self._client) for path, name in self._paths
         ]
 
+    def stream(self, timeout: float | None = 30.0) -> Iterator[Any]:
+        """Yield a ``StepEvent`` per step's start, partial result and end, as they
+        reach this client, then the workflow's final value (as ``get()`` returns
+        it, or raises). ``timeout``: the longest wait for each next one
+        (``ResultTimeout``); ``PartialsLost`` as ``Result.stream()`` raises it.
+        Once the result is in, a stream yields the final value only."""
+        if not self._done:
+            yield from self._stream_steps(timeout)
+        yield self.get()
+
+    def _stream_steps(self, timeout: float | None) -> Iterator[StepEvent]:
+        client = self._client or _process_client()
+        own = self._msgid_bytes()
+        steps = {f"{self.id}/{path}".encode(): (path, name) for path, name in self._paths}
+        waiting = [*steps, own]  # the workflow's own REPLY last: its steps' come first
+        seen: dict[bytes, tuple[int, int]] = {}  # a step's (attempt, seq) streamed
+        while True:
+            msgid, item = client.next_streamed_of(waiting, timeout)
+            if msgid == own:
+                if not isinstance(item, tuple):  # the workflow's REPLY: it has ended
+                    self._settle(item.body)
+                    return
+                continue  # a workflow sends no partial of its own
+            path, name = steps[msgid]
+            if msgid not in seen:
+                seen[msgid] = (0, 0)
+                yield StepEvent("start", path, name)
+            if not isinstance(item, tuple):
+                waiting.remove(msgid)
+                value, error = decode_reply_body(item.body)
+                yield StepEvent("end", path, name, value, error, seen[msgid][0])
+                continue
+            attempt, seq, body = item
+            last_attempt, last_seq = seen[msgid]
+            if attempt < last_attempt:
+                continue  # a late partial of an attempt that was retried
+            if attempt > last_attempt:
+                last_seq = 0  # a retry: its partials start again
+            seen[msgid] = (attempt, seq)
+            if seq != last_seq + 1:
+                raise PartialsLost(
+                    f"{seq - last_seq - 1} partial results of workflow step {path} ({name}, "
+                    f"attempt {attempt}) went missing before this one"
+                )
+            yield StepEvent("partial", path, name, decode_reply_body(body)[0], None, attempt)
+
     def cancel(self) -> bool:
         """No further step starts; running steps are cancelled as jobs are (their
         worker process is killed). ``get()`` then raises ``Cancelled``."""
@@ -317,3 +365,20 @@ def _step_paths(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
     else:
         for i, child in enumerate(value):
             yield from _step_paths(child, f"{path}.{i}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """What ``WorkflowResult.stream()`` yields before the final value: ``kind`` is
+    ``"start"`` (the first this client hears of the step: the broker sends no
+    message when a step's job starts), ``"partial"`` (a partial result, in
+    ``value``) or ``"end"`` (the step's outcome: ``value``, or ``error``, the
+    ``TaskFailed`` it ended with); ``step`` is its path (``root.1``), ``task`` its
+    task's name, ``attempt`` the attempt a partial came from."""
+
+    kind: Literal["start", "partial", "end"]
+    step: str
+    task: str
+    value: Any = None
+    error: TaskFailed | None = None
+    attempt: int = 0

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -180,6 +181,14 @@ class Inbox(Incarnations):
         last its REPLY. Raises ``ResultTimeout`` when neither comes within
         ``timeout``, ``JobRefused`` for a refused job, and ``PartialsLost`` when
         partials waiting here were dropped over the bounds (MAX_STREAMED_JOBS)."""
+        return self.next_streamed_of((msgid,), timeout)[1]
+
+    def next_streamed_of(
+        self, msgids: Sequence[bytes], timeout: float | None
+    ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply]:
+        """``next_streamed`` for whichever of ``msgids`` has something first (the
+        steps of a workflow): (its msgid, its item). Ids are looked at in the
+        order given when several have something waiting."""
         from emq_django.exceptions import ResultTimeout
 
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -187,12 +196,15 @@ class Inbox(Incarnations):
             self._flush_buffer()
         while True:
             with self._lock:
-                item = self._take_streamed(msgid)
-                if item is not None:
-                    return item
+                for msgid in msgids:
+                    item = self._take_streamed(msgid)
+                    if item is not None:
+                        return msgid, item
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise ResultTimeout(f"nothing from job {msgid.decode()} within {timeout} s")
+                    names = ", ".join(m.decode(errors="replace") for m in msgids[:3])
+                    more = f" and {len(msgids) - 3} more" if len(msgids) > 3 else ""
+                    raise ResultTimeout(f"nothing from job {names}{more} within {timeout} s")
                 slice_ms = 20 if threading.active_count() > 1 + _Flusher.alive else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()

@@ -73,6 +73,9 @@ class Transport(Protocol):
     def next_streamed(
         self, msgid: bytes, timeout: float | None
     ) -> tuple[int, int, bytes] | F.Reply: ...
+    def next_streamed_of(
+        self, msgids: Sequence[bytes], timeout: float | None
+    ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply]: ...
 
     # ---- cancel -------------------------------------------------------------
     def cancel(self, job_id: str) -> bool: ...

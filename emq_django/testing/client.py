@@ -221,3 +221,17 @@ class MemoryClient:
         if partials:
             return partials.popleft()
         return self.wait_reply(msgid, timeout)
+
+    def next_streamed_of(
+        self, msgids: Sequence[bytes], timeout: float | None
+    ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply]:
+        """``next_streamed`` for whichever of ``msgids`` has something, in the order
+        given; ``ResultTimeout`` when none has once what is ready has run."""
+        self.broker.run()
+        for msgid in msgids:
+            partials = self._partials.get(msgid)
+            if partials:
+                return msgid, partials.popleft()
+            if msgid in self._errors or msgid in self._replies:
+                return msgid, self.wait_reply(msgid, timeout)
+        raise ResultTimeout(self.broker.why_waiting(msgids[-1]))

@@ -96,6 +96,29 @@ def test_a_chain_goes_on_after_a_steps_own_retry_and_each_step_gets_the_last_res
     assert [step.get(timeout=10) for step in result.steps] == [3, 4, 14]
 
 
+def test_a_chains_stream_gives_the_streaming_middle_steps_partials_between_its_start_and_end(
+    emq_processes: EmqProcesses, env: dict[str, str], tmp_path: Path
+) -> None:
+    start(emq_processes, env)
+    rd = str(tmp_path)
+
+    result = emq.chain(tasks.plus.s(1, 2, rd), tasks.counting.s(rd), tasks.plus.s(10, rd)).delay()
+    events = list(result.stream(timeout=60))
+
+    assert events[-1] == 16  # 1 + 2, doubled, + 10
+    assert [(e.kind, e.step, e.value) for e in events[:-1]] == [
+        ("start", "root.0", None),
+        ("end", "root.0", 3),
+        ("start", "root.1", None),
+        *[("partial", "root.1", {"counted": i}) for i in range(3)],
+        ("end", "root.1", 6),
+        ("start", "root.2", None),
+        ("end", "root.2", 16),
+    ]
+    assert {e.task for e in events[2:-3]} == {tasks.counting.name}
+    assert runs(tmp_path) == Counter({"plus 1 2": 1, "counting 3": 1, "plus 6 10": 1})
+
+
 def test_a_chain_whose_step_fails_for_good_names_that_step_and_runs_no_later_one(
     emq_processes: EmqProcesses, env: dict[str, str], tmp_path: Path
 ) -> None:

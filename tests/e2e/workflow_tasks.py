@@ -84,3 +84,12 @@ def kept_collect(outcomes: list[object], runs_dir: str) -> dict[str, int]:
     _record(runs_dir, "kept callback")
     errors = [o for o in outcomes if isinstance(o, dict) and "error" in o]
     return {"members": len(outcomes), "errors": len(errors)}
+
+
+@emq.task(queue="wf")
+def counting(value: int, runs_dir: str) -> int:
+    """A step that streams: three partial results, then its value doubled."""
+    _record(runs_dir, f"counting {value}")
+    for i in range(3):
+        emq.partial({"counted": i})
+    return 2 * value

@@ -54,6 +54,13 @@ def note(values: list[object], tag: str) -> str:
     return tag
 
 
+@emq.task
+def counting(x: int) -> int:
+    for i in range(2):
+        emq.partial(f"{i} of {x}")
+    return x + 1
+
+
 @emq.task(guarantee=True)
 def kept(x: int) -> int:
     return x
@@ -143,6 +150,40 @@ def test_a_chain_passes_each_result_on_and_returns_the_last(emq_broker):
     assert result.get() == 16  # (1 + 2) * 2, then add(6, 10)
     assert runs == ["add(1, 2)", "double(3)", "add(6, 10)"]
     assert [s.get() for s in result.steps] == [3, 6, 16]
+
+
+def test_a_chains_stream_gives_each_steps_start_partials_and_end_then_its_value(emq_broker):
+    result = emq.chain(add.s(1, 2), counting.s(), double.s()).delay()
+    emq_broker.run()
+
+    events = list(result.stream())
+
+    assert events[-1] == 8  # (1 + 2 + 1) * 2
+    name = f"{__name__}.{{}}".format
+    assert [(e.kind, e.step, e.task, e.value) for e in events[:-1]] == [
+        ("start", "root.0", name("add"), None),
+        ("end", "root.0", name("add"), 3),
+        ("start", "root.1", name("counting"), None),
+        ("partial", "root.1", name("counting"), "0 of 3"),
+        ("partial", "root.1", name("counting"), "1 of 3"),
+        ("end", "root.1", name("counting"), 4),
+        ("start", "root.2", name("double"), None),
+        ("end", "root.2", name("double"), 8),
+    ]
+    assert list(result.stream()) == [8]  # once the result is in: the value only
+
+
+def test_a_failed_chains_stream_ends_with_the_steps_error_then_raises_it(emq_broker):
+    result = emq.chain(add.s(1, 2), boom.s(), double.s()).delay()
+    emq_broker.run()
+
+    events = result.stream()
+    assert [e.kind for e in (next(events), next(events), next(events))] == ["start", "end", "start"]
+    end = next(events)
+    assert (end.kind, end.step, end.value) == ("end", "root.1", None)
+    assert end.error is not None and end.error.type == "ValueError"
+    with pytest.raises(emq.TaskFailed, match=r"step root\.1 .*boom.* failed: boom at 3"):
+        next(events)
 
 
 def test_an_immutable_step_does_not_take_the_previous_result(emq_broker):
