@@ -123,3 +123,20 @@ def flaky(key: str) -> None:
         return
     record("failed", key)
     raise RuntimeError(f"{key} fails its first attempt")
+
+
+@emq.task(queue="faults", guarantee=True, retries=0)
+def chord_member(key: str, fails: bool) -> str:
+    """A member of test_faults_workflows' chords: a failing one fails for good."""
+    time.sleep(0.02)
+    record("done", key)
+    if fails:
+        raise ValueError(f"{key} fails")
+    return key
+
+
+@emq.task(queue="faults", guarantee=True, retries=0)
+def chord_callback(outcomes: list[object], key: str) -> dict[str, int]:
+    record("done", key)
+    errors = sum(1 for o in outcomes if isinstance(o, dict) and "error" in o)
+    return {"members": len(outcomes), "errors": errors}
