@@ -314,10 +314,12 @@ class WorkflowResult(Result):
         client = self._client or _process_client()
         own = self._msgid_bytes()
         steps = {f"{self.id}/{path}".encode(): (path, name) for path, name in self._paths}
-        waiting = [*steps, own]  # the workflow's own REPLY last: its steps' come first
+        # ranked in graph order (a step's after those it waits for); the workflow's
+        # own REPLY comes after its steps'
+        waiting = {msgid: rank for rank, msgid in enumerate(steps)}
         seen: dict[bytes, tuple[int, int]] = {}  # a step's (attempt, seq) streamed
         while True:
-            msgid, item = client.next_streamed_of(waiting, timeout)
+            msgid, item = client.next_streamed_of(waiting, timeout, own)
             if msgid == own:
                 if not isinstance(item, tuple):  # the workflow's REPLY: it has ended
                     self._settle(item.body)
@@ -328,7 +330,7 @@ class WorkflowResult(Result):
                 seen[msgid] = (0, 0)
                 yield StepEvent("start", path, name)
             if not isinstance(item, tuple):
-                waiting.remove(msgid)
+                del waiting[msgid]
                 value, error = decode_reply_body(item.body)
                 yield StepEvent("end", path, name, value, error, seen[msgid][0])
                 continue

@@ -9,8 +9,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from itertools import repeat
+from collections.abc import Iterable, Mapping
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -181,14 +181,17 @@ class Inbox(Incarnations):
         last its REPLY. Raises ``ResultTimeout`` when neither comes within
         ``timeout``, ``JobRefused`` for a refused job, and ``PartialsLost`` when
         partials waiting here were dropped over the bounds (MAX_STREAMED_JOBS)."""
-        return self.next_streamed_of((msgid,), timeout)[1]
+        return self.next_streamed_of({msgid: 0}, timeout)[1]
 
     def next_streamed_of(
-        self, msgids: Sequence[bytes], timeout: float | None
+        self, msgids: Mapping[bytes, int], timeout: float | None, then: bytes | None = None
     ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply]:
-        """``next_streamed`` for whichever of ``msgids`` has something first (the
-        steps of a workflow): (its msgid, its item). Ids are looked at in the
-        order given when several have something waiting."""
+        """``next_streamed`` for one of ``msgids`` (the steps of a workflow, each
+        with its rank; the caller may drop ids between calls): of those with
+        something here, the lowest rank's, as (its msgid, its item). ``then``'s
+        only when none of ``msgids`` has one (the workflow's own REPLY, which the
+        broker sends after its steps'). A lookup costs what has arrived, not
+        ``len(msgids)``."""
         from emq_django.exceptions import ResultTimeout
 
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -196,15 +199,16 @@ class Inbox(Incarnations):
             self._flush_buffer()
         while True:
             with self._lock:
-                for msgid in msgids:
-                    item = self._take_streamed(msgid)
-                    if item is not None:
-                        return msgid, item
+                found = self._take_streamed_of(msgids, then)
+                if found is not None:
+                    return found
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    names = ", ".join(m.decode(errors="replace") for m in msgids[:3])
+                    some = [m.decode(errors="replace") for m in list(msgids)[:3]]
                     more = f" and {len(msgids) - 3} more" if len(msgids) > 3 else ""
-                    raise ResultTimeout(f"nothing from job {names}{more} within {timeout} s")
+                    raise ResultTimeout(
+                        f"nothing from job {', '.join(some)}{more} within {timeout} s"
+                    )
                 slice_ms = 20 if threading.active_count() > 1 + _Flusher.alive else 1000
                 wait = slice_ms if remaining is None else min(slice_ms, remaining * 1000)
                 sock = self._socket()
@@ -212,6 +216,26 @@ class Inbox(Incarnations):
                     self._drain(sock, ready=True)
                 elif self._watch is not None:
                     self._check_handshake()  # a quiet slice: was the broker refusing us?
+
+    def _take_streamed_of(
+        self, msgids: Mapping[bytes, int], then: bytes | None
+    ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply] | None:
+        if len(msgids) == 1:
+            candidates: Iterable[bytes] = msgids
+        else:  # what has arrived for them, the lowest rank first
+            waiting = (m for m, p in self._partials.items() if p.items)
+            arrived = chain(self._partials_evicted, waiting, self._replies, self._errors)
+            first = min((m for m in arrived if m in msgids), key=msgids.__getitem__, default=None)
+            candidates = () if first is None else (first,)
+        for msgid in candidates:
+            item = self._take_streamed(msgid)
+            if item is not None:
+                return msgid, item
+        if then is not None:
+            item = self._take_streamed(then)
+            if item is not None:
+                return then, item
+        return None
 
     def _take_streamed(self, msgid: bytes) -> tuple[int, int, bytes] | F.Reply | None:
         if msgid in self._partials_evicted:

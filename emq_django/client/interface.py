@@ -6,7 +6,7 @@ implement. A structural type: neither inherits from it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from emq_django.protocol import frames as F
@@ -74,7 +74,7 @@ class Transport(Protocol):
         self, msgid: bytes, timeout: float | None
     ) -> tuple[int, int, bytes] | F.Reply: ...
     def next_streamed_of(
-        self, msgids: Sequence[bytes], timeout: float | None
+        self, msgids: Mapping[bytes, int], timeout: float | None, then: bytes | None = None
     ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply]: ...
 
     # ---- cancel -------------------------------------------------------------

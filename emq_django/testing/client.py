@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol
 
 from emq_django.client import refusal as _refusal  # the error the real client raises
@@ -223,15 +224,18 @@ class MemoryClient:
         return self.wait_reply(msgid, timeout)
 
     def next_streamed_of(
-        self, msgids: Sequence[bytes], timeout: float | None
+        self, msgids: Mapping[bytes, int], timeout: float | None, then: bytes | None = None
     ) -> tuple[bytes, tuple[int, int, bytes] | F.Reply]:
-        """``next_streamed`` for whichever of ``msgids`` has something, in the order
-        given; ``ResultTimeout`` when none has once what is ready has run."""
+        """``next_streamed`` for the lowest-ranked of ``msgids`` that has something
+        (``then``'s only when none has); ``ResultTimeout`` when none has once what is ready
+        has run."""
         self.broker.run()
-        for msgid in msgids:
+        arrived = chain((m for m, p in self._partials.items() if p), self._errors, self._replies)
+        msgid = min((m for m in arrived if m in msgids), key=msgids.__getitem__, default=then)
+        if msgid is not None:
             partials = self._partials.get(msgid)
             if partials:
                 return msgid, partials.popleft()
             if msgid in self._errors or msgid in self._replies:
                 return msgid, self.wait_reply(msgid, timeout)
-        raise ResultTimeout(self.broker.why_waiting(msgids[-1]))
+        raise ResultTimeout(self.broker.why_waiting(then or next(iter(msgids))))

@@ -119,6 +119,30 @@ def test_a_chains_stream_gives_the_streaming_middle_steps_partials_between_its_s
     assert runs(tmp_path) == Counter({"plus 1 2": 1, "counting 3": 1, "plus 6 10": 1})
 
 
+def test_a_chord_of_10000_streams_every_members_end_then_its_callbacks_progress(
+    emq_processes: EmqProcesses, env: dict[str, str]
+) -> None:
+    start(emq_processes, env)
+    count = 10_000
+
+    result = emq.chord([tasks.square.s(i) for i in range(count)], tasks.summing.s()).delay()
+    events = list(result.stream(timeout=120))
+
+    assert events[-1] == sum(i * i for i in range(count))
+    ends = {e.step: e.value for e in events[:-1] if e.kind == "end"}
+    assert {f"root.{i}": i * i for i in range(count)}.items() <= ends.items()
+    callback = [(e.kind, e.value) for e in events[:-1] if e.step == "root.body"]
+    assert callback == [
+        ("start", None),
+        *[("partial", {"summed": n}) for n in range(2000, count + 1, 2000)],
+        ("end", events[-1]),
+    ]
+    kinds = [(e.kind, e.step == "root.body") for e in events[:-1]]
+    assert kinds.index(("start", True)) > max(  # every member ended before it started
+        n for n, kind in enumerate(kinds) if kind == ("end", False)
+    )
+
+
 def test_a_chain_whose_step_fails_for_good_names_that_step_and_runs_no_later_one(
     emq_processes: EmqProcesses, env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -93,3 +93,19 @@ def counting(value: int, runs_dir: str) -> int:
     for i in range(3):
         emq.partial({"counted": i})
     return 2 * value
+
+
+@emq.task(queue="wf")
+def square(i: int) -> int:
+    return i * i
+
+
+@emq.task(queue="wf")
+def summing(values: list[int]) -> int:
+    """A chord's callback that streams its progress: one partial per 2,000 values."""
+    total = 0
+    for n, value in enumerate(values, 1):
+        total += value
+        if n % 2000 == 0:
+            emq.partial({"summed": n})
+    return total
