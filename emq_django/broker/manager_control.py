@@ -1,6 +1,8 @@
 """Draining one of our job managers from the monitor channel (issue 35), neutral to
 protocols: ``MANAGER DRAIN <name>`` and ``MANAGER RESUME <name>`` (the ``admin``
-role; ``broker/ports/monitor_live.py`` parses them).
+role; ``broker/ports/monitor_live.py`` parses them), and ``MANAGER STOP <name>``:
+drained, and told to stop (eMQP ``STOP``, docs/eventmq-wire.md section 7): it
+does as on its first SIGTERM, its running jobs finish and it exits.
 
 A drained job manager keeps its connections and finishes the jobs it has (their
 answers count as usual); the broker sends it no new one, and the other job
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from emq_django.broker.state import ROLE_PLAIN, Peer, show_identity
+from emq_django.broker.effects import Stop
+from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, Peer, show_identity
 
 # (the core is ``Any`` here: broker/core.py imports this module for ``hold``)
 BrokerCore = Any
@@ -102,3 +105,15 @@ def resume(core: BrokerCore, name: str, now: float) -> dict[str, Any]:
         "was_drained": was,
         "dispatched": core.counters["dispatched"] - before,
     }
+
+
+def stop(core: BrokerCore, name: str) -> dict[str, Any]:
+    """Drain it, and tell its control connection to stop (eMQP ``STOP``)."""
+    peers = _peers_of(core, name)
+    controls = [p for p in peers if p.role == ROLE_MANAGER]
+    if not controls:
+        raise NotDrainable(f"{name} has no control connection to tell (an old job manager?)")
+    doc = drain(core, name)
+    for control in controls:
+        core.out.append(Stop(control))
+    return {**doc, "stopping": True}

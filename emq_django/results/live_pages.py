@@ -27,6 +27,7 @@ from emq_django.results.permissions import (
     CANCEL_JOBS,
     DRAIN_MANAGERS,
     PAUSE_QUEUES,
+    STOP_MANAGERS,
     allowed,
     refused,
 )
@@ -165,6 +166,7 @@ def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpR
         "monitor_url": monitor_url(),
         "can_cancel": allowed(request, CANCEL_JOBS),
         "can_drain": allowed(request, DRAIN_MANAGERS),
+        "can_stop": allowed(request, STOP_MANAGERS),
         "error": "",
         "manager": None,
     }
@@ -192,23 +194,30 @@ def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpR
 
 
 def job_manager_action(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
-    """Drain a job manager (it finishes its running jobs, gets no new one) or give
-    it jobs again (``MANAGER DRAIN|RESUME``); the broker's refusal (EventMQ's job
-    managers cannot) is shown with its reason."""
+    """Drain a job manager (it finishes its running jobs, gets no new one), give
+    it jobs again, or stop it (drained, it exits once they finish): ``MANAGER
+    DRAIN|RESUME|STOP``; the broker's refusal (EventMQ's job managers cannot) is
+    shown with its reason."""
     action = request.POST.get("action", "")
-    if action not in ("drain", "resume"):
+    if action not in ("drain", "resume", "stop"):
         return HttpResponseBadRequest(
-            f"Not done: {action!r} is not a job manager action; use drain or resume."
+            f"Not done: {action!r} is not a job manager action; use drain, resume or stop."
         )
-    if not allowed(request, DRAIN_MANAGERS):
-        return refused(f"{action} a job manager", DRAIN_MANAGERS)
+    perm = STOP_MANAGERS if action == "stop" else DRAIN_MANAGERS
+    if not allowed(request, perm):
+        return refused(f"{action} a job manager", perm)
     back = HttpResponseRedirect(reverse("admin:emq_live_job_manager", args=[name]))
     try:
         doc = ask("MANAGER", action.upper(), _word(name, "the job manager"))
     except (EmqError, NotAName) as exc:
         model_admin.message_user(request, f"Not done: {exc}", messages.ERROR)
         return back
-    if action == "drain":
+    if action == "stop":
+        text = (
+            f"Stopping job manager {name!r}: it gets no new job, its "
+            f"{doc.get('running', 0)} running jobs finish, then its process exits."
+        )
+    elif action == "drain":
         was = " (it was drained already)" if doc.get("was_drained") else ""
         text = (
             f"Drained job manager {name!r}{was}: its {doc.get('running', 0)} running jobs "

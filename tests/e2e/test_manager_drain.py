@@ -103,3 +103,26 @@ def test_an_unknown_job_manager_is_refused_with_the_reason(
 ) -> None:
     start_broker(emq_processes, env)
     assert ask(env, "MANAGER DRAIN nosuch") == b"ERROR no job manager named nosuch is connected"
+
+
+def test_a_stopped_job_manager_finishes_its_job_and_exits(
+    env: dict[str, str], emq_processes: EmqProcesses, tmp_path: Path
+) -> None:
+    procs = emq_processes
+    broker = start_broker(procs, env)
+    a = procs.start("emq_jobmanager", "--queues", "flow", "--concurrency", "2", "--name", "da")
+    wait_jm_ready(env, "da", 2, [broker, a])
+    gate = tmp_path / "gate"
+    tasks.gate.delay("gate", str(gate))
+    wait_until(lambda: "gate" in keys(), "the long job started at da", 60, [broker, a])
+    doc = command(env, "MANAGER STOP da")
+    assert doc["stopping"] is True and doc["running"] == 1, doc
+    tasks.mark.delay("after")
+    wait_until(lambda: waiting(env) == 1, "the job sent after waits", 60, [broker, a])
+    assert a.popen.poll() is None  # its running job holds it
+    gate.touch()
+    wait_until(lambda: a.popen.poll() is not None, "da exited", 120, [broker])
+    assert a.popen.returncode == 0
+    assert waiting(env) == 1 and keys() == ["gate"]  # no job lost: the other one waits
+    b = procs.start("emq_jobmanager", "--queues", "flow", "--concurrency", "1", "--name", "db")
+    wait_until(lambda: "after" in keys(), "db ran the waiting job", 120, [broker, b])

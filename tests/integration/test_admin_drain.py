@@ -14,7 +14,7 @@ from django.contrib.messages import get_messages
 
 from tests.e2e.test_spine import job_manager, monitor, wait_jm_ready
 from tests.integration.test_admin_live import staff
-from tests.support import EmqProcesses, start_broker
+from tests.support import EmqProcesses, start_broker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 PAGE = "/admin/emq_results/dashboard/jobmanager/da/"
@@ -71,4 +71,23 @@ def test_drain_needs_its_permission_and_says_what_it_did(env: dict[str, str]) ->
     gone = admin.post("/admin/emq_results/dashboard/jobmanager-action/nosuch/", {"action": "drain"})
     assert said(gone)[-1] == "Not done: ERROR no job manager named nosuch is connected"
     bad = admin.post(ACTION, {"action": "explode"})
-    assert bad.status_code == 400 and b"drain or resume" in bad.content
+    assert bad.status_code == 400 and b"drain, resume or stop" in bad.content
+    # stopping needs its own permission
+    assert 'id="emq-jm-stop"' not in admin.get(PAGE).content.decode()
+    refused = admin.post(ACTION, {"action": "stop"})
+    assert refused.status_code == 403 and b"emq_results.stop_job_managers" in refused.content
+
+
+def test_stop_says_what_it_did_and_the_job_manager_exits(
+    env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    admin = staff("emq_results.stop_job_managers")
+    assert 'id="emq-jm-stop"' in admin.get(PAGE).content.decode()
+    done = admin.post(ACTION, {"action": "stop"})
+    assert said(done) == [
+        "Stopping job manager 'da': it gets no new job, its 0 running jobs finish, "
+        "then its process exits."
+    ]
+    jm = next(p for p in emq_processes.processes if "emq_jobmanager" in p.argv)
+    wait_until(lambda: not jm.alive(), "the job manager exited", 120)
+    assert jm.popen.returncode == 0

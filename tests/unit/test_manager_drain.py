@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from emq_django.broker.effects import Deliver
 from emq_django.broker.ports.monitor import MonitorPort
+from emq_django.exceptions import ProtocolError
 from emq_django.security.roles import ADMIN, MONITOR
 from tests.support.core_harness import CoreHarness, of_type
 
@@ -68,7 +71,7 @@ def test_eventmq_and_unknown_job_managers_are_refused_with_the_reason() -> None:
     assert port.answer(b"MANAGER DRAIN nosuch", 0.0) == (
         b"ERROR no job manager named nosuch is connected"
     )
-    assert port.answer(b"MANAGER STOP x", 0.0).startswith(b"ERROR usage: MANAGER DRAIN")
+    assert port.answer(b"MANAGER HALT x", 0.0).startswith(b"ERROR usage: MANAGER DRAIN")
     assert port.answer(b"MANAGER DRAIN", 0.0).startswith(b"ERROR usage")
 
 
@@ -77,3 +80,23 @@ def test_drain_needs_the_admin_role() -> None:
     reason = port.authorize("monitor", frozenset({MONITOR}), [b"MANAGER DRAIN jm-a"])
     assert reason == "MANAGER needs the admin role"
     assert port.authorize("monitor", frozenset({ADMIN}), [b"MANAGER DRAIN jm-a"]) is None
+
+
+def test_stop_drains_and_tells_the_control_connection_only() -> None:
+    from emq_django.broker.effects import Stop
+    from emq_django.protocol import frames as F
+    from emq_django.protocol.decoding import decode
+
+    h = CoreHarness()
+    h.join(b"ctl", queues=((10, "q"),), meta={"role": "manager", "manager": "jm-a"}, now=0.0)
+    slot(h, b"a-1", "jm-a", 1)
+    h.ready(b"a-1", now=0.0)
+    doc = ask(MonitorPort(h.core), b"MANAGER STOP jm-a", now=1.0)
+    assert doc["stopping"] is True and doc["drained"] is True
+    stops = of_type(h.take(), Stop)
+    assert [s.peer.identity for s in stops] == [b"ctl"]
+    assert delivered_to(h.request(b"c", b"after", queue="q", now=2.0)) == []
+    # the frame, both ways; one frame short is a ProtocolError
+    assert decode(F.Stop(b"m1").encode()) == F.Stop(b"m1")
+    with pytest.raises(ProtocolError):
+        decode(F.Stop(b"m1").encode()[:-1])

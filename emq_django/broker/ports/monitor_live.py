@@ -8,6 +8,7 @@
 - ``MANAGER DRAIN <name>`` and ``MANAGER RESUME <name>`` (the ``admin`` role): one
   of our job managers finishes its jobs and gets no new one, or gets them again
   (``broker/manager_control.py``; EventMQ's are refused with the reason);
+  ``MANAGER STOP <name>``: drained, and it exits once its running jobs finish;
 - ``TASKS``: per task and queue, the jobs succeeded, failed, retried and
   dead-lettered and the run-time histogram (``broker/task_stats.py``).
 
@@ -27,7 +28,7 @@ MAX_QUEUE_NAME = 255
 USAGE = (
     b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
     b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
-    b"QUEUE PAUSE|RESUME <queue>, MANAGER DRAIN|RESUME <name>, TASKS"
+    b"QUEUE PAUSE|RESUME <queue>, MANAGER DRAIN|RESUME|STOP <name>, TASKS"
 )
 
 
@@ -99,12 +100,14 @@ def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
         name = _queue_name(words[2])
         return live.pause(core, name) if what == b"PAUSE" else live.resume(core, name, now)
     if words[0].upper() == b"MANAGER":
-        if what not in (b"DRAIN", b"RESUME") or len(words) != 3:
-            raise BadRequest("usage: MANAGER DRAIN <name> or MANAGER RESUME <name>")
+        if what not in (b"DRAIN", b"RESUME", b"STOP") or len(words) != 3:
+            raise BadRequest("usage: MANAGER DRAIN|RESUME|STOP <name>")
         name = _queue_name(words[2])  # (the same rules as a queue's name)
         try:
             if what == b"DRAIN":
                 return manager_control.drain(core, name)
+            if what == b"STOP":
+                return manager_control.stop(core, name)
             return manager_control.resume(core, name, now)
         except manager_control.NotDrainable as exc:
             raise BadRequest(str(exc)) from None

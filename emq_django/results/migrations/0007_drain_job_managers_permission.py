@@ -20,6 +20,10 @@ class Migration(migrations.Migration):
                         "drain_job_managers",
                         "Can drain job managers and give them jobs again",
                     ),
+                    (
+                        "stop_job_managers",
+                        "Can stop job managers (they finish their jobs and exit)",
+                    ),
                 ],
                 "verbose_name": "dashboard",
                 "verbose_name_plural": "dashboard",
