@@ -16,6 +16,7 @@ import logging
 from typing import Any
 from uuid import uuid4
 
+from emq_django.broker import manager_control
 from emq_django.broker.effects import (
     Acknowledge,
     Answer,
@@ -140,6 +141,7 @@ class BrokerCore:
         self.peers: dict[Peer, None] = {}  # workers of every port, in join order
         self.schedulers: dict[Peer, None] = {}
         self.managers: dict[str, Peer] = {}  # our job managers: name -> control peer
+        self.drained_managers: set[str] = set()  # the admin's drain (manager_control.py)
         self.inflight: dict[bytes, Job] = {}  # attempt id -> job
         # (deadline, attempt id) of deliveries to peers with a lease, soonest first
         self.leases: list[tuple[float, bytes]] = []
@@ -658,6 +660,8 @@ class BrokerCore:
         peer.last_seen = peer.connected_at = now
         if peer.role == ROLE_MANAGER and peer.manager:
             self.managers[peer.manager] = peer
+        if self.drained_managers and peer.manager in self.drained_managers:
+            manager_control.hold(self, peer)  # a drained job manager's new process
         for weight, name in peer.queues:
             self._queue(name).add_server(peer, weight)
         if peer.role != ROLE_SLOT:

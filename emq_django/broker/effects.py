@@ -104,6 +104,14 @@ class Kill:
 
 
 @dataclass(slots=True, eq=False)
+class Stop:
+    """Ask our job manager (its control connection ``peer``) to finish its running
+    jobs and exit (the admin's stop, ``broker/manager_control.py``)."""
+
+    peer: Peer
+
+
+@dataclass(slots=True, eq=False)
 class Forward:
     """Pass ``payload`` (a schedule command, opaque to the core) to ``peer``."""
 
@@ -144,6 +152,7 @@ Effect: TypeAlias = (
     | Beat
     | Goodbye
     | Kill
+    | Stop
     | Forward
     | Forget
     | Published

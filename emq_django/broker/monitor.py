@@ -34,13 +34,15 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
                 "host": None,
                 "pid": None,
                 "kind": "majordomo" if peer.peer_type == "mdp" else "eventmq",
-                "queues": [[w, n] for w, n in peer.queues],
+                "queues": peer.meta.get("drained_queues") or [[w, n] for w, n in peer.queues],
                 "slots": 0,
                 "free_slots": 0,
                 "busy": 0,
                 "jobs_done": 0,
                 "last_heartbeat": None,
                 "draining": False,
+                # the admin drained it (broker/manager_control.py): no new jobs
+                "drained": peer.manager in core.drained_managers,
             }
         seen = wall - (now - peer.last_seen)
         if entry["last_heartbeat"] is None or seen > entry["last_heartbeat"]:

@@ -36,6 +36,7 @@ INFORM = b"INFORM"
 READY = b"READY"
 ERROR = b"ERROR"  # extension: the broker refused the command named by ref_msgid
 KILL = b"KILL"  # extension: broker -> our job manager only, stop the process running an attempt
+STOP = b"STOP"  # extension: broker -> our job manager only, finish the running jobs and exit
 # extension: a partial result of a running attempt, our worker -> broker -> our client
 # (only a client whose REQUEST carried the ``stream`` header); docs/eventmq-wire.md
 PARTIAL = b"PARTIAL"
@@ -241,6 +242,19 @@ class Kill:
 
 
 @dataclass(frozen=True, slots=True)
+class Stop:
+    """Extension: the broker asks our job manager to stop as on its first SIGTERM
+    (its running jobs finish, it says goodbye and exits); ``reason``: who asked.
+    Only sent on a job manager's control connection, never to an EventMQ peer."""
+
+    msgid: bytes
+    reason: str = "stopped from the admin"
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, STOP, self.msgid, self.reason.encode()]
+
+
+@dataclass(frozen=True, slots=True)
 class Partial:
     """Extension: partial result number ``seq`` (1, 2, ... within the attempt) of
     the attempt ``attempt_id`` (``<job id>#<n>``): a value a generator task
@@ -303,6 +317,7 @@ Command: TypeAlias = (
     | Ready
     | Error
     | Kill
+    | Stop
     | Partial
     | Ended
 )

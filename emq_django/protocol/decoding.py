@@ -32,6 +32,7 @@ from emq_django.protocol.commands import (
     REPLY,
     REQUEST,
     SCHEDULE,
+    STOP,
     UNSCHEDULE,
     Ack,
     Command,
@@ -48,6 +49,7 @@ from emq_django.protocol.commands import (
     Reply,
     Request,
     Schedule,
+    Stop,
     Unschedule,
 )
 from emq_django.protocol.headers import Headers, parse_headers
@@ -177,6 +179,11 @@ def _decode_kill(f: Sequence[bytes]) -> Kill:
     return Kill(f[3], f[4], _text(f[5], "reason", f))
 
 
+def _decode_stop(f: Sequence[bytes]) -> Stop:
+    _count(f, "STOP", 5)
+    return Stop(f[3], _text(f[4], "reason", f))
+
+
 def _decode_partial(f: Sequence[bytes]) -> Partial:
     _count(f, "PARTIAL", 7)
     if not f[5] or len(f[5]) > MAX_ID_LENGTH:
@@ -208,6 +215,7 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     READY: _decode_ready,
     ERROR: _decode_error,
     KILL: _decode_kill,
+    STOP: _decode_stop,
     PARTIAL: _decode_partial,
     ENDED: _decode_ended,
 }

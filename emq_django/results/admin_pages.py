@@ -73,6 +73,11 @@ class DashboardAdmin(admin.ModelAdmin):
                 view(self.live_job_manager_view),
                 name="emq_live_job_manager",
             ),
+            path(
+                "jobmanager-action/<path:name>/",
+                view(require_POST(self.live_job_manager_action)),
+                name="emq_live_job_manager_action",
+            ),
         ]
 
     def live_queue_view(self, request: HttpRequest, name: str) -> HttpResponse:
@@ -87,6 +92,9 @@ class DashboardAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             return HttpResponse(status=403)
         return live_pages.job_manager_view(self, request, name)
+
+    def live_job_manager_action(self, request: HttpRequest, name: str) -> HttpResponse:
+        return live_pages.job_manager_action(self, request, name)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):

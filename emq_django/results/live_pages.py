@@ -23,7 +23,14 @@ from emq_django.monitor_client import command
 from emq_django.results.conf import results_settings
 from emq_django.results.dashboard import monitor_url
 from emq_django.results.display import human_span
-from emq_django.results.permissions import CANCEL_JOBS, PAUSE_QUEUES, allowed, refused
+from emq_django.results.permissions import (
+    CANCEL_JOBS,
+    DRAIN_MANAGERS,
+    PAUSE_QUEUES,
+    STOP_MANAGERS,
+    allowed,
+    refused,
+)
 
 PAGE = 50  # jobs per page of each list
 PREVIEW_CHARS = 80
@@ -158,6 +165,8 @@ def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpR
         "name": name,
         "monitor_url": monitor_url(),
         "can_cancel": allowed(request, CANCEL_JOBS),
+        "can_drain": allowed(request, DRAIN_MANAGERS),
+        "can_stop": allowed(request, STOP_MANAGERS),
         "error": "",
         "manager": None,
     }
@@ -182,3 +191,43 @@ def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpR
         running_pager=_pager(running, running_page),
     )
     return TemplateResponse(request, "emq/job_manager.html", context)
+
+
+def job_manager_action(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
+    """Drain a job manager (it finishes its running jobs, gets no new one), give
+    it jobs again, or stop it (drained, it exits once they finish): ``MANAGER
+    DRAIN|RESUME|STOP``; the broker's refusal (EventMQ's job managers cannot) is
+    shown with its reason."""
+    action = request.POST.get("action", "")
+    if action not in ("drain", "resume", "stop"):
+        return HttpResponseBadRequest(
+            f"Not done: {action!r} is not a job manager action; use drain, resume or stop."
+        )
+    perm = STOP_MANAGERS if action == "stop" else DRAIN_MANAGERS
+    if not allowed(request, perm):
+        return refused(f"{action} a job manager", perm)
+    back = HttpResponseRedirect(reverse("admin:emq_live_job_manager", args=[name]))
+    try:
+        doc = ask("MANAGER", action.upper(), _word(name, "the job manager"))
+    except (EmqError, NotAName) as exc:
+        model_admin.message_user(request, f"Not done: {exc}", messages.ERROR)
+        return back
+    if action == "stop":
+        text = (
+            f"Stopping job manager {name!r}: it gets no new job, its "
+            f"{doc.get('running', 0)} running jobs finish, then its process exits."
+        )
+    elif action == "drain":
+        was = " (it was drained already)" if doc.get("was_drained") else ""
+        text = (
+            f"Drained job manager {name!r}{was}: its {doc.get('running', 0)} running jobs "
+            "finish, and it gets no new job; the other job managers of its queues take them."
+        )
+    else:
+        was = "" if doc.get("was_drained") else " (it was not drained)"
+        text = (
+            f"Job manager {name!r} takes jobs again{was}: "
+            f"{doc.get('dispatched', 0)} waiting jobs dispatched to it."
+        )
+    model_admin.message_user(request, text, messages.SUCCESS)
+    return back

@@ -136,4 +136,6 @@ class Dashboard(models.Model):
             ("requeue_deadletters", "Can requeue the broker's dead letters"),
             ("purge_deadletters", "Can purge the broker's dead letters (gone for good)"),
             ("pause_queues", "Can pause and resume the broker's queues"),
+            ("drain_job_managers", "Can drain job managers and give them jobs again"),
+            ("stop_job_managers", "Can stop job managers (they finish their jobs and exit)"),
         ]

@@ -15,6 +15,8 @@ CANCEL_JOBS = "emq_results.cancel_jobresult"
 REQUEUE_DEAD = "emq_results.requeue_deadletters"
 PURGE_DEAD = "emq_results.purge_deadletters"
 PAUSE_QUEUES = "emq_results.pause_queues"
+DRAIN_MANAGERS = "emq_results.drain_job_managers"
+STOP_MANAGERS = "emq_results.stop_job_managers"
 RUN_SCHEDULES = "emq_scheduler.run_scheduledjob"
 
 

@@ -205,6 +205,9 @@ class JobManager:
         for cmd in self.link.messages():
             if type(cmd) is F.Kill:
                 self._kill_attempt(cmd.attempt_id, cmd.reason)
+            elif type(cmd) is F.Stop and not self.signals:
+                log.info("the broker asks to stop (%s)", cmd.reason)
+                self._on_signal(signal.SIGTERM, None)  # as on the first SIGTERM
             elif type(cmd) is F.Kbye and not self.signals:
                 log.info("the broker said goodbye; connecting again")
                 self.link.connect()

@@ -25,6 +25,7 @@ from emq_django.broker.effects import (
     Kill,
     Outcome,
     Refuse,
+    Stop,
 )
 from emq_django.broker.ports.base import NEVER, Port
 from emq_django.broker.state import Peer
@@ -249,6 +250,8 @@ class EmqpWorkerPort(Port):
             return F.Kbye(self.new_id()).encode()
         if kind is Kill:
             return F.Kill(self.new_id(), e.attempt_id).encode()
+        if kind is Stop:
+            return F.Stop(self.new_id()).encode()
         if kind is Refuse:
             return F.Error(self.new_id(), e.msgid, e.reason, e.code).encode()
         if kind is Forget:

@@ -31,7 +31,7 @@ MAX_LATEST = 100
 UNKNOWN = (
     b"ERROR unknown command; send MONITOR, MONITOR JSON, CANCEL <id>..., "
     b"DEADLETTERS [LIST | REQUEUE ALL|<id>... | PURGE ALL|<id>...], TOPIC LATEST <n> <topic>, "
-    b"JOBS WAITING|RUNNING ... or QUEUE PAUSE|RESUME <queue>"
+    b"JOBS WAITING|RUNNING ..., QUEUE PAUSE|RESUME <queue> or MANAGER DRAIN|RESUME <name>"
 )
 
 
@@ -55,8 +55,8 @@ class MonitorPort(Port):
         return [*envelope, self.answer(request[:MAX_REQUEST], now)]
 
     def authorize(self, socket: str, roles: frozenset[str], frames: Sequence[bytes]) -> str | None:
-        """Reading needs ``monitor`` or ``admin``; CANCEL, REQUEUE, PURGE and QUEUE
-        PAUSE|RESUME ``admin``."""
+        """Reading needs ``monitor`` or ``admin``; CANCEL, REQUEUE, PURGE, QUEUE
+        PAUSE|RESUME and MANAGER DRAIN|RESUME ``admin``."""
         words = frames[-1].split()[:2] if frames else []
         command = words[0].upper() if words else b""
         action = words[1].upper() if len(words) > 1 else b"LIST"

@@ -5,6 +5,10 @@
 - ``JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES]``: a
   page of the attempts in flight (of a queue, all, or one job manager's);
 - ``QUEUE PAUSE <queue>`` and ``QUEUE RESUME <queue>`` (the ``admin`` role);
+- ``MANAGER DRAIN <name>`` and ``MANAGER RESUME <name>`` (the ``admin`` role): one
+  of our job managers finishes its jobs and gets no new one, or gets them again
+  (``broker/manager_control.py``; EventMQ's are refused with the reason);
+  ``MANAGER STOP <name>``: drained, and it exits once its running jobs finish;
 - ``TASKS``: per task and queue, the jobs succeeded, failed, retried and
   dead-lettered and the run-time histogram (``broker/task_stats.py``).
 
@@ -17,14 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from emq_django.broker import live, monitor
+from emq_django.broker import live, manager_control, monitor
 
 DEFAULT_LIMIT = 50
 MAX_QUEUE_NAME = 255
 USAGE = (
     b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
     b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
-    b"QUEUE PAUSE|RESUME <queue>, TASKS"
+    b"QUEUE PAUSE|RESUME <queue>, MANAGER DRAIN|RESUME|STOP <name>, TASKS"
 )
 
 
@@ -34,11 +38,11 @@ class BadRequest(ValueError):
 
 def changes(words: list[bytes]) -> bool:
     """Whether the command changes something (it needs the ``admin`` role)."""
-    return len(words) > 1 and words[0].upper() == b"QUEUE"
+    return len(words) > 1 and words[0].upper() in (b"QUEUE", b"MANAGER")
 
 
 def handles(words: list[bytes]) -> bool:
-    return bool(words) and words[0].upper() in (b"JOBS", b"QUEUE", b"TASKS")
+    return bool(words) and words[0].upper() in (b"JOBS", b"QUEUE", b"TASKS", b"MANAGER")
 
 
 def _queue_name(word: bytes) -> str:
@@ -95,6 +99,18 @@ def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
             raise BadRequest("usage: QUEUE PAUSE <queue> or QUEUE RESUME <queue>")
         name = _queue_name(words[2])
         return live.pause(core, name) if what == b"PAUSE" else live.resume(core, name, now)
+    if words[0].upper() == b"MANAGER":
+        if what not in (b"DRAIN", b"RESUME", b"STOP") or len(words) != 3:
+            raise BadRequest("usage: MANAGER DRAIN|RESUME|STOP <name>")
+        name = _queue_name(words[2])  # (the same rules as a queue's name)
+        try:
+            if what == b"DRAIN":
+                return manager_control.drain(core, name)
+            if what == b"STOP":
+                return manager_control.stop(core, name)
+            return manager_control.resume(core, name, now)
+        except manager_control.NotDrainable as exc:
+            raise BadRequest(str(exc)) from None
     if what == b"WAITING":
         if len(words) < 3:
             raise BadRequest("usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES]")
