@@ -105,7 +105,10 @@ class Batches(Sending):
             batch.unanswered.add(batch.msgids[k])
             batch.sent = k + 1
             if self._unacked() >= self.window:
-                self._wait_batch(batch, lambda: self._unacked() < self.window // 2)
+                # a sliding window: every ACK makes room for one more job at once
+                # (as publisher confirms); the ACKs of one journal commit come
+                # together, so this is a wait per commit, not per job
+                self._wait_batch(batch, lambda: self._unacked() < self.window)
         if confirm:
             self._wait_batch(batch, lambda: not batch.unanswered)
 
