@@ -225,7 +225,7 @@ class EmqSettings:
     )
     ACK_WINDOW: int = setting(
         1000,
-        "unacknowledged jobs a client may have in flight (a `map()`'s sliding window)",
+        "unacknowledged jobs a client may have in flight (a guaranteed `map()`'s sliding window)",
         section="client",
     )
     MONITOR_TIMEOUT: float = setting(
