@@ -8,16 +8,19 @@ queues, in one run.
 
 Each round runs every system once, in alternation (who goes first alternates), on
 the same work: ``--jobs`` jobs that each PUSH one completion signal
-(``bench/donesignal.py``), sent with confirmations ``--window`` at a time, run by
+(``bench/donesignal.py``), sent with confirmations through a SLIDING window of
+``--window`` unacknowledged jobs on both sides (every ACK or confirm makes room
+for one more at once), run by
 **2 consumers** that acknowledge each job after it ran; then ``--latency-jobs``
 jobs sent one at a time, each timed until it is acknowledged
 (``bench/guaranteed_clients.py`` has the producers and consumers).
 
 - ``emq-pg``: ``manage.py emq_broker`` with ``EMQ_JOURNAL_URL`` (a fresh database per
   measurement on ``--pg-url``), one job manager with 2 worker processes; the producer
-  sends a guaranteed task (``guarantee=True``): ``Task.map()`` of ``--window`` calls,
-  which returns once the broker ACKed them all (each ACK after the journal's commit),
-  and ``delay()``, which returns after its ACK.
+  sends a guaranteed task (``guarantee=True``): one ``Task.map()`` of all the phase's
+  calls, which keeps at most ``EMQ_ACK_WINDOW=--window`` of them unacknowledged and
+  returns once the broker ACKed them all (each ACK after the journal's commit), and
+  ``delay()``, which returns after its ACK.
 - ``emq-sqlite``: the same with the SQLite journal (a fresh file,
   ``EMQ_JOURNAL_SYNC=--sqlite-sync``; ``full`` fsyncs every commit, as PostgreSQL's
   ``synchronous_commit=on`` and RabbitMQ's confirms do).
@@ -168,6 +171,7 @@ def start_emq_once(servers: ServerSet, args: argparse.Namespace, journal: dict[s
         EMQ_IMPORTS="bench.emq_bench_tasks",
         EMQ_RECORDER="",
         EMQ_TRACE_DIR="",
+        EMQ_ACK_WINDOW=str(args.window),  # map()'s sliding window, as RabbitMQ's
         **private_protocol_ports(),
         **journal,
     )

@@ -9,8 +9,9 @@ live apart from the harness's. A producer runs the three phases of the benchmark
 and writes its figures as JSON to ``--out``:
 
 1. warm-up: ``--warmup`` jobs, waited for through the completion sink;
-2. throughput: ``--jobs`` guaranteed jobs sent ``--window`` at a time with
-   confirmations, then waited for until every one has run (the sink's count);
+2. throughput: ``--jobs`` guaranteed jobs sent in one go with confirmations,
+   through a sliding window of ``--window`` unconfirmed jobs on both sides, then
+   waited for until every one has run (the sink's count);
 3. acknowledgement latency: ``--latency-jobs`` jobs sent one at a time, each timed
    from the send to its acknowledgement (our broker's ACK after the journal's
    commit; RabbitMQ's publisher confirm), then waited for through the sink.
@@ -83,11 +84,7 @@ def run_phases(
     sent += args.warmup
     wait_done(sink, sent, "warm-up")
     started = time.perf_counter()
-    left = args.jobs
-    while left:
-        batch = min(args.window, left)
-        send_window(batch)
-        left -= batch
+    send_window(args.jobs)
     confirmed = time.perf_counter()
     sent += args.jobs
     done = wait_done(sink, sent, "throughput")
@@ -112,9 +109,10 @@ def run_phases(
 
 
 def emq_producer(args: argparse.Namespace) -> dict[str, Any]:
-    """``Task.map()`` of ``--window`` calls returns once the broker has ACKed them all
-    (each ACK follows the journal's commit); ``delay()`` of a guaranteed task returns
-    after its own ACK."""
+    """One ``Task.map()`` of the phase's calls keeps at most ``EMQ_ACK_WINDOW`` (the
+    harness sets it to ``--window``) unacknowledged, sends more as ACKs arrive, and
+    returns once the broker has ACKed them all (each ACK follows the journal's
+    commit); ``delay()`` of a guaranteed task returns after its own ACK."""
     import django
 
     django.setup()

@@ -19,6 +19,9 @@ affects each alike. Each tree's producer runs its own code (its tree first on
 - ``main``: ``time.thread_time()`` of the calling thread alone;
 - ``wall``: elapsed time over the same span.
 
+``--map``: one ``noop.map()`` of the ``--jobs`` calls instead (the batch path:
+``send_batch`` and its ACK window).
+
 ``--results`` (with a job manager): ``echo.delay(i)`` calls, then each result's
 ``get()``, as bench/run.py's results phase; ``main_delay`` is then the sends'.
 
@@ -106,6 +109,9 @@ def child(jobs: int, warmup: int, profile: str) -> None:
         sent_main = time.thread_time()
         if [h.get(timeout=30) for h in handles] != list(range(jobs)):
             raise SystemExit("the results are not the values sent")
+    elif os.environ.get("PRODUCER_COST_MAP") == "1":  # --map: one map() of them all
+        noop.map([()] * jobs)
+        sent_main = time.thread_time()
     else:
         for _ in range(jobs):
             delay()
@@ -169,6 +175,9 @@ def main() -> None:
         action="store_true",
         help="echo(i) jobs and every result's get() (as run.py's results phase; --workers)",
     )
+    ap.add_argument(
+        "--map", action="store_true", help="one noop.map() of --jobs calls, not delay() each"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.child:
@@ -200,6 +209,8 @@ def main() -> None:
         )
         env.pop("EMQ_TRACE_DIR", None)
         log = open(os.path.join(tmp, "broker.log"), "wb")
+        if opts.map:
+            env["PRODUCER_COST_MAP"] = "1"
         if opts.results:
             env["PRODUCER_COST_RESULTS"] = "1"
             opts.workers = True

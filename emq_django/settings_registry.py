@@ -224,7 +224,9 @@ class EmqSettings:
         5.0, "seconds a client waits for the broker's ACK", section="client"
     )
     ACK_WINDOW: int = setting(
-        1000, "unacknowledged jobs a client may have in flight", section="client"
+        1000,
+        "unacknowledged jobs a client may have in flight (a guaranteed `map()`'s sliding window)",
+        section="client",
     )
     MONITOR_TIMEOUT: float = setting(
         2.0, "seconds `emq_status` waits for the monitor", section="client"

@@ -167,7 +167,9 @@ class Task(Generic[P, R]):
     ) -> list[Result]:
         """Send many calls at once, pipelined: ``add.map([(1, 2), (3, 4)])``, or
         ``(args, kwargs)`` pairs. A guaranteed task returns once the broker has
-        ACKed them all, which is far faster than a ``delay()`` each.
+        ACKed them all, which is far faster than a ``delay()`` each. At most
+        ``EMQ_ACK_WINDOW`` are unacknowledged at a time (guaranteed: one more
+        goes as each ACK arrives, a sliding window), so a large iterable streams.
 
         Every job gets its id before anything is sent. If the broker stops
         acknowledging, the unacknowledged jobs are sent again under the same ids;

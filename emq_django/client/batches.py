@@ -99,13 +99,18 @@ class Batches(Sending):
                       job_id=batch.msgids[0].decode())  # fmt: skip
             batch.sent = 1
         self._answered = []
+        # guaranteed jobs: a sliding window, every ACK makes room for one more at
+        # once (as publisher confirms; the ACKs of one journal commit come together,
+        # so this is a wait per commit). Plain jobs, ACKed as they come, refill at
+        # half the window: a wait per few ACKs cost them ~20% more CPU per job.
+        low = self.window if confirm else self.window // 2
         for k in range(batch.sent, len(batch.msgids)):
             self._send_frames(sock, batch.frames(k))
             self._pending[batch.msgids[k]] = time.monotonic()
             batch.unanswered.add(batch.msgids[k])
             batch.sent = k + 1
             if self._unacked() >= self.window:
-                self._wait_batch(batch, lambda: self._unacked() < self.window // 2)
+                self._wait_batch(batch, lambda: self._unacked() < low)
         if confirm:
             self._wait_batch(batch, lambda: not batch.unanswered)
 
