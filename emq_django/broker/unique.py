@@ -1,0 +1,80 @@
+"""Unique jobs: the keys the broker holds (docs/features/unique-jobs.md).
+
+A job sent with the header ``unique:<key>`` holds its key from the moment the broker
+accepts it until it ends (its final outcome: done, failed past its retries,
+cancelled), and ``unique-for:<seconds>`` longer after that. While the key is held,
+another job with the same key is not made: the broker answers it with ERROR
+``duplicate`` and the reason ``duplicate of <job id>``, which our client turns into
+the existing job's handle (``Result.duplicate``).
+
+Exact, not best effort: the broker sees every send in one thread, so the check and
+the hold are one step. A guaranteed job's key comes back with the job when the
+broker restores its journal (the key is in the job's headers): it holds across a
+restart or kill -9 while the job waits or runs. The ``unique-for`` time after the
+end of a job is kept in memory only.
+
+Pure: no sockets, no clock (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+
+class UniqueKeys:
+    """Held keys: ``key -> (job id, queue)`` while the job lives, and, once it
+    ended, ``key -> (job id, queue, until)`` for its ``unique-for``."""
+
+    __slots__ = ("live", "ended", "_expiry")
+
+    def __init__(self) -> None:
+        self.live: dict[str, tuple[bytes, str]] = {}
+        self.ended: dict[str, tuple[bytes, str, float]] = {}
+        self._expiry: list[tuple[float, str]] = []  # a heap of (until, key)
+
+    def holder(self, key: str, now: float) -> bytes | None:
+        """The id of the job that holds ``key``, or None when it is free."""
+        live = self.live.get(key)
+        if live is not None:
+            return live[0]
+        self.expire(now)
+        ended = self.ended.get(key)
+        return ended[0] if ended is not None else None
+
+    def hold(self, key: str, job_id: bytes, queue: str) -> None:
+        """``job_id`` (accepted, or restored from the journal) holds ``key``."""
+        self.live[key] = (job_id, queue)
+        self.ended.pop(key, None)
+
+    def release(self, key: str, job_id: bytes, keep_for: float, now: float) -> None:
+        """The job ended: its key is free, or kept ``keep_for`` seconds more."""
+        live = self.live.get(key)
+        if live is None or live[0] != job_id:
+            return
+        del self.live[key]
+        if keep_for > 0:
+            until = now + keep_for
+            self.ended[key] = (job_id, live[1], until)
+            heapq.heappush(self._expiry, (until, key))
+
+    def expire(self, now: float) -> None:
+        """Drop the ended keys whose time is up."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            until, key = heapq.heappop(expiry)
+            ended = self.ended.get(key)
+            if ended is not None and ended[2] <= now:
+                del self.ended[key]
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self.ended)
+
+    def by_queue(self, now: float) -> dict[str, int]:
+        """Keys held per queue, for the monitor (live and kept after the end)."""
+        self.expire(now)
+        counts: dict[str, int] = {}
+        for _, queue in self.live.values():
+            counts[queue] = counts.get(queue, 0) + 1
+        for _, queue, _ in self.ended.values():
+            counts[queue] = counts.get(queue, 0) + 1
+        return counts
