@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from emq_django.exceptions import DuplicateJob
 from emq_django.handles import Result
@@ -22,7 +22,18 @@ from emq_django.protocol.limits import MAX_UNIQUE_FOR, check_seconds, check_uniq
 
 if TYPE_CHECKING:
     from emq_django.client import Client
-    from emq_django.task import Task
+
+
+class Task(Protocol):
+    """What this module uses of ``task.Task`` (not imported: it imports this)."""
+
+    name: str
+    unique: bool
+    unique_for: float
+
+    def apply_async(
+        self, args: Sequence[Any] = ..., kwargs: Mapping[str, Any] | None = ...
+    ) -> Result: ...
 
 
 def check_unique(unique: Any, unique_for: Any) -> tuple[bool, float]:
@@ -50,7 +61,7 @@ def key_of(
 
 
 def unique_of(
-    task: Task[..., Any],
+    task: Task,
     unique_key: str | None,
     unique_for: float | None,
     args: Sequence[Any],
@@ -75,7 +86,7 @@ def send_unique(
     queue: str,
     headers: bytes,
     body: bytes,
-    task: Task[..., Any],
+    task: Task,
     job_id: str | None,
     reply: bool,
 ) -> Result:
@@ -90,7 +101,7 @@ def send_unique(
     return Result(sent, task.name, reply=reply, client=client)
 
 
-def apply_call(task: Task[..., Any], call: Any) -> Result:
+def apply_call(task: Task, call: Any) -> Result:
     """One call of a unique task's ``map()``: ``args``, or an ``(args, kwargs)`` pair
     (each job waits for the broker's answer: no pipelining)."""
     if (
