@@ -1436,8 +1436,9 @@ class BrokerCore:
         self.restored.update(
             (j, job.attempt) for j, job in self.life.jobs.items() if job.client is None
         )
+        self.unique.restore_ended(stored, now, now + self._wall_offset)
         for j, job in self.life.jobs.items():  # a guaranteed unique job holds its key again
-            if job.headers.unique:
+            if job.headers.unique and j not in self.life.dead.items:
                 self.unique.hold(job.headers.unique, j, job.queue)
         self._restore_replies(stored, now)
         flows = []

@@ -10,8 +10,9 @@ the existing job's handle (``Result.duplicate``).
 Exact, not best effort: the broker sees every send in one thread, so the check and
 the hold are one step. A guaranteed job's key comes back with the job when the
 broker restores its journal (the key is in the job's headers): it holds across a
-restart or kill -9 while the job waits or runs. The ``unique-for`` time after the
-end of a job is kept in memory only.
+restart or kill -9 while the job waits or runs; and its ``unique-for`` time after
+it ended too, from its done row, for as long as the journal keeps done rows
+(``EMQ_DEDUPE_WINDOW``). A plain job's key lives in the broker's memory only.
 
 Pure: no sockets, no clock (``now`` is passed in).
 """
@@ -19,6 +20,11 @@ Pure: no sockets, no clock (``now`` is passed in).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
+from typing import Any
+
+from emq_django.exceptions import ProtocolError
+from emq_django.protocol.headers import parse_stored_headers
 
 
 class UniqueKeys:
@@ -56,6 +62,22 @@ class UniqueKeys:
             until = now + keep_for
             self.ended[key] = (job_id, live[1], until)
             heapq.heappush(self._expiry, (until, key))
+
+    def restore_ended(self, rows: Iterable[Any], now: float, wall: float) -> None:
+        """The journal's done rows (``StoredJob``) at start-up: a guaranteed unique
+        job that ended less than its ``unique-for`` ago keeps its key the rest of it.
+        ``wall``: the wall clock at ``now`` (rows have wall-clock times)."""
+        for row in rows:
+            if row.state != "done" or b"unique" not in row.headers:
+                continue
+            try:
+                headers = parse_stored_headers(row.headers)
+            except ProtocolError:
+                continue
+            left = row.updated_at + headers.unique_for - wall
+            if headers.unique and left > 0 and headers.unique not in self.live:
+                self.ended[headers.unique] = (row.id, row.queue, now + left)
+                heapq.heappush(self._expiry, (now + left, headers.unique))
 
     def expire(self, now: float) -> None:
         """Drop the ended keys whose time is up."""

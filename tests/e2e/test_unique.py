@@ -112,6 +112,22 @@ def test_a_guaranteed_jobs_key_holds_across_a_broker_kill(
     assert keys() == ["g"]
 
 
+def test_unique_for_holds_across_a_broker_kill_for_a_guaranteed_job(
+    env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    broker = start_broker(emq_processes, env)
+    start_jm(emq_processes, env, broker)
+    first = tasks.mark.apply_async(("d",), unique_key="k-d", unique_for=600, guarantee=True)
+    wait_until(lambda: "d" in keys(), "the job ran", 60, [broker])
+    wait_until(lambda: idle(env), "the job ended", 60)
+    os.kill(broker.pid, signal.SIGKILL)
+    broker.popen.wait(timeout=30)
+    broker = start_broker(emq_processes, env, name="broker-2")
+    again = tasks.mark.apply_async(("d-again",), unique_key="k-d", guarantee=True)
+    assert again.duplicate and again.id == first.id
+    assert unique_keys(env) == 1
+
+
 def test_bad_unique_options_fail_at_the_call_site() -> None:
     with pytest.raises(ValueError, match="empty"):
         tasks.mark.apply_async(("z",), unique_key="")
