@@ -307,7 +307,8 @@ class Task(Generic[P, R]):
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
         if unique is not None:  # waits for the broker's answer: a new job, or the existing one
-            return send_unique(client, queue or self.queue, headers, body, self, job_id, want_reply)
+            target, call = queue or self.queue, (args, kwargs)
+            return send_unique(client, target, headers, body, self, job_id, want_reply, call)
         changes = client.broker_changes
         target = queue or self.queue
         if otel.api._TRACER_PROVIDER is not None:  # a PRODUCER span, its context in the headers

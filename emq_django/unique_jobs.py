@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from emq_django import signals
 from emq_django.exceptions import DuplicateJob
 from emq_django.handles import Result
 from emq_django.protocol.headers import format_headers
@@ -30,6 +31,8 @@ class Task(Protocol):
     name: str
     unique: bool
     unique_for: float
+
+    def _sent(self, msgid: Any, queue: str, args: Any, kwargs: Any) -> None: ...
 
     def apply_async(
         self, args: Sequence[Any] = ..., kwargs: Mapping[str, Any] | None = ...
@@ -89,15 +92,19 @@ def send_unique(
     task: Task,
     job_id: str | None,
     reply: bool,
+    call: tuple[Sequence[Any], Mapping[str, Any] | None] = ((), None),
 ) -> Result:
     """Send a unique job and wait for the broker's answer: this job's handle, or
-    the existing job's with ``duplicate`` True. Raises what ``Client.send`` raises."""
+    the existing job's with ``duplicate`` True (``signals.job_sent`` for a new job
+    only, with ``call``'s arguments). Raises what ``Client.send`` raises."""
     try:
         sent = client.send(queue, headers, body, confirm=True, job_id=job_id)
     except DuplicateJob as exc:
         result = Result(exc.existing_id, task.name, reply=reply, client=client)
         result.duplicate = True
         return result
+    if signals.job_sent.receivers:
+        task._sent(sent, queue, call[0], call[1])
     return Result(sent, task.name, reply=reply, client=client)
 
 

@@ -96,14 +96,21 @@ def test_unique_for_keeps_the_key_after_the_job_ended(
     assert unique_keys(env) == 1
 
 
+def journal_env(journal: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The broker's journal: the SQLite file (EMQ_JOURNAL_PATH), or PostgreSQL."""
+    return {"EMQ_JOURNAL_URL": request.getfixturevalue("pg_url")} if journal == "pg" else {}
+
+
+@pytest.mark.parametrize("journal", ["sqlite", "pg"])
 def test_a_guaranteed_jobs_key_holds_across_a_broker_kill(
-    env: dict[str, str], emq_processes: EmqProcesses
+    env: dict[str, str], emq_processes: EmqProcesses, journal: str, request: pytest.FixtureRequest
 ) -> None:
-    broker = start_broker(emq_processes, env)
+    extra = journal_env(journal, request)
+    broker = start_broker(emq_processes, env, extra_env=extra)
     first = tasks.mark.apply_async(("g",), unique_key="k-g", guarantee=True)
     os.kill(broker.pid, signal.SIGKILL)
     broker.popen.wait(timeout=30)
-    broker = start_broker(emq_processes, env, name="broker-2")
+    broker = start_broker(emq_processes, env, name="broker-2", extra_env=extra)
     again = tasks.mark.apply_async(("g-again",), unique_key="k-g", guarantee=True)
     assert again.duplicate and again.id == first.id
     start_jm(emq_processes, env, broker)
@@ -112,17 +119,19 @@ def test_a_guaranteed_jobs_key_holds_across_a_broker_kill(
     assert keys() == ["g"]
 
 
+@pytest.mark.parametrize("journal", ["sqlite", "pg"])
 def test_unique_for_holds_across_a_broker_kill_for_a_guaranteed_job(
-    env: dict[str, str], emq_processes: EmqProcesses
+    env: dict[str, str], emq_processes: EmqProcesses, journal: str, request: pytest.FixtureRequest
 ) -> None:
-    broker = start_broker(emq_processes, env)
+    extra = journal_env(journal, request)
+    broker = start_broker(emq_processes, env, extra_env=extra)
     start_jm(emq_processes, env, broker)
     first = tasks.mark.apply_async(("d",), unique_key="k-d", unique_for=600, guarantee=True)
     wait_until(lambda: "d" in keys(), "the job ran", 60, [broker])
     wait_until(lambda: idle(env), "the job ended", 60)
     os.kill(broker.pid, signal.SIGKILL)
     broker.popen.wait(timeout=30)
-    broker = start_broker(emq_processes, env, name="broker-2")
+    broker = start_broker(emq_processes, env, name="broker-2", extra_env=extra)
     again = tasks.mark.apply_async(("d-again",), unique_key="k-d", guarantee=True)
     assert again.duplicate and again.id == first.id
     assert unique_keys(env) == 1
