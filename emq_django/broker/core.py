@@ -390,7 +390,7 @@ class BrokerCore:
                 )
                 return
             self._accept(client, msgid, queue, headers, body, more, now, fresh)
-            if msgid in self.life.jobs:
+            if msgid in self.life.jobs or msgid in self.life.spilled_ids:  # accepted
                 self.unique.hold(headers.unique, msgid, queue.name)
             return
         # the ACK goes out after the job: the worker can start a little sooner
@@ -1484,6 +1484,8 @@ class BrokerCore:
         never received. What this turn queued for them changes too: their ACK
         becomes a refusal, their delivery is taken back (the server passes the
         reason with ``refuse_unsaved``)."""
+        if len(self.unique):
+            self.unique.forget(job_ids)  # their unique keys are free again
         for job_id in job_ids:
             job = self.life.jobs.get(job_id)
             spilled_to = self.life.forget_unsaved(job_id)

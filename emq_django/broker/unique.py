@@ -64,20 +64,32 @@ class UniqueKeys:
             heapq.heappush(self._expiry, (until, key))
 
     def restore_ended(self, rows: Iterable[Any], now: float, wall: float) -> None:
-        """The journal's done rows (``StoredJob``) at start-up: a guaranteed unique
-        job that ended less than its ``unique-for`` ago keeps its key the rest of it.
+        """The journal's rows (``StoredJob``) at start-up: a spilled job (waiting on
+        disk) holds its key; one that ended (a done row) less than its
+        ``unique-for`` ago keeps its key the rest of it (the restored jobs in memory
+        hold theirs: ``BrokerCore.restore``).
         ``wall``: the wall clock at ``now`` (rows have wall-clock times)."""
         for row in rows:
-            if row.state != "done" or b"unique" not in row.headers:
+            if row.state not in ("done", "spilled") or b"unique" not in row.headers:
                 continue
             try:
                 headers = parse_stored_headers(row.headers)
             except ProtocolError:
                 continue
+            if row.state == "spilled":  # waiting on disk: it holds its key
+                if headers.unique:
+                    self.hold(headers.unique, row.id, row.queue)
+                continue
             left = row.updated_at + headers.unique_for - wall
             if headers.unique and left > 0 and headers.unique not in self.live:
                 self.ended[headers.unique] = (row.id, row.queue, now + left)
                 heapq.heappush(self._expiry, (now + left, headers.unique))
+
+    def forget(self, job_ids: set[bytes]) -> None:
+        """The journal could not save these new jobs: they never were, and their
+        keys are free (a scan: only on a failed commit)."""
+        for key in [k for k, (job_id, _) in self.live.items() if job_id in job_ids]:
+            del self.live[key]
 
     def expire(self, now: float) -> None:
         """Drop the ended keys whose time is up."""

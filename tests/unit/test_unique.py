@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from emq_django.broker.journal import StoredJob
 from emq_django.broker.unique import UniqueKeys
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol.headers import format_headers, parse_headers
@@ -57,3 +58,25 @@ def test_a_key_is_held_while_the_job_lives_then_for_its_unique_for() -> None:
     keys.hold("k", b"job-2", "q")
     keys.release("k", b"job-2", 0.0, 13.0)  # no unique_for: free at once
     assert keys.holder("k", 13.0) is None
+
+
+def row(job_id: bytes, state: str, headers: bytes, updated_at: float) -> StoredJob:
+    return StoredJob(job_id, "q", headers, b"", state, 1, 0.0, 0.0, "", updated_at)
+
+
+def test_restored_rows_hold_their_keys_and_unsaved_jobs_free_theirs() -> None:
+    keys = UniqueKeys()
+    rows = [
+        row(b"spilled-1", "spilled", b"guarantee,unique:s", 0.0),
+        row(b"done-1", "done", b"guarantee,unique:d,unique-for:100", 950.0),  # 50 s left
+        row(b"done-2", "done", b"guarantee,unique:old,unique-for:10", 950.0),  # over
+        row(b"plain", "done", b"guarantee", 990.0),
+    ]
+    keys.restore_ended(rows, now=5.0, wall=1000.0)
+    assert keys.holder("s", 5.0) == b"spilled-1"
+    assert keys.holder("d", 54.9) == b"done-1"
+    assert keys.holder("d", 55.0) is None
+    assert keys.holder("old", 5.0) is None
+    keys.hold("n", b"new-1", "q")
+    keys.forget({b"new-1", b"spilled-1"})  # a journal commit failed
+    assert keys.holder("n", 5.0) is None and keys.holder("s", 5.0) is None
