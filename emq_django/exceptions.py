@@ -97,6 +97,15 @@ class JobRefused(EmqError):
     """The broker refused a job, for the reason given."""
 
 
+class DuplicateJob(JobRefused):
+    """Not an error the caller sees: the broker holds the job's unique key for the
+    job ``existing_id`` (the unique jobs' client turns it into that job's handle)."""
+
+    def __init__(self, existing_id: str) -> None:
+        super().__init__(f"duplicate of {existing_id}")
+        self.existing_id = existing_id
+
+
 class JobsRefused(JobRefused):
     """The broker refused jobs sent without ``reply`` (nobody reads their ``get()``):
     raised by the client's next ``delay()``, ``apply_async()``, ``map()`` or

@@ -107,6 +107,8 @@ class Result:
     # a guaranteed job (the broker's journal keeps it), or one not stamped
     _sent_at_change: int | None = None
     _seq = 0  # ... and its number within that attempt
+    # a unique job's: the broker already had a job with its key, and this is that one
+    duplicate = False
 
     def __init__(
         self, job_id: str, task_name: str, *, reply: bool = True, client: Client | None = None

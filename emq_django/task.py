@@ -29,6 +29,7 @@ from emq_django.task_options import (
     check_soft_timeout,
     when_to_run,
 )
+from emq_django.unique_jobs import apply_call, check_unique, send_unique, unique_of, with_key
 
 SOFT_TIMEOUT_HEADER = "soft-timeout"  # a headers extension: the soft time limit, seconds
 
@@ -56,6 +57,8 @@ class Task(Generic[P, R]):
         on_commit: bool = False,
         soft_timeout: float = 0,
         priority: int = 0,
+        unique: bool = False,
+        unique_for: float = 0,
     ) -> None:
         if fn.__module__ == "__main__":
             raise ValueError(
@@ -79,6 +82,10 @@ class Task(Generic[P, R]):
         self.reply = reply
         self.on_commit = on_commit
         self.priority = priority
+        self.unique, self.unique_for = check_unique(unique, unique_for)
+        if unique:  # delay() and map() send each job as apply_async() does (unique_jobs.py)
+            self.delay = lambda *a, **k: self.apply_async(a, k)  # type: ignore[method-assign]
+            self.map = lambda calls: [apply_call(self, c) for c in calls]  # type: ignore[method-assign]
         self._headers = self._build_headers(
             reply, guarantee, retries, timeout, 0.0, soft_timeout, priority
         )
@@ -238,6 +245,8 @@ class Task(Generic[P, R]):
         on_commit: bool | None = None,
         soft_timeout: float | None = None,
         priority: int | None = None,
+        unique_key: str | None = None,
+        unique_for: float | None = None,
     ) -> Result:
         """Send the task. Raises ``TypeError``/``ValueError`` for an option or
         arguments the broker would refuse (a negative or non-numeric ``timeout`` or
@@ -248,7 +257,8 @@ class Task(Generic[P, R]):
         ``BrokerUnavailable`` when the broker does not acknowledge in time and
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
-        when it commits (emq_django/transaction.py) and the result says so."""
+        when it commits (emq_django/transaction.py) and the result says so.
+        ``unique_key``/``unique_for``: one job per key at a time (docs: Unique jobs)."""
         check_options(queue, retries, timeout, guarantee, reply, job_id)
         if priority is not None:
             check_priority(priority)
@@ -258,6 +268,7 @@ class Task(Generic[P, R]):
                 self.timeout if timeout is None else timeout,
             )
         run_after = when_to_run(countdown, eta)  # bad timing fails now, not at commit
+        unique = unique_of(self, unique_key, unique_for, args, kwargs)  # (key, for) or None
         body = self._body.encode(args, kwargs)
         settings = _settings()
         check_size(body, settings.MAX_BODY_BYTES, self.name)
@@ -269,6 +280,8 @@ class Task(Generic[P, R]):
                 "timeout": timeout,
                 "soft_timeout": soft_timeout,
                 "priority": priority,
+                "unique_key": unique_key,
+                "unique_for": unique_for,
                 "guarantee": guarantee,
                 "reply": want_reply,
                 "countdown": countdown,
@@ -279,7 +292,7 @@ class Task(Generic[P, R]):
             return self._run_eagerly(body, want_reply)
         if (retries, timeout, guarantee, reply, run_after, soft_timeout, priority) == (
             None, None, None, None, 0.0, None, None,
-        ):  # fmt: skip
+        ) and unique is None:  # fmt: skip
             headers = self._headers
         else:
             headers = self._build_headers(
@@ -291,8 +304,13 @@ class Task(Generic[P, R]):
                 self.soft_timeout if soft_timeout is None else soft_timeout,
                 self.priority if priority is None else priority,
             )
+            if unique is not None:
+                headers = with_key(headers, *unique)
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
+        if unique is not None:  # waits for the broker's answer: a new job, or the existing one
+            target, call = queue or self.queue, (args, kwargs)
+            return send_unique(client, target, headers, body, self, job_id, want_reply, call)
         changes = client.broker_changes
         target = queue or self.queue
         if otel.api._TRACER_PROVIDER is not None:  # a PRODUCER span, its context in the headers
@@ -434,6 +452,8 @@ def task(
     on_commit: bool = ...,
     soft_timeout: float = ...,
     priority: int = ...,
+    unique: bool = ...,
+    unique_for: float = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -449,12 +469,15 @@ def task(
     on_commit: bool = False,
     soft_timeout: float = 0,
     priority: int = 0,
+    unique: bool = False,
+    unique_for: float = 0,
 ) -> Any:
     """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``.
     ``on_commit=True``: inside a transaction, send only once it commits.
     ``timeout``: the hard time limit (the worker process is killed);
     ``soft_timeout``: ``SoftTimeLimitExceeded`` is raised inside the task;
-    ``priority``: -100..100, higher first (docs: Priority). Raises ``TypeError``/
+    ``priority``: -100..100, higher first (docs: Priority); ``unique``: one job per
+    task and arguments at a time (docs: Unique jobs). Raises ``TypeError``/
     ``ValueError`` for an option out of range."""
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
@@ -468,6 +491,8 @@ def task(
             on_commit=on_commit,
             soft_timeout=soft_timeout,
             priority=priority,
+            unique=unique,
+            unique_for=unique_for,
         )
         registry.register(t)
         return t

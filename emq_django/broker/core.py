@@ -49,12 +49,15 @@ from emq_django.broker.state import (
 )
 from emq_django.broker.topics import Event, TopicSpace, check_topic
 from emq_django.broker.trace import JobTracer
+from emq_django.broker.unique import UniqueKeys
 from emq_django.broker.workflows import WAITING, WorkflowEngine
 from emq_django.exceptions import ProtocolError
 from emq_django.logconfig import job_fields
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers, parse_stored_headers
 from emq_django.protocol.limits import (
+    DUPLICATE,
+    DUPLICATE_OF,
     MAX_DELAY,
     REFUSAL_CODES,
     REFUSED_BAD_RUN_AFTER,
@@ -182,6 +185,7 @@ class BrokerCore:
         self.workflows = WorkflowEngine(
             self._start_step, self.cancel, self._emit, self._end_workflow
         )
+        self.unique = UniqueKeys()  # unique jobs' keys (broker/unique.py)
 
     @property
     def wall_offset(self) -> float:
@@ -379,6 +383,18 @@ class BrokerCore:
             if refusal is not None:
                 self.refuse(client, msgid, *refusal)
                 return
+        if headers.unique:  # a unique job: the existing one's id, or this one holds the key
+            holder = self.unique.holder(headers.unique, now)
+            if holder is not None and holder != msgid:
+                self.counters["unique_duplicates"] = self.counters.get("unique_duplicates", 0) + 1
+                self.out.append(
+                    Refuse(client, msgid, DUPLICATE, DUPLICATE_OF + holder.decode(errors="replace"))
+                )
+                return
+            self._accept(client, msgid, queue, headers, body, more, now, fresh)
+            if msgid in self.life.jobs or msgid in self.life.spilled_ids:  # accepted
+                self.unique.hold(headers.unique, msgid, queue.name)
+            return
         # the ACK goes out after the job: the worker can start a little sooner
         self._accept(client, msgid, queue, headers, body, more, now, fresh)
 
@@ -1111,6 +1127,8 @@ class BrokerCore:
         """The job's final outcome, to its client if one waits (a restored job's
         is kept for a client that claims it: ``_claim``); a workflow's step's goes
         to its workflow, which moves on."""
+        if job.headers.unique:
+            self.unique.release(job.headers.unique, job.id, job.headers.unique_for, now)
         if self.workflows.steps and job.id in self.workflows.steps:
             if outcome.failed and job.cancelled and body is not CANCELLED_UNSTARTED:
                 body = encode_failure(CANCELLED, "the job was cancelled while it ran", "")
@@ -1422,6 +1440,10 @@ class BrokerCore:
         self.restored.update(
             (j, job.attempt) for j, job in self.life.jobs.items() if job.client is None
         )
+        self.unique.restore_ended(stored, now, now + self._wall_offset)
+        for j, job in self.life.jobs.items():  # a guaranteed unique job holds its key again
+            if job.headers.unique and j not in self.life.dead.items:
+                self.unique.hold(job.headers.unique, j, job.queue)
         self._restore_replies(stored, now)
         flows = []
         for job in ready:
@@ -1466,6 +1488,8 @@ class BrokerCore:
         never received. What this turn queued for them changes too: their ACK
         becomes a refusal, their delivery is taken back (the server passes the
         reason with ``refuse_unsaved``)."""
+        if len(self.unique):
+            self.unique.forget(job_ids)  # their unique keys are free again
         for job_id in job_ids:
             job = self.life.jobs.get(job_id)
             spilled_to = self.life.forget_unsaved(job_id)

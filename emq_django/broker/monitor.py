@@ -70,8 +70,9 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
     return sorted(groups.values(), key=lambda e: str(e["identity"]))
 
 
-def queues(core: BrokerCore) -> list[dict[str, Any]]:
+def queues(core: BrokerCore, now: float | None = None) -> list[dict[str, Any]]:
     result = []
+    unique = core.unique.by_queue(now) if now is not None and len(core.unique) else {}
     for queue in core.queues.values():
         serving: dict[str, dict[str, Any]] = {}
         for peer, weight in queue.servers.items():
@@ -93,6 +94,8 @@ def queues(core: BrokerCore) -> list[dict[str, Any]]:
         )
         if isinstance(queue.pending, RankedPending):  # waiting jobs by priority
             result[-1]["by_priority"] = {str(p): n for p, n in queue.pending.by_priority().items()}
+        if queue.name in unique:  # unique jobs' keys held (broker/unique.py)
+            result[-1]["unique_keys"] = unique[queue.name]
     return sorted(result, key=lambda q: q["name"])
 
 
@@ -108,7 +111,7 @@ def snapshot(core: BrokerCore, now: float, wall: float, info: dict[str, Any]) ->
             "time": wall,
         },
         "counters": dict(core.counters),
-        "queues": queues(core),
+        "queues": queues(core, now),
         "job_managers": job_managers(core, now, wall),
         "schedulers": [
             {

@@ -21,6 +21,7 @@ from emq_django import wire
 from emq_django.client.incarnations import MAX_KEPT_REPLIES, Incarnations
 from emq_django.client.lifetime import _Flusher
 from emq_django.exceptions import (
+    DuplicateJob,
     JobRefused,
     JobsRefused,
     ProtocolError,
@@ -29,7 +30,7 @@ from emq_django.exceptions import (
 from emq_django.protocol import batch as B
 from emq_django.protocol import frames as F
 from emq_django.protocol.frames import decode
-from emq_django.protocol.limits import REFUSED_LEASE_LOST
+from emq_django.protocol.limits import DUPLICATE, DUPLICATE_OF, REFUSED_LEASE_LOST
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class _Partials:
 
 
 def refusal(error: F.Error) -> JobRefused | QueueFull:
+    if error.code == DUPLICATE and error.reason.startswith(DUPLICATE_OF):
+        return DuplicateJob(error.reason[len(DUPLICATE_OF) :])
     cls: type[JobRefused | QueueFull] = QueueFull if error.code == "queue-full" else JobRefused
     return cls(error.reason)
 
@@ -423,9 +426,12 @@ class Inbox(Incarnations):
                 if len(self._refused) < JobsRefused.MAX_NAMED:
                     ref = cmd.ref_msgid.decode(errors="replace")
                     self._refused.append((ref, cmd.code, cmd.reason))
-            log.warning(
-                "the broker refused job %s: %s", cmd.ref_msgid.decode(errors="replace"), cmd.reason
-            )
+            if cmd.code != DUPLICATE:  # (a unique job's existing one: not a refusal)
+                log.warning(
+                    "the broker refused job %s: %s",
+                    cmd.ref_msgid.decode(errors="replace"),
+                    cmd.reason,
+                )
 
     def _wait_ack(self, msgid: bytes, resend: list[bytes] | None = None) -> None:
         """Wait for ``msgid``'s ACK. With ``resend``, send the same message again

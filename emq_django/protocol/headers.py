@@ -11,17 +11,24 @@ from emq_django.protocol.limits import (
     MAX_PRIORITY,
     MAX_RETRIES,
     MAX_TIMEOUT,
+    MAX_UNIQUE_FOR,
+    MAX_UNIQUE_KEY,
     MIN_PRIORITY,
     REFUSED_BAD_HEADER,
     REFUSED_BAD_RUN_AFTER,
     check_count,
     check_priority,
     check_seconds,
+    check_unique_key,
 )
 
 MAX_HEADERS_LENGTH = 4096
 # the most each numeric header may say (run-after is checked against the clock)
-_HEADER_LIMITS: dict[str, float] = {"retry-count": MAX_RETRIES, "timeout": MAX_TIMEOUT}
+_HEADER_LIMITS: dict[str, float] = {
+    "retry-count": MAX_RETRIES,
+    "timeout": MAX_TIMEOUT,
+    "unique-for": MAX_UNIQUE_FOR,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,10 @@ class Headers:
     acks: bool = False
     # extension: higher runs first, -100..100 (docs/eventmq-wire.md); 0 when absent
     priority: int = 0
+    # extension: a unique job's key (broker/unique.py), and how long the key is kept
+    # after the job ended; "" and 0 when absent
+    unique: str = ""
+    unique_for: float = 0.0
     extra: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -134,6 +145,17 @@ def parse_headers(raw: bytes) -> Headers:
             fields["acks"] = True
         elif key == "priority":
             fields["priority"] = _priority(value, raw)
+        elif key == "unique":
+            if not value or len(value) > MAX_UNIQUE_KEY:
+                raise ProtocolError(
+                    f"header 'unique' needs a key of 1 to {MAX_UNIQUE_KEY} characters, "
+                    f"got {len(value)}",
+                    [raw],
+                    REFUSED_BAD_HEADER,
+                )
+            fields["unique"] = value
+        elif key == "unique-for":
+            fields["unique_for"] = float(_number(key, value, raw, float))
         else:
             extra.append((key, value if sep else ""))
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
@@ -189,6 +211,8 @@ def format_headers(
     task: str = "",
     stream: bool = False,
     priority: int = 0,
+    unique: str = "",
+    unique_for: float = 0,
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """Build a headers frame, in the order EventMQ writes them. Raises ``TypeError``
@@ -199,6 +223,9 @@ def format_headers(
     check_priority(priority)
     check_seconds("timeout", timeout, MAX_TIMEOUT)
     check_seconds("run_after", run_after)
+    check_seconds("unique_for", unique_for, MAX_UNIQUE_FOR)
+    if unique:
+        check_unique_key(unique)
     items: list[str] = []
     if reply_requested:
         items.append("reply-requested")
@@ -220,5 +247,9 @@ def format_headers(
         items.append("stream")
     if priority:
         items.append(f"priority:{priority}")
+    if unique:
+        items.append(f"unique:{unique}")
+        if unique_for:
+            items.append(f"unique-for:{unique_for:g}")
     items.extend(f"{k}:{v}" if v else k for k, v in extra)
     return ",".join(items).encode()

@@ -30,6 +30,9 @@ MAX_INTERVAL = 10 * MAX_DELAY
 # a job's priority: an int, higher first (Django Tasks' range and convention)
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
+# unique jobs (broker/unique.py): the longest unique key, and the longest unique-for
+MAX_UNIQUE_KEY = 200
+MAX_UNIQUE_FOR = 30 * 86400.0  # seconds
 
 # ERROR codes (the frame after the refused msgid), one counter each
 REFUSED_MALFORMED = "malformed"  # wrong frame count, bad msgid, ...
@@ -51,6 +54,10 @@ REFUSED_TOO_MANY_QUEUES = "too-many-queues"
 # a workflow graph the broker will not run (protocol/workflow.py): malformed, an
 # empty group, a chord without a callback, nested too deep, too many steps
 REFUSED_BAD_WORKFLOW = "bad-workflow"
+# not a refusal: a job with the same unique key waits or runs; the reason is
+# "duplicate of <job id>" (docs/eventmq-wire.md, the unique header)
+DUPLICATE = "duplicate"
+DUPLICATE_OF = "duplicate of "
 
 REFUSAL_CODES = (
     REFUSED_MALFORMED,
@@ -142,6 +149,20 @@ def check_priority(value: Any) -> int:
         raise TypeError(f"priority must be an int from -100 to 100, got {value!r}")
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
         raise ValueError(f"priority must be from -100 to 100 (higher first), got {value}")
+    return value
+
+
+def check_unique_key(value: Any) -> str:
+    """A unique key: a non-empty str of at most ``MAX_UNIQUE_KEY`` characters, no
+    comma (the headers frame's separator); raises ``TypeError``/``ValueError``."""
+    if not isinstance(value, str):
+        raise TypeError(f"unique_key must be a str, got {value!r}")
+    if not value:
+        raise ValueError("unique_key must not be empty")
+    if len(value) > MAX_UNIQUE_KEY:
+        raise ValueError(f"unique_key is {len(value)} characters; the most is {MAX_UNIQUE_KEY}")
+    if "," in value:
+        raise ValueError(f"unique_key cannot contain a comma: {value[:40]!r}")
     return value
 
 

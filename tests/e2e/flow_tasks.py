@@ -42,3 +42,9 @@ def gate(key: str, path: str) -> None:
     record(key)
     while not os.path.exists(path):
         time.sleep(0.02)
+
+
+@emq.task(queue="flow", reply=False, unique=True)
+def once(key: str) -> None:
+    """A unique task (tests/e2e/test_unique.py): keyed by its arguments."""
+    record(key)
