@@ -37,7 +37,7 @@ class MinuteMetric(models.Model):
 
 
 class QueueMetric(MinuteMetric):
-    queue = models.CharField(max_length=200)
+    queue = models.CharField(max_length=255)
 
     class Meta:
         ordering = ["-minute", "queue"]
@@ -50,7 +50,7 @@ class QueueMetric(MinuteMetric):
 
 
 class TaskMetric(MinuteMetric):
-    queue = models.CharField(max_length=200)
+    queue = models.CharField(max_length=255)
     task = models.CharField(max_length=300, help_text='"" when the client sent no task name')
 
     class Meta:
@@ -85,7 +85,7 @@ class JobManagerMetric(models.Model):
 
 
 class FailureMetric(models.Model):
-    queue = models.CharField(max_length=200)
+    queue = models.CharField(max_length=255)
     task = models.CharField(max_length=300)
     error = models.CharField(max_length=300, help_text='exception type; "" when unknown')
     minute = models.DateTimeField(db_index=True)

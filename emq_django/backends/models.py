@@ -15,10 +15,10 @@ class TaskState(models.Model):
     READY = "READY"
     RUNNING = "RUNNING"
 
-    id = models.CharField(max_length=100, primary_key=True, help_text="the job id")
+    id = models.CharField(max_length=255, primary_key=True, help_text="the job id")
     task = models.CharField(max_length=300, help_text="module path of the task function")
     backend = models.CharField(max_length=100, help_text="TASKS alias")
-    queue = models.CharField(max_length=100)
+    queue = models.CharField(max_length=255)
     status = models.CharField(max_length=16, default=READY)
     args = models.TextField(default="[]", help_text="JSON")
     kwargs = models.TextField(default="{}", help_text="JSON")

@@ -35,9 +35,9 @@ FAILURES = (
 
 
 class JobResult(models.Model):
-    id = models.CharField(max_length=100, primary_key=True, help_text="the client's job id")
+    id = models.CharField(max_length=255, primary_key=True, help_text="the client's job id")
     task = models.CharField(max_length=200, blank=True)
-    queue = models.CharField(max_length=100, blank=True)
+    queue = models.CharField(max_length=255, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices)
     args = models.TextField(default="[]", help_text="JSON")
     kwargs = models.TextField(default="{}", help_text="JSON")
@@ -90,8 +90,8 @@ class JobResult(models.Model):
 class RetryLink(models.Model):
     """A job sent again from the admin (Retry): the new job and the one it repeats."""
 
-    job_id = models.CharField(max_length=100, primary_key=True, help_text="the new job")
-    original_id = models.CharField(max_length=100, db_index=True, help_text="the job retried")
+    job_id = models.CharField(max_length=255, primary_key=True, help_text="the new job")
+    original_id = models.CharField(max_length=255, db_index=True, help_text="the job retried")
     created_at = models.DateTimeField(help_text="when it was sent again")
 
     class Meta:
@@ -107,7 +107,7 @@ class JobStat(models.Model):
     BUCKET_SECONDS = 10
 
     bucket = models.DateTimeField(help_text="start of the 10-second bucket, UTC")
-    queue = models.CharField(max_length=100)
+    queue = models.CharField(max_length=255)
     succeeded = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
     run_sum = models.FloatField(default=0.0, help_text="seconds, summed over the jobs")

@@ -174,7 +174,7 @@ class ScheduleRun(models.Model):
     KEEP = 50
 
     schedule = models.ForeignKey(ScheduledJob, on_delete=models.CASCADE, related_name="runs")
-    job_id = models.CharField(max_length=100, db_index=True)
+    job_id = models.CharField(max_length=255, db_index=True)
     sent_at = models.DateTimeField()
     manual = models.BooleanField(default=False, help_text="sent by the admin's run now")
     due_at = models.DateTimeField(
