@@ -193,7 +193,10 @@ class HaCluster:
             actives = [m.index for m in self.net.machines if self.role(m.index) == "active"]
             return actives[0] if len(actives) == 1 else None
 
-        found: int = wait_until(one, "exactly one active broker", timeout, self.procs)
+        # the brokers running now (not those killed before), as they start or take over
+        found: int = wait_until(
+            one, "exactly one active broker", timeout, list(self.brokers.values())
+        )
         return found
 
     def other(self, i: int) -> int:

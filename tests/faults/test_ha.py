@@ -135,14 +135,17 @@ def test_a_active_killed_20_times_under_load(cluster: HaCluster) -> None:
         load.wait_acks(20)  # a steady load between kills
         t = cluster.kill(active)
         cluster.start(active)  # at once: its start-up (seconds) overlaps the failover
-        cluster.wait_role(standby, "active", SANITY)
+        # the standby, as a rule; but on a busy machine the restarted one's start-up
+        # may end after the lease expired and before the standby's next poll, and
+        # then it takes the lease: a failover as good (CI saw it at kill 4 of 20)
+        taker = cluster.active(timeout=SANITY)
         took = fault_time(load, t, f"the first ACK after kill {n + 1}")
         cluster.history.fault(t, t + took)
-        ha = cluster.ha(standby) or {}
-        rounds.append({"kill": n + 1, "from": f"b{active}", "to": f"b{standby}",
-                       "failover_s": round(took, 3),
+        ha = cluster.ha(taker) or {}
+        rounds.append({"kill": n + 1, "from": f"b{active}", "to": f"b{taker}",
+                       "restarted_won": taker != standby, "failover_s": round(took, 3),
                        "broker_took_s": (ha.get("last_failover") or {}).get("took_s")})  # fmt: skip
-        cluster.wait_role(active, "standby", 60)  # the restarted one: the next standby
+        cluster.wait_role(cluster.other(taker), "standby", 60)  # the next standby
     load.wait_acks(20)
     times = [r["failover_s"] for r in rounds]
     figures = {
