@@ -84,6 +84,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="emq with CURVE on every socket and the ZAP allow-list (bench/curve_bench.py "
         "alternates it with plain text)",
     )
+    ap.add_argument(
+        "--emq-otel",
+        action="store_true",
+        help="emq's producer and job manager with OpenTelemetry's SDK on (bench/otel_settings.py:"
+        " a batch span processor, spans dropped); off otherwise (the API installed, no provider)",
+    )
     ap.add_argument("--keep-logs", action="store_true", help="print where server logs are kept")
     opts = ap.parse_args(argv)
     if opts.results_tasks is None:

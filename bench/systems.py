@@ -277,10 +277,14 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
     env["EMQ_RECORDER"] = ""  # the example project records by default
     if getattr(opts, "emq_trace", False):
         notes.append(emq_trace_env(env, manage))
+    if getattr(opts, "emq_otel", False):  # the producer and the job manager; not the broker
+        env["DJANGO_SETTINGS_MODULE"] = "bench.otel_settings"
+        notes.append("OpenTelemetry SDK on: batch span processor, spans dropped")
     broker_env = env
     if getattr(opts, "emq_curve", False):
         broker_env, note = emq_curve_env(env, manage)
         notes.append(note)
+    broker_env = {**broker_env, "DJANGO_SETTINGS_MODULE": "project.settings"}
     b = servers.start("emq-broker", "broker", manage + ["emq_broker"], broker_env)
     jm = servers.start(
         "emq-jobmanager",
@@ -314,7 +318,11 @@ def running(system: str, prefix: str) -> Iterator[tuple[Started, types.SimpleNam
     what started and the options it was started with; stops them after."""
     servers = ServerSet(tempfile.mkdtemp(prefix=prefix))
     opts = types.SimpleNamespace(
-        done_url="tcp://127.0.0.1:1", emq_trace=False, emq_curve=False, zmq_credit=100
+        done_url="tcp://127.0.0.1:1",
+        emq_trace=False,
+        emq_curve=False,
+        emq_otel=False,
+        zmq_credit=100,
     )
     started = STARTERS[system](servers, opts)
     try:
