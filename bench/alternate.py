@@ -10,6 +10,7 @@ the figures are the medians over the rounds, and each mode's ratio to the first.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -47,7 +48,7 @@ def alternate(
 ) -> dict[str, Any]:
     """Run the emq system ``args.repeats`` times in each of ``modes`` (``apply``
     sets a mode on run.py's options); print and return every run, the medians
-    and each figure's ratio second / first mode."""
+    and each figure's ratio second / first mode (also written to ``args.json``)."""
     log_dir = tempfile.mkdtemp(prefix=prefix)
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for rnd in range(args.repeats):
@@ -76,4 +77,7 @@ def alternate(
         ratio = b / a if a else float("nan")
         summary[figure] = {first: a, second: b, "ratio": ratio}
         print(f"{figure:<24}{a:>12.1f}{b:>12.1f}{ratio:>14.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
     return summary

@@ -15,7 +15,6 @@ way. Rounds alternate their order (``bench/alternate.py``).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -36,9 +35,6 @@ def main(argv: list[str]) -> int:
     )
     cpu = summary["drain_cpu_us_per_task"]
     print(f"\ntracing on: {cpu['on'] - cpu['off']:+.1f} µs of CPU per no-op job")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
     return 0
 
 
