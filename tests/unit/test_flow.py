@@ -13,6 +13,7 @@ from emq_django.broker.flow import BURST, TokenBucket
 from emq_django.broker.monitor import queues
 from emq_django.exceptions import ProtocolError
 from emq_django.flow_control import with_concurrency_key
+from emq_django.protocol import PROTOCOL, Error, decode
 from emq_django.protocol.flow import (
     check_concurrency_key,
     check_max_concurrency,
@@ -21,6 +22,7 @@ from emq_django.protocol.flow import (
 )
 from emq_django.protocol.headers import format_headers, parse_headers
 from emq_django.task import task
+from tests.emqp_machine import EmqpMachine
 from tests.support.core_harness import CoreHarness
 from tests.unit.test_broker_core import INTERVAL, LIVENESS
 
@@ -268,3 +270,25 @@ def test_a_job_sent_while_the_queue_was_held_back_and_no_worker_was_free_still_g
     assert delivered(core.result(p_worker, b"p#1", OK_READY, b"{}", now=0.1)) == [b"q"]
     a1_worker = next(p for p in core.peers.values() if b"a1#1" in p.inflight).identity
     assert delivered(core.result(a1_worker, b"a1#1", OK_READY, b"{}", now=0.2)) == [b"a2"]
+
+
+@pytest.mark.parametrize(
+    "headers", [b"rate-limit:abc", b"rate-limit:0/s", b"max-concurrency:-1", b"concurrency-key:k"]
+)
+def test_the_broker_answers_a_bad_flow_header_with_an_error_and_its_reason(headers: bytes) -> None:
+    core = EmqpMachine(BrokerConfig(INTERVAL, LIVENESS), now=0.0)
+    core.on_frontend(b"c", [b"", PROTOCOL, b"REQUEST", b"m1", b"q", headers, b"[]"], 0.0)
+    refusals = [cmd for _, _, f in core.out if isinstance(cmd := decode(f), Error)]
+    assert [(e.ref_msgid, e.code) for e in refusals] == [(b"m1", "bad-header")]
+    assert headers.split(b":")[0].decode() in refusals[0].reason
+    assert not core.core.queues.get("q") or not core.core.queues["q"].pending
+
+
+def test_a_queue_whose_jobs_have_no_flow_header_still_prefetches() -> None:
+    """An EventMQ client's jobs (no flow header, no EMQ_RATE_LIMITS): as before."""
+    core = core_with()
+    core.join(b"w", meta={**SLOT, "pid": 1}, now=0.0)
+    core.ready(b"w", times=3, now=0.0)
+    assert delivered(core.request(b"c", b"a", headers=b"reply-requested", now=0.0)) == [b"a"]
+    assert delivered(core.request(b"c", b"b", headers=b"reply-requested", now=0.0)) == [b"b"]
+    assert not core.core.queues["default"].gated
