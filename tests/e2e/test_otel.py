@@ -4,7 +4,7 @@ tracer provider), the console exporter in a real job manager whose settings
 configure the SDK as docs/features/observability.md shows it
 (tests/e2e/otel_settings.py runs that example). The worker's span is the
 producer's child, with the messaging attributes; a retried job's later attempts
-link to the producer's span; partials are span events; a malformed traceparent
+link to its first attempt's span; partials are span events; a malformed traceparent
 from another client starts a new trace and the job runs.
 """
 
@@ -174,11 +174,15 @@ def test_worker_span_is_the_producer_span_child_with_attributes_links_and_events
     for span in attempts:
         assert span["context"]["trace_id"] == flaky_send["context"]["trace_id"]
         assert span["parent_id"] == flaky_send["context"]["span_id"]
-    assert attempts[0]["links"] == []
-    for span in attempts[1:]:
+    # a retried job's later attempts link to its first attempt's span: the failure
+    # REPLY named it, the broker kept it with the job (the first-attempt header)
+    first = attempts[0]
+    assert first["links"] == []
+    for n, span in enumerate(attempts[1:], start=2):
         (link,) = span["links"]
-        assert link["context"]["span_id"] == flaky_send["context"]["span_id"]
-        assert link["attributes"]["emq.link"] == "retry"
+        assert link["context"]["span_id"] == first["context"]["span_id"]
+        assert link["context"]["trace_id"] == first["context"]["trace_id"]
+        assert link["attributes"] == {"emq.link": "retry", "emq.attempt": n}
     failed = attempts[0]
     assert failed["status"]["status_code"] == "ERROR"
     assert failed["attributes"]["error.type"] == "ValueError"
