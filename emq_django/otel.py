@@ -9,7 +9,10 @@ has set a tracer provider; nothing at all otherwise.
   <queue>``), the producer's child, current while the task runs (so that the
   task's own spans are its children), with the messaging semantic-convention
   attributes and ``emq.*`` ones (``ATTRIBUTES`` in docs/features/observability.md);
-  a later attempt links to the producer's span; each partial is a span event.
+  each partial is a span event. A failed attempt's REPLY names its span
+  (``span:<traceparent>`` in the status) when the job has no ``first-attempt``
+  header yet; the broker adds that header to the job for its retries, and each
+  retry's span links to the first attempt's (docs/eventmq-wire.md, section 8).
 - A malformed ``traceparent`` is ignored: the attempt starts a new trace.
 
 ``active()``: whether the API is installed and a tracer provider was set; the hot
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from emq_django.ids import split_attempt
+from emq_django.protocol.headers import FIRST_ATTEMPT
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -130,6 +134,7 @@ class Consuming:
 
     span: Any
     token: Any  # the context attached while the task runs
+    first: bool  # the job has no first attempt's span yet: a failure's REPLY names this one
 
 
 def _parent(h: Headers) -> Any:
@@ -140,6 +145,17 @@ def _parent(h: Headers) -> Any:
     if state:
         carrier[TRACESTATE] = unquote(state)
     return TraceContextTextMapPropagator().extract(carrier)
+
+
+def _first_attempt(h: Headers) -> Any:
+    """The span context of the job's first traced attempt (its ``first-attempt``
+    header, in ``traceparent`` form), or None when it has none or a malformed one."""
+    value = h.get(FIRST_ATTEMPT)
+    if not value:
+        return None
+    context = TraceContextTextMapPropagator().extract({TRACEPARENT: value})
+    span = _trace.get_current_span(context).get_span_context()
+    return span if span.is_valid else None
 
 
 def _queue_wait(h: Headers) -> float | None:
@@ -170,9 +186,9 @@ def consuming(msgid: bytes, queue: str, h: Headers) -> Consuming | None:
         if wait is not None:
             attributes["emq.queue_wait_ms"] = round(wait, 3)
         links = []
-        producer = _trace.get_current_span(parent).get_span_context()
-        if attempt > 1 and producer.is_valid:
-            links.append(_trace.Link(producer, {"emq.link": "retry", "emq.attempt": attempt}))
+        first = _first_attempt(h) if h.extra else None
+        if first is not None:
+            links.append(_trace.Link(first, {"emq.link": "retry", "emq.attempt": attempt}))
         span = _tracer().start_span(
             f"process {queue}",
             context=parent,
@@ -184,7 +200,20 @@ def consuming(msgid: bytes, queue: str, h: Headers) -> Consuming | None:
     except Exception:
         log.exception("could not start the trace span of job %s", msgid.decode(errors="replace"))
         return None
-    return Consuming(span, token)
+    return Consuming(span, token, first is None and h.get(FIRST_ATTEMPT) is None)
+
+
+def reference(consuming: Consuming) -> bytes:
+    """The attempt's span in W3C ``traceparent`` form (``00-<trace>-<span>-<flags>``),
+    for the REPLY of a failed attempt; b'' when it is not a valid span."""
+    try:
+        ctx = consuming.span.get_span_context()
+        if not ctx.is_valid:
+            return b""
+        return b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, int(ctx.trace_flags))
+    except Exception:
+        log.exception("could not read a job's trace span")
+        return b""
 
 
 def consumed(consuming: Consuming, outcome: str, error: str, exc: BaseException | None) -> None:

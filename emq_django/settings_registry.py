@@ -292,6 +292,15 @@ class EmqSettings:
         section="results",
         check=_trace_url,
     )
+    OTEL_BROKER_SPANS: bool = setting(
+        False,
+        "the broker adds an OpenTelemetry span per attempt it dispatches, `dispatch <queue>`, "
+        "the child of the job's `traceparent`, when a tracer provider is set in the broker "
+        "process; off: no span and no work per job "
+        "([observability](../features/observability.md#opentelemetry))",
+        section="broker",
+        shown="false",
+    )
     TRACE_DIR: str = setting(
         "",
         "where the broker writes its trace ([trace format](../trace-format.md))",

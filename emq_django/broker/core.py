@@ -36,6 +36,7 @@ from emq_django.broker.flow import FlowControl
 from emq_django.broker.journal import JobDone, KeepReply
 from emq_django.broker.kept_replies import decode_reply, encode_reply
 from emq_django.broker.lifecycle import JobLifecycle
+from emq_django.broker.spans import DispatchSpans
 from emq_django.broker.state import (
     ROLE_MANAGER,
     ROLE_PLAIN,
@@ -159,6 +160,8 @@ class BrokerCore:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.out: list[Effect] = []
         self.tracer = JobTracer() if trace else None
+        # the broker's OpenTelemetry spans (EMQ_OTEL_BROKER_SPANS; the server sets it)
+        self.spans: DispatchSpans | None = None
         self.life = JobLifecycle(config, self.counters, self.tracer, seed)
         self.started_at = now
         # this run of the broker: a client that finds another after connecting again
@@ -1126,6 +1129,8 @@ class BrokerCore:
         job.partials = 0  # counted per attempt
         if self.tracer is not None:
             self.tracer.dispatched(job, now, peer)
+        if self.spans is not None:
+            self.spans.dispatched(job, now + self._wall_offset, self._wall_offset, peer)
         self.inflight[attempt_id] = job
         peer.inflight[attempt_id] = None
         queue.in_flight += 1

@@ -112,6 +112,15 @@ class Stop:
 
 
 @dataclass(slots=True, eq=False)
+class Resize:
+    """Ask our job manager (its control connection ``peer``) to run ``concurrency``
+    worker processes (the admin's pool resize, ``broker/manager_control.py``)."""
+
+    peer: Peer
+    concurrency: int
+
+
+@dataclass(slots=True, eq=False)
 class Forward:
     """Pass ``payload`` (a schedule command, opaque to the core) to ``peer``."""
 
@@ -153,6 +162,7 @@ Effect: TypeAlias = (
     | Goodbye
     | Kill
     | Stop
+    | Resize
     | Forward
     | Forget
     | Published

@@ -37,8 +37,9 @@ from emq_django.broker.retry import RETRY_REQUESTED_LIMIT, TIMEOUT_ERROR, RetryP
 from emq_django.broker.state import BrokerConfig, Job, show_identity
 from emq_django.broker.task_stats import FAILED, RETRIED, SUCCEEDED, TaskStats
 from emq_django.logconfig import job_fields
-from emq_django.protocol.headers import parse_stored_headers
+from emq_django.protocol.headers import parse_stored_headers, with_first_attempt
 from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
+from emq_django.protocol.reply_status import reply_span
 
 if TYPE_CHECKING:
     from emq_django.broker.topics import Event
@@ -153,6 +154,10 @@ class JobLifecycle:
         if decision.retry:  # also while stopping: journaled
             if stats is not None:
                 stats.attempt(job, RETRIED, now)
+            if outcome.raw:  # the failed attempt's span, for its retries' links
+                span = reply_span(outcome.raw)
+                if span:
+                    job.headers = with_first_attempt(job.headers, span)
             self._retry(job, error, decision.delay, now)
             return False
         self.counters["failed"] += 1

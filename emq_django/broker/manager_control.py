@@ -3,6 +3,11 @@ protocols: ``MANAGER DRAIN <name>`` and ``MANAGER RESUME <name>`` (the ``admin``
 role; ``broker/ports/monitor_live.py`` parses them), and ``MANAGER STOP <name>``:
 drained, and told to stop (eMQP ``STOP``, docs/eventmq-wire.md section 7): it
 does as on its first SIGTERM, its running jobs finish and it exits.
+``MANAGER RESIZE <name> <n>``: it runs ``n`` worker processes from now on (eMQP
+``RESIZE``): it starts more, or stops idle ones first while busy ones finish their
+running job; the broker's slots follow as the processes join and leave. ``n`` is
+from 1 to the ``max_concurrency`` its INFORM gave (its shared tables are made for
+that many before it forks); a job manager that gave none (an older one) is refused.
 
 A drained job manager keeps its connections and finishes the jobs it has (their
 answers count as usual); the broker sends it no new one, and the other job
@@ -23,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from emq_django.broker.effects import Stop
-from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, Peer, show_identity
+from emq_django.broker.effects import Resize, Stop
+from emq_django.broker.state import ROLE_MANAGER, ROLE_PLAIN, ROLE_SLOT, Peer, show_identity
 
 # (the core is ``Any`` here: broker/core.py imports this module for ``hold``)
 BrokerCore = Any
@@ -117,3 +122,30 @@ def stop(core: BrokerCore, name: str) -> dict[str, Any]:
     for control in controls:
         core.out.append(Stop(control))
     return {**doc, "stopping": True}
+
+
+def resize(core: BrokerCore, name: str, concurrency: int) -> dict[str, Any]:
+    """Tell its control connection to run ``concurrency`` worker processes."""
+    peers = _peers_of(core, name)
+    controls = [p for p in peers if p.role == ROLE_MANAGER]
+    if not controls:
+        raise NotDrainable(f"{name} has no control connection to tell (an old job manager?)")
+    control = controls[-1]  # (the newest: an older one is a connection going away)
+    ceiling = control.meta.get("max_concurrency")
+    if not isinstance(ceiling, int) or isinstance(ceiling, bool):
+        raise NotDrainable(f"{name} cannot be resized: it is a job manager from before RESIZE")
+    if not 1 <= concurrency <= ceiling:
+        raise NotDrainable(
+            f"{name} can run from 1 to {ceiling} worker processes "
+            f"(its --max-concurrency), not {concurrency}"
+        )
+    was = control.meta.get("concurrency")
+    control.meta["concurrency"] = concurrency  # (the monitor's; its processes follow)
+    core.out.append(Resize(control, concurrency))
+    return {
+        "job_manager": name,
+        "concurrency": concurrency,
+        "was": was,
+        "max_concurrency": ceiling,
+        "processes": sum(1 for p in peers if p.role == ROLE_SLOT),
+    }

@@ -54,6 +54,8 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
                 host=peer.meta.get("host"),
                 pid=peer.meta.get("pid"),
                 concurrency=peer.meta.get("concurrency"),
+                # the most a RESIZE may ask for (manager_control.resize)
+                max_concurrency=peer.meta.get("max_concurrency"),
             )
             continue
         if peer.role == ROLE_SLOT:

@@ -39,6 +39,7 @@ from emq_django.broker.memory import IDLE, Reclaimer, allocator_name, rss_bytes,
 from emq_django.broker.ports import PORTS, Port
 from emq_django.broker.ports.base import FULL, GONE, NEVER, SENT, Handler, SocketSpec
 from emq_django.broker.refusal_log import RefusalLog
+from emq_django.broker.spans import dispatch_spans
 from emq_django.broker.topics import Event, TopicSpace
 from emq_django.broker.trace import TraceWriter
 from emq_django.broker.turns import TurnWatch
@@ -202,6 +203,7 @@ class BrokerServer:
             topics=TopicSpace(settings.TOPIC_RETENTION),
         )
         self.core.wall_offset = time.time() - clock()
+        self.core.spans = dispatch_spans(settings.OTEL_BROKER_SPANS)
         self.ha = ha
         self.journal: Journal | PgJournal | None = journal
         if journal is None:  # EMQ_JOURNAL_URL's or EMQ_JOURNAL_PATH's (broker/journals.py)

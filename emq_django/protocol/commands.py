@@ -37,6 +37,8 @@ READY = b"READY"
 ERROR = b"ERROR"  # extension: the broker refused the command named by ref_msgid
 KILL = b"KILL"  # extension: broker -> our job manager only, stop the process running an attempt
 STOP = b"STOP"  # extension: broker -> our job manager only, finish the running jobs and exit
+# extension: broker -> our job manager only, run this many worker processes from now on
+RESIZE = b"RESIZE"
 # extension: a partial result of a running attempt, our worker -> broker -> our client
 # (only a client whose REQUEST carried the ``stream`` header); docs/eventmq-wire.md
 PARTIAL = b"PARTIAL"
@@ -255,6 +257,20 @@ class Stop:
 
 
 @dataclass(frozen=True, slots=True)
+class Resize:
+    """Extension: the broker asks our job manager to run ``concurrency`` worker
+    processes from now on (the admin's pool resize): it starts more, or stops idle
+    ones first and lets busy ones finish their running job. Only sent on a job
+    manager's control connection, never to an EventMQ peer."""
+
+    msgid: bytes
+    concurrency: int
+
+    def encode(self) -> list[bytes]:
+        return [b"", PROTOCOL, RESIZE, self.msgid, b"%d" % self.concurrency]
+
+
+@dataclass(frozen=True, slots=True)
 class Partial:
     """Extension: partial result number ``seq`` (1, 2, ... within the attempt) of
     the attempt ``attempt_id`` (``<job id>#<n>``): a value a generator task
@@ -318,6 +334,7 @@ Command: TypeAlias = (
     | Error
     | Kill
     | Stop
+    | Resize
     | Partial
     | Ended
 )

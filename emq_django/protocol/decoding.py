@@ -31,6 +31,7 @@ from emq_django.protocol.commands import (
     READY,
     REPLY,
     REQUEST,
+    RESIZE,
     SCHEDULE,
     STOP,
     UNSCHEDULE,
@@ -48,6 +49,7 @@ from emq_django.protocol.commands import (
     Ready,
     Reply,
     Request,
+    Resize,
     Schedule,
     Stop,
     Unschedule,
@@ -184,6 +186,13 @@ def _decode_stop(f: Sequence[bytes]) -> Stop:
     return Stop(f[3], _text(f[4], "reason", f))
 
 
+def _decode_resize(f: Sequence[bytes]) -> Resize:
+    _count(f, "RESIZE", 5)
+    if not (0 < len(f[4]) < 10 and f[4].isdigit() and f[4][:1] != b"0"):
+        raise ProtocolError("RESIZE needs a number of worker processes from 1", f)
+    return Resize(f[3], int(f[4]))
+
+
 def _decode_partial(f: Sequence[bytes]) -> Partial:
     _count(f, "PARTIAL", 7)
     if not f[5] or len(f[5]) > MAX_ID_LENGTH:
@@ -216,6 +225,7 @@ _DECODERS: dict[bytes, Callable[[Sequence[bytes]], Command]] = {
     ERROR: _decode_error,
     KILL: _decode_kill,
     STOP: _decode_stop,
+    RESIZE: _decode_resize,
     PARTIAL: _decode_partial,
     ENDED: _decode_ended,
 }

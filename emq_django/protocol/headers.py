@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from emq_django.exceptions import ProtocolError
@@ -25,6 +25,9 @@ from emq_django.protocol.limits import (
 )
 
 MAX_HEADERS_LENGTH = 4096
+# extension: the OpenTelemetry span of a retried job's first traced attempt, which
+# the broker adds for the retries (docs/eventmq-wire.md, section 8)
+FIRST_ATTEMPT = "first-attempt"
 # the most each numeric header may say (run-after is checked against the clock)
 _HEADER_LIMITS: dict[str, float] = {
     "retry-count": MAX_RETRIES,
@@ -215,6 +218,20 @@ def trace_id_of(h: Headers) -> str:
         return ""
     trace_id = parts[1].lower()
     return trace_id if all(c in "0123456789abcdef" for c in trace_id) else ""
+
+
+def with_first_attempt(h: Headers, span: bytes) -> Headers:
+    """``h`` with the ``first-attempt:<span>`` item appended (``raw`` too, so that it
+    goes to the job's next attempts); ``h`` itself when it has one already or the
+    frame would grow past ``MAX_HEADERS_LENGTH``. No parse: a retry's headers are
+    its own, and would only fill ``parse_headers``' cache."""
+    if h.get(FIRST_ATTEMPT) is not None:
+        return h
+    item = FIRST_ATTEMPT.encode() + b":" + span
+    raw = h.raw + b"," + item if h.raw else item
+    if len(raw) > MAX_HEADERS_LENGTH:
+        return h
+    return replace(h, raw=raw, extra=(*h.extra, (FIRST_ATTEMPT, span.decode("ascii"))))
 
 
 def parse_stored_headers(raw: bytes) -> Headers:

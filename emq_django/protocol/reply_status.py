@@ -1,9 +1,11 @@
 """The status frame of a REPLY (our extension): ``ok``/``failed`` and flags such
-as ``ready``, ``lost:<how>``, ``retry:<s>``, ``error:<type>``. Pure."""
+as ``ready``, ``lost:<how>``, ``retry:<s>``, ``error:<type>``, ``span:<traceparent>``.
+Pure."""
 
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 
 STATUS_OK = b"ok"
@@ -12,6 +14,10 @@ FLAG_READY = b"ready"
 FLAG_LOST = b"lost"  # the attempt ended with its worker process: killed, died, timed out
 FLAG_REQUEUE = b"requeue"  # the worker process gives the job back unstarted
 MAX_STATUS_LENGTH = 255
+# a failed attempt's OpenTelemetry span, W3C ``traceparent`` form, which the broker
+# keeps with the job for its retries (docs/eventmq-wire.md, section 8)
+SPAN_PREFIX = b"span:"
+_TRACEPARENT = re.compile(rb"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 REQUEUE_STATUS = b"failed,requeue"
 
 
@@ -90,3 +96,16 @@ def reply_error(status: bytes) -> str:
         if token.startswith(b"error:"):
             return token[6:].decode("utf-8", "replace")
     return ""
+
+
+def reply_span(status: bytes) -> bytes:
+    """The failed attempt's span (``span:00-<trace id>-<span id>-<flags>``) in a
+    status frame, or b'' when it has none or a malformed one. Read only when the
+    broker retries a job (not cached: each value is one attempt's)."""
+    if SPAN_PREFIX not in status:
+        return b""
+    for token in status.split(b","):
+        if token.startswith(SPAN_PREFIX):
+            value = token[len(SPAN_PREFIX) :]
+            return value if _TRACEPARENT.fullmatch(value) else b""
+    return b""

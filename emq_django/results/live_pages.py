@@ -27,6 +27,7 @@ from emq_django.results.permissions import (
     CANCEL_JOBS,
     DRAIN_MANAGERS,
     PAUSE_QUEUES,
+    RESIZE_MANAGERS,
     STOP_MANAGERS,
     allowed,
     refused,
@@ -167,6 +168,7 @@ def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpR
         "can_cancel": allowed(request, CANCEL_JOBS),
         "can_drain": allowed(request, DRAIN_MANAGERS),
         "can_stop": allowed(request, STOP_MANAGERS),
+        "can_resize": allowed(request, RESIZE_MANAGERS),
         "error": "",
         "manager": None,
     }
@@ -196,23 +198,38 @@ def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpR
 def job_manager_action(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
     """Drain a job manager (it finishes its running jobs, gets no new one), give
     it jobs again, or stop it (drained, it exits once they finish): ``MANAGER
-    DRAIN|RESUME|STOP``; the broker's refusal (EventMQ's job managers cannot) is
-    shown with its reason."""
+    DRAIN|RESUME|STOP``; or change how many worker processes it runs (``MANAGER
+    RESIZE``, the POST's ``concurrency``). The broker's refusal (EventMQ's job
+    managers cannot; a number out of its bounds) is shown with its reason."""
     action = request.POST.get("action", "")
-    if action not in ("drain", "resume", "stop"):
+    if action not in ("drain", "resume", "stop", "resize"):
         return HttpResponseBadRequest(
-            f"Not done: {action!r} is not a job manager action; use drain, resume or stop."
+            f"Not done: {action!r} is not a job manager action; use drain, resume, stop or resize."
         )
-    perm = STOP_MANAGERS if action == "stop" else DRAIN_MANAGERS
+    perm = {"stop": STOP_MANAGERS, "resize": RESIZE_MANAGERS}.get(action, DRAIN_MANAGERS)
     if not allowed(request, perm):
         return refused(f"{action} a job manager", perm)
     back = HttpResponseRedirect(reverse("admin:emq_live_job_manager", args=[name]))
+    extra: list[str] = []
+    if action == "resize":
+        count = request.POST.get("concurrency", "").strip()
+        if not count.isdigit():
+            text = f"Not done: the number of worker processes is a whole number, not {count!r}."
+            model_admin.message_user(request, text, messages.ERROR)
+            return back
+        extra.append(count)
     try:
-        doc = ask("MANAGER", action.upper(), _word(name, "the job manager"))
+        doc = ask("MANAGER", action.upper(), _word(name, "the job manager"), *extra)
     except (EmqError, NotAName) as exc:
         model_admin.message_user(request, f"Not done: {exc}", messages.ERROR)
         return back
-    if action == "stop":
+    if action == "resize":
+        text = (
+            f"Job manager {name!r} runs {doc.get('concurrency')} worker processes from now on "
+            f"(it ran {doc.get('was')}): it starts more, or stops idle ones first and lets "
+            "busy ones finish their running job."
+        )
+    elif action == "stop":
         text = (
             f"Stopping job manager {name!r}: it gets no new job, its "
             f"{doc.get('running', 0)} running jobs finish, then its process exits."

@@ -138,4 +138,5 @@ class Dashboard(models.Model):
             ("pause_queues", "Can pause and resume the broker's queues"),
             ("drain_job_managers", "Can drain job managers and give them jobs again"),
             ("stop_job_managers", "Can stop job managers (they finish their jobs and exit)"),
+            ("resize_job_managers", "Can change how many worker processes a job manager runs"),
         ]

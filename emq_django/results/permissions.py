@@ -17,6 +17,7 @@ PURGE_DEAD = "emq_results.purge_deadletters"
 PAUSE_QUEUES = "emq_results.pause_queues"
 DRAIN_MANAGERS = "emq_results.drain_job_managers"
 STOP_MANAGERS = "emq_results.stop_job_managers"
+RESIZE_MANAGERS = "emq_results.resize_job_managers"
 RUN_SCHEDULES = "emq_scheduler.run_scheduledjob"
 
 

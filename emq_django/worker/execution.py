@@ -68,9 +68,13 @@ class Outcome:
     retry: float | None = None  # emq.Retry: the delay it asked for, -1 for the backoff
     partials: int = 0  # partial results it sent (a generator's values, emq.partial())
     exception: BaseException | None = None  # what the task raised (signals.job_failed)
+    # a failed attempt's span (W3C traceparent form), for its retries' links:
+    # worker/observing.py sets it when the job has no ``first-attempt`` header yet
+    span: bytes = b""
 
     def status(self, ready: bool) -> bytes:
-        """The REPLY's status frame: ``ok``/``failed``, ``ready``, ``error:<type>``."""
+        """The REPLY's status frame: ``ok``/``failed``, ``ready``, ``error:<type>``,
+        ``retry[:<s>]``, ``span:<traceparent>``."""
         if not self.failed:
             return b"ok,ready" if ready else b"ok"
         status = b"failed,ready" if ready else b"failed"
@@ -78,6 +82,8 @@ class Outcome:
             status += b",error:" + self.error_type.replace(",", "_").encode()[:64]
         if self.retry is not None:
             status += b",retry" if self.retry < 0 else b",retry:%.3f" % self.retry
+        if self.span:
+            status += b",span:" + self.span
         return status
 
 

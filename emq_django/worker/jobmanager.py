@@ -1,7 +1,8 @@
 """The job manager: supervises a pool of worker processes (slots).
 
 It holds a control connection to the broker (INFORM with ``role: manager``,
-heartbeats), forks one process per slot, restarts those that die, kills those
+heartbeats), forks one process per slot (as many as the broker's RESIZE says
+from then on: resizing.py), restarts those that die, kills those
 that overrun their time limit, and answers for a job whose process it lost. The
 first SIGTERM lets running jobs finish and says goodbye; a second stops at once.
 """
@@ -30,6 +31,7 @@ from emq_django.worker.process import SlotWorker
 from emq_django.worker.record_forwarder import RecordForwarder
 from emq_django.worker.recorder_process import RecorderProcess, recorder_endpoint
 from emq_django.worker.recording import load_recorder
+from emq_django.worker.resizing import capacity, to_start, to_stop
 from emq_django.worker.slot_config import BATCH, SlotConfig
 from emq_django.worker.slots import SlotTable, answers_again
 
@@ -49,8 +51,12 @@ class JobManager:
         self.incarnation = os.urandom(4).hex()  # this run, as opposed to its name
         # each process keeps the answers it sent last: more than it can have in
         # flight (its credit and a batch), which its job manager sends again
-        self.table = SlotTable(config.concurrency, recent=2 * (config.prefetch + BATCH) + 8)
+        # the processes it runs: --concurrency, then the broker's RESIZE (resizing.py)
+        self.concurrency = config.concurrency
+        self.slots = capacity(config.concurrency, config.max_concurrency)
+        self.table = SlotTable(self.slots, recent=2 * (config.prefetch + BATCH) + 8)
         self.children: dict[int, int] = {}  # pid -> slot
+        self.retiring: set[int] = set()  # processes a shrink stopped: not replaced
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.signals = 0
         self.context: zmq.Context[Any] | None = None
@@ -61,7 +67,7 @@ class JobManager:
         self._recorder_respawn_at = 0.0
         self.recorder: RecordForwarder | None = None  # lost jobs' records; made in run()
         # the records each worker process has not handed over: they outlive it
-        self.kept = KeptRecords(config.concurrency) if config.recorder else None
+        self.kept = KeptRecords(self.slots) if config.recorder else None
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -88,6 +94,7 @@ class JobManager:
             "host": pysocket.gethostname(),
             "pid": os.getpid(),
             "concurrency": self.config.concurrency,
+            "max_concurrency": self.slots,
         }
         self.link = BrokerLink(
             self.context,
@@ -192,7 +199,7 @@ class JobManager:
         if self.signals:
             return min(timeout, 0.1)
         now = time.monotonic()
-        for slot in range(self.config.concurrency):
+        for slot in self.children.values():
             _, started, limit = self.table.read(slot)
             if limit:
                 timeout = min(timeout, max(0.01, started + limit - now))
@@ -208,10 +215,25 @@ class JobManager:
             elif type(cmd) is F.Stop and not self.signals:
                 log.info("the broker asks to stop (%s)", cmd.reason)
                 self._on_signal(signal.SIGTERM, None)  # as on the first SIGTERM
+            elif type(cmd) is F.Resize and not self.signals:
+                self._resize(min(cmd.concurrency, self.slots))
             elif type(cmd) is F.Kbye and not self.signals:
                 log.info("the broker said goodbye; connecting again")
                 self.link.connect()
                 return
+
+    def _resize(self, wanted: int) -> None:
+        """Run ``wanted`` worker processes: stop idle ones first, or start more."""
+        stopping = to_stop(self.children, self.retiring, self.table, wanted)
+        log.info("resize: %d -> %d worker processes", self.concurrency, wanted)
+        self.concurrency = wanted
+        if self.link is not None:  # what its INFORM says from now on (a reconnect)
+            self.link.meta["concurrency"] = wanted
+        for pid in stopping:
+            self.retiring.add(pid)
+            kill_quietly(pid, signal.SIGTERM)  # its running job finishes first
+        for slot in to_start(self.children, self.retiring, self.slots, wanted):
+            self._spawn(slot)
 
     def _kill_attempt(self, attempt_id: bytes, reason: str) -> None:
         """The broker's KILL (a job cancelled while it runs): stop the process that
@@ -340,8 +362,10 @@ class JobManager:
             if slot is None:
                 continue
             self._answer_for_lost_job(slot, pid, status)
+            self.retiring.discard(pid)
             if not self.signals:
-                self._spawn(slot)
+                for free in to_start(self.children, self.retiring, self.slots, self.concurrency):
+                    self._spawn(free)
 
     def _answer_for_lost_job(self, slot: int, pid: int, status: int) -> None:
         """Answer for a worker process that ended: first the answers of the jobs it

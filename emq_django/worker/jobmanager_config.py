@@ -11,6 +11,8 @@ class JobManagerConfig:
     broker_url: str
     queues: tuple[tuple[int, str], ...]
     concurrency: int
+    # the most worker processes a RESIZE may ask for (0: resizing.DEFAULT_MAX_CONCURRENCY)
+    max_concurrency: int = 0
     heartbeat_interval: float = 1.0
     heartbeat_liveness: int = 3
     prefetch: int = 1

@@ -108,6 +108,10 @@ def finished(attempt: Attempt, outcome: Outcome) -> None:
     what = fate(fields["attempt"], attempt.retries, outcome)
     if attempt.span is not None:
         otel.consumed(attempt.span, what, outcome.error_type, outcome.exception)
+        if outcome.failed and what != CANCELLED and attempt.span.first:
+            # the broker keeps it with the job if it retries it (whatever ``fate``
+            # predicted): the retries' spans link to it
+            outcome.span = otel.reference(attempt.span)
     if not signals.worker_listened:
         return
     sender = attempt.sender

@@ -4,8 +4,9 @@ broker + job manager (2 worker processes, each running an hour-long nap) +
 `runserver`; 100,000 jobs wait in the queue. The queue's page lists its waiting
 and running jobs a bounded page at a time and pages on; Pause keeps a freed worker
 process idle while jobs wait, Resume sends them; Cancel stops a running job; the
-job manager's page shows its processes; a staff user without the permission sees
-no Pause button and is refused with the permission named.
+job manager's page shows its processes and Resize grows them (2 -> 3); a staff
+user without the permissions sees no Pause or Resize button and is refused with
+the permission named.
 
 The page's load time is printed (measured, not asserted: timing goes in bench/).
 """
@@ -163,6 +164,21 @@ def test_live_lists_and_controls_in_browser(
     assert text(browser, "emq-jm-state") == "serving"
     shot(browser, "21-live-job-manager")
 
+    # Resize: 2 -> 3 worker processes; the page says what it did, the slots follow
+    field = browser.find_element(By.ID, "emq-jm-concurrency")
+    field.clear()
+    field.send_keys("3")
+    browser.find_element(By.ID, "emq-jm-resize").click()
+    wait_until(lambda: "runs 3 worker processes" in message(browser), "resize's message", 30)
+
+    def slots() -> int:
+        entry = job_manager(monitor(env), "live-jm")
+        return int(entry["slots"]) if entry else 0
+
+    wait_until(lambda: slots() == 3, "three worker processes", 60, procs)
+    browser.get(base + "/admin/emq_results/dashboard/jobmanager/live-jm/")
+    assert text(browser, "emq-jm-slots").startswith("3 (")
+
     browser.get(base + page)
     browser.find_element(By.ID, "emq-resume").click()
     wait_until(lambda: "Resumed queue" in message(browser), "resume's message", 30, procs)
@@ -190,3 +206,6 @@ def test_live_lists_and_controls_in_browser(
     )
     assert "emq_results.pause_queues" in browser.find_element(By.TAG_NAME, "body").text
     assert queue_doc()["paused"] is False
+    browser.get(base + "/admin/emq_results/dashboard/jobmanager/live-jm/")
+    assert browser.find_elements(By.ID, "emq-resize-readonly")
+    assert not browser.find_elements(By.ID, "emq-jm-resize")

@@ -126,3 +126,77 @@ def test_a_stopped_job_manager_finishes_its_job_and_exits(
     assert waiting(env) == 1 and keys() == ["gate"]  # no job lost: the other one waits
     b = procs.start("emq_jobmanager", "--queues", "flow", "--concurrency", "1", "--name", "db")
     wait_until(lambda: "after" in keys(), "db ran the waiting job", 120, [broker, b])
+
+
+def test_a_resized_job_manager_grows_and_shrinks_its_pool_idle_processes_first(
+    env: dict[str, str], emq_processes: EmqProcesses, tmp_path: Path
+) -> None:
+    """``MANAGER RESIZE`` (the admin's pool resize): 1 -> 3 runs three jobs at once;
+    3 -> 1 with three running lets them finish (none lost, none run twice); 3 -> 1
+    with one running stops the two idle processes and keeps the busy one."""
+    procs = emq_processes
+    broker = start_broker(procs, env)
+    a = procs.start("emq_jobmanager", "--queues", "flow", "--concurrency", "1", "--name", "rs")
+    wait_jm_ready(env, "rs", 1, [broker, a])
+    first, second = tmp_path / "first", tmp_path / "second"
+    for key in ("g0", "g1", "g2"):
+        tasks.gate.delay(key, str(first))
+    wait_until(lambda: keys() == ["g0"] and waiting(env) == 2, "one at a time", 60, [broker, a])
+
+    doc = command(env, "MANAGER RESIZE rs 3")
+    assert doc == {
+        "job_manager": "rs",
+        "concurrency": 3,
+        "was": 1,
+        "max_concurrency": 64,
+        "processes": 1,
+    }
+    # three jobs at once: none can end before the gate opens
+    wait_until(lambda: sorted(keys()) == ["g0", "g1", "g2"], "3 jobs at once", 60, [broker, a])
+    entry = manager(env, "rs")
+    assert (entry["slots"], entry["busy"], entry["concurrency"]) == (3, 3, 3), entry
+
+    # 3 -> 1 while all three run: they finish their jobs first
+    assert command(env, "MANAGER RESIZE rs 1")["was"] == 3
+    assert manager(env, "rs")["jobs_done"] == 0
+    first.touch()
+    wait_until(
+        lambda: manager(env, "rs")["jobs_done"] == 3 and manager(env, "rs")["slots"] == 1,
+        "the three jobs done and one process left",
+        60,
+        [broker, a],
+    )
+    assert sorted(keys()) == ["g0", "g1", "g2"]  # none run twice
+
+    # 3 -> 1 with one job running: the two idle processes go, the busy one stays
+    command(env, "MANAGER RESIZE rs 3")
+    wait_until(lambda: manager(env, "rs")["slots"] == 3, "three processes again", 60, [a])
+    tasks.gate.delay("g3", str(second))
+    wait_until(lambda: "g3" in keys(), "g3 started", 60, [broker, a])
+    command(env, "MANAGER RESIZE rs 1")
+    wait_until(lambda: manager(env, "rs")["slots"] == 1, "the idle two left", 60, [broker, a])
+    entry = manager(env, "rs")
+    assert (entry["busy"], entry["jobs_done"]) == (1, 3), entry  # g3 runs on
+    second.touch()
+    wait_until(lambda: manager(env, "rs")["jobs_done"] == 4, "g3 done", 60, [broker, a])
+    tasks.mark.delay("after")
+    wait_until(lambda: "after" in keys(), "the one process runs jobs", 60, [broker, a])
+
+
+def test_a_resize_out_of_bounds_is_refused_with_the_reason(
+    env: dict[str, str], emq_processes: EmqProcesses
+) -> None:
+    broker = start_broker(emq_processes, env)
+    a = emq_processes.start(
+        "emq_jobmanager", "--queues", "flow", "--concurrency", "1", "--name", "rs"
+    )
+    wait_jm_ready(env, "rs", 1, [broker, a])
+    for request, reason in [
+        ("MANAGER RESIZE rs 0", "the number of worker processes must be between 1 and 10000"),
+        ("MANAGER RESIZE rs 65", "rs can run from 1 to 64 worker processes"),
+        ("MANAGER RESIZE nosuch 2", "no job manager named nosuch is connected"),
+        ("MANAGER RESIZE rs", "usage: MANAGER RESIZE <name> <worker processes>"),
+    ]:
+        answer = ask(env, request).decode()
+        assert answer.startswith("ERROR " + reason), answer
+    assert manager(env, "rs")["concurrency"] == 1

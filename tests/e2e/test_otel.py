@@ -4,7 +4,7 @@ tracer provider), the console exporter in a real job manager whose settings
 configure the SDK as docs/features/observability.md shows it
 (tests/e2e/otel_settings.py runs that example). The worker's span is the
 producer's child, with the messaging attributes; a retried job's later attempts
-link to the producer's span; partials are span events; a malformed traceparent
+link to its first attempt's span; partials are span events; a malformed traceparent
 from another client starts a new trace and the job runs.
 """
 
@@ -174,11 +174,15 @@ def test_worker_span_is_the_producer_span_child_with_attributes_links_and_events
     for span in attempts:
         assert span["context"]["trace_id"] == flaky_send["context"]["trace_id"]
         assert span["parent_id"] == flaky_send["context"]["span_id"]
-    assert attempts[0]["links"] == []
-    for span in attempts[1:]:
+    # a retried job's later attempts link to its first attempt's span: the failure
+    # REPLY named it, the broker kept it with the job (the first-attempt header)
+    first = attempts[0]
+    assert first["links"] == []
+    for n, span in enumerate(attempts[1:], start=2):
         (link,) = span["links"]
-        assert link["context"]["span_id"] == flaky_send["context"]["span_id"]
-        assert link["attributes"]["emq.link"] == "retry"
+        assert link["context"]["span_id"] == first["context"]["span_id"]
+        assert link["context"]["trace_id"] == first["context"]["trace_id"]
+        assert link["attributes"] == {"emq.link": "retry", "emq.attempt": n}
     failed = attempts[0]
     assert failed["status"]["status_code"] == "ERROR"
     assert failed["attributes"]["error.type"] == "ValueError"
@@ -201,3 +205,53 @@ def test_worker_span_is_the_producer_span_child_with_attributes_links_and_events
     assert bad["context"]["trace_id"] not in {s["context"]["trace_id"] for s in sends}
     assert bad["attributes"]["emq.outcome"] == "succeeded"
     assert "emq.queue_wait_ms" not in bad["attributes"]
+
+
+@pytest.mark.parametrize("spans", [True, False], ids=["broker-spans", "no-broker-spans"])
+def test_broker_spans_only_when_asked(
+    emq_processes: EmqProcesses, env: dict[str, str], spans: bool
+) -> None:
+    """EMQ_OTEL_BROKER_SPANS with the SDK configured in the broker's settings (the
+    console exporter, its batch processor flushed when the broker exits): one
+    ``dispatch <queue>`` span per attempt, the producer span's child; none for a job
+    with no valid traceparent; with the setting off, none at all."""
+    broker_env = {**env, "DJANGO_SETTINGS_MODULE": "tests.e2e.otel_settings"}
+    if spans:
+        broker_env["EMQ_OTEL_BROKER_SPANS"] = "1"
+    broker = start_broker(emq_processes, env, extra_env=broker_env)
+    jm = emq_processes.start(
+        "emq_jobmanager", "--queues", "signals", "--concurrency", "1", "--name", "plain", env=env
+    )
+    wait_jm_ready(env, "plain", 1, [broker, jm])
+    out = run_manage(env, "shell", "-c", PRODUCER, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert tagged(out.stdout, "FLAKY") == "otel-flaky ok"
+    assert emq_processes.stop(broker) == 0, broker.log_tail()
+    made = worker_spans(broker)  # the console exporter's, as the job manager's
+    if not spans:
+        assert made == []
+        return
+    ok_id, _ = tagged(out.stdout, "OK")
+    sends = {
+        s["attributes"]["messaging.message.id"]: s
+        for s in tagged(out.stdout, "SPANS")
+        if s["name"] == "send signals"
+    }
+    assert {s["attributes"]["messaging.message.id"] for s in made} == {ok_id, "otel-flaky"}
+    for job_id, attempts in ((ok_id, [1]), ("otel-flaky", [1, 2, 3])):
+        send = sends[job_id]
+        mine = of_job(made, job_id)
+        assert [s["attributes"]["emq.attempt"] for s in mine] == attempts
+        for span in mine:
+            assert span["name"] == "dispatch signals"
+            assert span["kind"] == "SpanKind.INTERNAL"
+            assert span["context"]["trace_id"] == send["context"]["trace_id"]
+            assert span["parent_id"] == send["context"]["span_id"]
+            attrs = span["attributes"]
+            assert attrs["messaging.system"] == "emq"
+            assert attrs["messaging.operation.name"] == "dispatch"
+            assert attrs["messaging.destination.name"] == "signals"
+            assert attrs["emq.job_manager"] == "plain"
+            assert attrs["emq.queue_wait_ms"] >= 0
+        assert mine[0]["attributes"]["emq.task"] == send["attributes"]["emq.task"]
+        assert span["resource"]["attributes"]["service.name"] == "mysite"

@@ -71,7 +71,7 @@ def test_drain_needs_its_permission_and_says_what_it_did(env: dict[str, str]) ->
     gone = admin.post("/admin/emq_results/dashboard/jobmanager-action/nosuch/", {"action": "drain"})
     assert said(gone)[-1] == "Not done: ERROR no job manager named nosuch is connected"
     bad = admin.post(ACTION, {"action": "explode"})
-    assert bad.status_code == 400 and b"drain, resume or stop" in bad.content
+    assert bad.status_code == 400 and b"drain, resume, stop or resize" in bad.content
     # stopping needs its own permission
     assert 'id="emq-jm-stop"' not in admin.get(PAGE).content.decode()
     refused = admin.post(ACTION, {"action": "stop"})
@@ -91,3 +91,41 @@ def test_stop_says_what_it_did_and_the_job_manager_exits(
     jm = next(p for p in emq_processes.processes if "emq_jobmanager" in p.argv)
     wait_until(lambda: not jm.alive(), "the job manager exited", 120)
     assert jm.popen.returncode == 0
+
+
+def test_resize_needs_its_permission_and_says_what_it_did(env: dict[str, str]) -> None:
+    drainer = staff("emq_results.drain_job_managers")
+    page = drainer.get(PAGE).content.decode()
+    assert 'id="emq-resize-readonly"' in page and 'id="emq-jm-resize"' not in page
+    refused = drainer.post(ACTION, {"action": "resize", "concurrency": "2"})
+    assert refused.status_code == 403 and b"emq_results.resize_job_managers" in refused.content
+
+    User.objects.all().delete()
+    admin = staff("emq_results.resize_job_managers")
+    page = admin.get(PAGE).content.decode()
+    assert 'id="emq-jm-resize"' in page and 'max="64"' in page
+    done = admin.post(ACTION, {"action": "resize", "concurrency": "2"})
+    assert done.status_code == 302
+    assert said(done) == [
+        "Job manager 'da' runs 2 worker processes from now on (it ran 1): it starts more, "
+        "or stops idle ones first and lets busy ones finish their running job."
+    ]
+    wait_until(lambda: slots(env) == 2, "da runs 2 worker processes", 60)
+    done = admin.post(ACTION, {"action": "resize", "concurrency": "1"})
+    wait_until(lambda: slots(env) == 1, "da runs 1 worker process", 60)
+    # refusals say why: the broker's bound, and a number that is not one
+    done = admin.post(ACTION, {"action": "resize", "concurrency": "65"})
+    assert said(done)[-1] == (
+        "Not done: ERROR da can run from 1 to 64 worker processes (its --max-concurrency), not 65"
+    )
+    done = admin.post(ACTION, {"action": "resize", "concurrency": "many"})
+    assert said(done)[-1] == (
+        "Not done: the number of worker processes is a whole number, not 'many'."
+    )
+    assert slots(env) == 1
+
+
+def slots(env: dict[str, str]) -> int:
+    entry = job_manager(monitor(env), "da")
+    assert entry is not None
+    return int(entry["slots"])

@@ -302,6 +302,63 @@ def test_retry_status_written_by_the_worker_is_understood_by_the_broker() -> Non
     assert core.counters["retried"] == 2
 
 
+def test_a_failed_attempts_span_goes_with_the_job_to_its_retries() -> None:
+    """Issue 35: the worker's failure REPLY names its span (``span:<traceparent>``,
+    worker.execution.Outcome.status); the broker adds it to the job's headers as
+    ``first-attempt`` for every later attempt, and keeps the first one."""
+    from emq_django.broker.ports.emqp_workers import outcome_of
+    from emq_django.worker.execution import Outcome as WorkerOutcome
+
+    first = b"00-" + b"ab" * 16 + b"-" + b"cd" * 8 + b"-01"
+    later = b"00-" + b"ab" * 16 + b"-" + b"ef" * 8 + b"-01"
+    status = WorkerOutcome(b"{}", True, "ValueError", span=first).status(True)
+    assert status == b"failed,ready,error:ValueError,span:" + first
+    core = make_core()
+    inform(core, W)
+    ready(core, W)
+    out = request(core, CLIENT, b"j1", headers=b"retry-count:3,task:t,traceparent:x")
+    (job,) = [e.job for e in out if isinstance(e, Deliver)]
+    reply(core, W, b"j1#1", outcome_of(status))
+    assert job.headers.raw == b"retry-count:3,task:t,traceparent:x,first-attempt:" + first
+    assert job.headers.get("first-attempt") == first.decode()
+    assert job.headers.retry_count == 3 and job.headers.task == "t"
+    again = tick(core, core.delayed.next_due())
+    assert [e.job.headers.raw.endswith(b"first-attempt:" + first) for e in again] == [True]
+    # a later failure naming another span (a worker that did not read the header)
+    other = WorkerOutcome(b"{}", True, "ValueError", span=later).status(True)
+    reply(core, W, b"j1#2", outcome_of(other), now=core.delayed.next_due())
+    assert job.headers.raw.count(b"first-attempt") == 1
+    assert job.headers.get("first-attempt") == first.decode()
+
+
+SPAN = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+
+
+@pytest.mark.parametrize(
+    ("status", "first"),
+    [
+        (b"failed,ready,error:ValueError", None),  # no span: an untraced worker's
+        (b"failed,ready,span:00-zz-not-a-span-01", None),  # malformed: ignored
+        (b"failed,ready,span:" + SPAN.upper().encode(), None),  # not W3C's lowercase
+        (b"failed,span:" + SPAN.encode() + b",ready,error:E", SPAN),  # among other flags
+    ],
+)
+def test_a_retry_keeps_only_a_valid_span(status: bytes, first: str | None) -> None:
+    from emq_django.broker.ports.emqp_workers import outcome_of
+
+    core = make_core()
+    inform(core, W)
+    ready(core, W)
+    out = request(core, CLIENT, b"j1", headers=b"retry-count:1")
+    (job,) = [e.job for e in out if isinstance(e, Deliver)]
+    reply(core, W, b"j1#1", outcome_of(status))
+    assert core.counters["retried"] == 1
+    assert job.headers.get("first-attempt") == first
+    assert job.headers.raw == (
+        b"retry-count:1" if first is None else b"retry-count:1,first-attempt:" + first.encode()
+    )
+
+
 def test_bare_retry_without_retry_count_is_retried_up_to_the_limit() -> None:
     assert RETRY_REQUESTED_LIMIT == 3
     core = make_core()

@@ -100,3 +100,71 @@ def test_stop_drains_and_tells_the_control_connection_only() -> None:
     assert decode(F.Stop(b"m1").encode()) == F.Stop(b"m1")
     with pytest.raises(ProtocolError):
         decode(F.Stop(b"m1").encode()[:-1])
+
+
+def test_resize_tells_the_control_connection_and_the_monitor_shows_it() -> None:
+    from emq_django.broker.effects import Resize
+    from emq_django.protocol import frames as F
+    from emq_django.protocol.decoding import decode
+
+    h = CoreHarness()
+    meta = {"role": "manager", "manager": "jm-a", "incarnation": "i1", "concurrency": 1}
+    meta["max_concurrency"] = 4
+    h.join(b"ctl", queues=((10, "q"),), meta=meta, now=0.0)
+    slot(h, b"a-1", "jm-a", 1)
+    port = MonitorPort(h.core)
+    doc = ask(port, b"MANAGER RESIZE jm-a 3", now=1.0)
+    assert doc == {
+        "job_manager": "jm-a",
+        "concurrency": 3,
+        "was": 1,
+        "max_concurrency": 4,
+        "processes": 1,
+    }
+    resizes = of_type(h.take(), Resize)
+    assert [(r.peer.identity, r.concurrency) for r in resizes] == [(b"ctl", 3)]
+    entry = {m["identity"]: m for m in ask(port, b"MONITOR JSON")["job_managers"]}
+    assert entry["jm-a"]["concurrency"] == 3  # the processes follow as they join
+    assert port.answer(b"MANAGER RESIZE jm-a 5", 2.0) == (
+        b"ERROR jm-a can run from 1 to 4 worker processes (its --max-concurrency), not 5"
+    )
+    assert port.answer(b"MANAGER RESIZE jm-a x", 2.0).startswith(
+        b"ERROR the number of worker processes must be a whole number"
+    )
+    assert of_type(h.take(), Resize) == []
+    reason = port.authorize("monitor", frozenset({MONITOR}), [b"MANAGER RESIZE jm-a 2"])
+    assert reason == "MANAGER needs the admin role"
+    # the frame, both ways; no number, or 0, is a ProtocolError
+    assert decode(F.Resize(b"m1", 12).encode()) == F.Resize(b"m1", 12)
+    for bad in (b"", b"0", b"-1", b"01"):
+        with pytest.raises(ProtocolError):
+            decode([*F.Resize(b"m1", 1).encode()[:-1], bad])
+
+
+def test_a_job_manager_from_before_resize_is_refused_with_the_reason() -> None:
+    h = CoreHarness()
+    h.join(b"ctl", queues=((10, "q"),), meta={"role": "manager", "manager": "jm-a"}, now=0.0)
+    answer = MonitorPort(h.core).answer(b"MANAGER RESIZE jm-a 2", 0.0)
+    assert answer == b"ERROR jm-a cannot be resized: it is a job manager from before RESIZE"
+
+
+def test_resizing_stops_idle_processes_first_and_starts_in_free_slots() -> None:
+    from emq_django.worker.resizing import capacity, to_start, to_stop
+
+    class Table:
+        def __init__(self, running: dict[int, bytes]) -> None:
+            self.running = running
+
+        def read(self, slot: int) -> tuple[bytes, float, float]:
+            return self.running.get(slot, b""), 0.0, 0.0
+
+    children = {101: 0, 102: 1, 103: 2}  # pid -> slot
+    busy = Table({0: b"j#1", 2: b"k#1"})
+    assert to_stop(children, set(), busy, 1) == [102, 101]  # the idle one first
+    assert to_stop(children, {102}, busy, 1) == [101]  # (102 is stopping already)
+    assert to_stop(children, set(), busy, 3) == []
+    # growing while 102 is still stopping: its slot is taken, the free ones are used
+    assert to_start(children, {102}, 5, 4) == [3, 4]
+    assert to_start(children, {102}, 4, 4) == [3]  # no more free slots
+    assert to_start(children, set(), 8, 2) == []
+    assert capacity(2, 0) == 64 and capacity(100, 0) == 100 and capacity(2, 8) == 8

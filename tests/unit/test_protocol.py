@@ -584,3 +584,15 @@ def test_decode_returns_a_command_or_raises_protocol_error(frames: list[bytes]) 
         return
     # whatever decodes must encode to something that decodes to the same command
     assert decode(cmd.encode()) == cmd
+
+
+def test_first_attempt_is_added_once_and_never_past_the_length_limit() -> None:
+    from emq_django.protocol.headers import MAX_HEADERS_LENGTH, with_first_attempt
+
+    span = b"00-" + b"ab" * 16 + b"-" + b"cd" * 8 + b"-01"
+    h = with_first_attempt(parse_headers(b""), span)
+    assert h.raw == b"first-attempt:" + span and h.get("first-attempt") == span.decode()
+    assert parse_headers(h.raw) == h  # as the worker process parses it
+    assert with_first_attempt(h, b"00-" + b"ef" * 16 + b"-" + b"12" * 8 + b"-01") is h
+    full = parse_headers(b"task:t,x:" + b"y" * (MAX_HEADERS_LENGTH - 20))
+    assert with_first_attempt(full, span) is full

@@ -25,6 +25,7 @@ from emq_django.broker.effects import (
     Kill,
     Outcome,
     Refuse,
+    Resize,
     Stop,
 )
 from emq_django.broker.ports.base import NEVER, Port
@@ -252,6 +253,8 @@ class EmqpWorkerPort(Port):
             return F.Kill(self.new_id(), e.attempt_id).encode()
         if kind is Stop:
             return F.Stop(self.new_id()).encode()
+        if kind is Resize:
+            return F.Resize(self.new_id(), e.concurrency).encode()
         if kind is Refuse:
             return F.Error(self.new_id(), e.msgid, e.reason, e.code).encode()
         if kind is Forget:

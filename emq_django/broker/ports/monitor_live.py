@@ -9,6 +9,7 @@
   of our job managers finishes its jobs and gets no new one, or gets them again
   (``broker/manager_control.py``; EventMQ's are refused with the reason);
   ``MANAGER STOP <name>``: drained, and it exits once its running jobs finish;
+  ``MANAGER RESIZE <name> <n>``: it runs ``n`` worker processes from now on;
 - ``TASKS``: per task and queue, the jobs succeeded, failed, retried and
   dead-lettered and the run-time histogram (``broker/task_stats.py``).
 
@@ -28,7 +29,8 @@ MAX_QUEUE_NAME = 255
 USAGE = (
     b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
     b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
-    b"QUEUE PAUSE|RESUME <queue>, MANAGER DRAIN|RESUME|STOP <name>, TASKS"
+    b"QUEUE PAUSE|RESUME <queue>, MANAGER DRAIN|RESUME|STOP <name>, "
+    b"MANAGER RESIZE <name> <n>, TASKS"
 )
 
 
@@ -99,6 +101,14 @@ def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
             raise BadRequest("usage: QUEUE PAUSE <queue> or QUEUE RESUME <queue>")
         name = _queue_name(words[2])
         return live.pause(core, name) if what == b"PAUSE" else live.resume(core, name, now)
+    if words[0].upper() == b"MANAGER" and what == b"RESIZE":
+        if len(words) != 4:
+            raise BadRequest("usage: MANAGER RESIZE <name> <worker processes>")
+        count = _number(words[3], "the number of worker processes", 1, 10_000)
+        try:
+            return manager_control.resize(core, _queue_name(words[2]), count)
+        except manager_control.NotDrainable as exc:
+            raise BadRequest(str(exc)) from None
     if words[0].upper() == b"MANAGER":
         if what not in (b"DRAIN", b"RESUME", b"STOP") or len(words) != 3:
             raise BadRequest("usage: MANAGER DRAIN|RESUME|STOP <name>")

@@ -30,6 +30,13 @@ class Command(BaseCommand):
             help="worker processes (default: CPU count)",
         )
         parser.add_argument(
+            "--max-concurrency",
+            type=int,
+            default=0,
+            help="the most worker processes the admin's resize may ask for "
+            "(default: the larger of --concurrency and 64)",
+        )
+        parser.add_argument(
             "--broker",
             help="broker's job manager address (default EMQ_WORKER_URL, tcp://127.0.0.1:47290)",
         )
@@ -57,6 +64,8 @@ class Command(BaseCommand):
             raise CommandError(f"--queues: {exc}") from exc
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
+        if opts["max_concurrency"] < 0:
+            raise CommandError("--max-concurrency must be at least 0 (0: the default)")
         settings = get_settings(worker_url=opts["broker"], prefetch=opts["prefetch"])
         try:
             names = registry.autodiscover(settings.IMPORTS)
@@ -67,6 +76,7 @@ class Command(BaseCommand):
             broker_url=settings.WORKER_URL,
             queues=queues,
             concurrency=opts["concurrency"],
+            max_concurrency=opts["max_concurrency"],
             heartbeat_interval=settings.HEARTBEAT_INTERVAL,
             heartbeat_liveness=settings.HEARTBEAT_LIVENESS,
             prefetch=settings.PREFETCH,
