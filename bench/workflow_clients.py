@@ -113,7 +113,18 @@ class DramatiqFlows:
         return pipe.run()
 
     def result(self, handle: Any, timeout: float) -> Any:
-        return handle.get_result(block=True, timeout=int(timeout * 1000))
+        # in slices of 4 s: redis-py's default socket timeout is 5 s, and a blocking
+        # BRPOPLPUSH for longer fails with "Timeout reading from socket"
+        from dramatiq.results import ResultTimeout
+
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return handle.get_result(block=True, timeout=int(min(4.0, max(left, 1.0)) * 1000))
+            except ResultTimeout:
+                if left <= 4.0:
+                    raise
 
     def close(self) -> None:
         self.m.broker.close()
