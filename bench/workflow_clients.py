@@ -108,7 +108,8 @@ class DramatiqFlows:
         return callback
 
     def chain(self, n: int) -> Any:
-        rest = [self.m.wf_add_one.message() for _ in range(n - 1)]
+        # no argument of their own: the pipeline gives each the previous result
+        rest = [self.m.wf_add_one.message_with_options() for _ in range(n - 1)]
         pipe = self.dramatiq.pipeline([self.m.wf_add_one.message(0), *rest])
         return pipe.run()
 
