@@ -1,4 +1,5 @@
-"""Celery peer: RabbitMQ broker, fast settings, Redis (or RPC) results for echo."""
+"""Celery peer: RabbitMQ broker, fast settings, Redis (or RPC) results for echo and
+for the workflows of bench/workflow_bench.py (a chord needs a result backend)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def noop() -> None:
 @app.task(name="bench.echo")
 def echo(x: object) -> object:
     return x
+
+
+# bench/workflow_bench.py (the same three tasks in bench/emq_bench_tasks.py): a chord
+# member keeps its result (a chord counts its members' results in the backend)
+@app.task(name="bench.wf_noop")
+def wf_noop() -> None:
+    return None
+
+
+@app.task(name="bench.wf_count")
+def wf_count(results: list[object]) -> int:
+    return sum(1 for r in results if r is None)
+
+
+@app.task(name="bench.wf_add_one")
+def wf_add_one(x: int) -> int:
+    return x + 1

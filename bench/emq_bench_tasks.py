@@ -34,3 +34,23 @@ def stamp() -> float:
     import time
 
     return time.monotonic()
+
+
+# bench/workflow_bench.py: a chord of no-op members and its counting callback, and
+# a chain of add-one steps (the same three tasks in bench/celery_app.py and
+# bench/dramatiq_app.py)
+@emq.task(queue="bench")
+def wf_noop() -> None:
+    """A chord member that does nothing."""
+
+
+@emq.task(queue="bench")
+def wf_count(results: list[object]) -> int:
+    """A chord's callback: how many members returned their None."""
+    return sum(1 for r in results if r is None)
+
+
+@emq.task(queue="bench")
+def wf_add_one(x: int) -> int:
+    """A chain's step: the previous step's result, plus one."""
+    return x + 1

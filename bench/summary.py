@@ -146,6 +146,25 @@ def generic_figures(doc: Any) -> str:
     return "; ".join(shown[:8])
 
 
+def workflows_figures(doc: dict[str, Any]) -> str:
+    """emq's time per workflow, and how many times faster than each peer (at the
+    size the ratio compares: the fallback's when the peer failed the full size)."""
+    emq = doc["results"]["emq"]
+    parts = []
+    for kind, peers in doc["emq_vs_peers"].items():
+        mine = emq[kind]
+        shown = (
+            f"{_n(mine['seconds'], 2)} s" if "seconds" in mine and "error" not in mine else "failed"
+        )
+        versus = ", ".join(
+            f"{peer} {c['emq_faster_x']:.1f}x"
+            + ("" if c["n"] == mine["n"] else f" at {_n(c['n'])}")
+            for peer, c in peers.items()
+        )
+        parts.append(f"{kind} of {_n(mine['n'])}: emq {shown}; faster than {versus}")
+    return "; ".join(parts)
+
+
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "fair": fair_figures,
     "topics": topics_figures,
@@ -153,6 +172,7 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "pzq": pzq_figures,
     "memory": memory_figures,
     "guaranteed": guaranteed_figures,
+    "workflows": workflows_figures,
 }
 
 
