@@ -414,7 +414,8 @@ class Inbox(Incarnations):
                     cmd.reason,
                 )
                 return
-            self._pending.pop(cmd.ref_msgid, None)
+            if self._pending.pop(cmd.ref_msgid, None) is None:  # answered: a resent copy's
+                return  # refusal (the journal down after it saved the first): the first stands
             self._awaiting.pop(cmd.ref_msgid, None)
             if self._answered is not None:
                 self._answered.append(cmd.ref_msgid)
