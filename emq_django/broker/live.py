@@ -156,11 +156,7 @@ def resume(core: BrokerCore, queue_name: str, now: float) -> dict[str, Any]:
     was = queue.paused
     queue.paused = False
     sent = 0
-    if queue.gated:  # through the flow control's gate (broker/flow.py)
-        before = core.counters["dispatched"]
-        core._pump(queue, now)
-        sent = core.counters["dispatched"] - before
-    while queue.pending and not queue.gated:
+    while queue.pending:
         peer = queue.pick()
         if peer is None:
             break
