@@ -23,6 +23,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from emq_django.protocol.events import parse_retention
+from emq_django.protocol.flow import parse_queue_rates
 from emq_django.settings_registry import SECTIONS, EmqSettings
 
 __all__ = ["SECTIONS", "EmqSettings", "get_settings", "read", "cached_settings"]
@@ -230,6 +231,10 @@ def _validate(s: EmqSettings) -> None:
             "EMQ_PZQ_SEND_BIND is empty but EMQ_PZQ_RECEIVE_BIND is set: PZQ needs both "
             "(an empty EMQ_PZQ_RECEIVE_BIND turns PZQ off)"
         )
+    try:
+        parse_queue_rates(s.RATE_LIMITS)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"EMQ_RATE_LIMITS: {exc}") from None
     try:
         parse_retention(s.TOPIC_RETENTION)
     except (TypeError, ValueError) as exc:

@@ -406,3 +406,20 @@ class EagerResult(Result):
         for body in partials:
             yield decode_reply_body(body)[0]
         yield self.get()
+
+
+def run_eagerly(fn: Callable[..., Any], task_name: str, body: bytes) -> EagerResult:
+    """``EMQ_EAGER``: run ``fn`` here and now, through the same JSON round trip."""
+    from emq_django.streaming import partial_sink, run_task
+
+    spec = json.loads(body)[1]
+    partials: list[bytes] = []
+    token = partial_sink.set(partials.append)
+    try:
+        value = run_task(fn, spec["args"], spec["kwargs"])
+        json.dumps(value)
+    except Exception as exc:  # the result carries it, as a remote failure would
+        return EagerResult(task_name, error=exc, partials=partials)
+    finally:
+        partial_sink.reset(token)
+    return EagerResult(task_name, value=value, partials=partials)

@@ -391,6 +391,15 @@ class EmqSettings:
         section="broker",
         check=_not_negative,
     )
+    RATE_LIMITS: dict[str, str] = setting(
+        None,
+        'rate limits by queue, global over every job manager: `{"email": "10/s"}` '
+        "(dict or JSON; `/s`, `/m`, `/h`), a token bucket with a burst of 1 at the broker "
+        "([Flow control](../features/flow-control.md))",
+        section="broker",
+        factory=dict,
+        shown="{}",
+    )
     CURVE_SECRET_KEY: str = setting(
         "",
         "this process's CURVE secret key (Z85, or a key file's path); empty: plain text "

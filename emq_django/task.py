@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from emq_django import conf as _conf
 from emq_django import otel, registry, signals
-from emq_django.handles import EagerResult, Result, SentResult, client_module
+from emq_django.flow_control import FlowOptions, KeyOption, with_concurrency_key
+from emq_django.handles import Result, SentResult, client_module, run_eagerly
 from emq_django.ids import ID_CHARS
 from emq_django.protocol.batch import MAX_HEADERS_LENGTH, record_head
 from emq_django.protocol.body import RunBodyEncoder, encode_run_body
@@ -59,6 +59,9 @@ class Task(Generic[P, R]):
         priority: int = 0,
         unique: bool = False,
         unique_for: float = 0,
+        rate_limit: str | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: KeyOption = None,
     ) -> None:
         if fn.__module__ == "__main__":
             raise ValueError(
@@ -83,7 +86,8 @@ class Task(Generic[P, R]):
         self.on_commit = on_commit
         self.priority = priority
         self.unique, self.unique_for = check_unique(unique, unique_for)
-        if unique:  # delay() and map() send each job as apply_async() does (unique_jobs.py)
+        self.flow = FlowOptions(rate_limit, max_concurrency, concurrency_key)
+        if unique or self.flow.per_call:  # delay(), map(): as apply_async() (unique_jobs.py)
             self.delay = lambda *a, **k: self.apply_async(a, k)  # type: ignore[method-assign]
             self.map = lambda calls: [apply_call(self, c) for c in calls]  # type: ignore[method-assign]
         self._headers = self._build_headers(
@@ -247,6 +251,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
         unique_for: float | None = None,
+        concurrency_key: str | None = None,
     ) -> Result:
         """Send the task. Raises ``TypeError``/``ValueError`` for an option or
         arguments the broker would refuse (a negative or non-numeric ``timeout`` or
@@ -258,7 +263,8 @@ class Task(Generic[P, R]):
         ``QueueFull``/``JobRefused`` when the broker refuses the job. With
         ``on_commit`` (default: the task's) inside a transaction, the job is sent
         when it commits (emq_django/transaction.py) and the result says so.
-        ``unique_key``/``unique_for``: one job per key at a time (docs: Unique jobs)."""
+        ``unique_key``/``unique_for``: one job per key at a time (docs: Unique jobs);
+        ``concurrency_key``: the task's ``max_concurrency`` per key (docs: Flow control)."""
         check_options(queue, retries, timeout, guarantee, reply, job_id)
         if priority is not None:
             check_priority(priority)
@@ -269,6 +275,7 @@ class Task(Generic[P, R]):
             )
         run_after = when_to_run(countdown, eta)  # bad timing fails now, not at commit
         unique = unique_of(self, unique_key, unique_for, args, kwargs)  # (key, for) or None
+        key = self.flow.key_for(concurrency_key, args, kwargs)  # its concurrency key, or None
         body = self._body.encode(args, kwargs)
         settings = _settings()
         check_size(body, settings.MAX_BODY_BYTES, self.name)
@@ -282,17 +289,20 @@ class Task(Generic[P, R]):
                 "priority": priority,
                 "unique_key": unique_key,
                 "unique_for": unique_for,
+                "concurrency_key": key,
                 "guarantee": guarantee,
                 "reply": want_reply,
                 "countdown": countdown,
                 "eta": eta,
             }
-            return self._send_on_commit(args, kwargs, job_id, options)
+            from emq_django.transaction import send_on_commit
+
+            return send_on_commit(self.apply_async, self.name, (args, kwargs), job_id, options)
         if settings.EAGER:
             return self._run_eagerly(body, want_reply)
         if (retries, timeout, guarantee, reply, run_after, soft_timeout, priority) == (
             None, None, None, None, 0.0, None, None,
-        ) and unique is None:  # fmt: skip
+        ) and unique is None and key is None:  # fmt: skip
             headers = self._headers
         else:
             headers = self._build_headers(
@@ -306,6 +316,8 @@ class Task(Generic[P, R]):
             )
             if unique is not None:
                 headers = with_key(headers, *unique)
+            if key is not None:
+                headers = with_concurrency_key(headers, key)
         confirm = self.guarantee if guarantee is None else guarantee
         client = _get_client()
         if unique is not None:  # waits for the broker's answer: a new job, or the existing one
@@ -345,27 +357,6 @@ class Task(Generic[P, R]):
             kwargs=dict(kwargs or {}),
         )
 
-    def _send_on_commit(
-        self,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any] | None,
-        job_id: str | None,
-        options: dict[str, Any],
-    ) -> Result:
-        import uuid
-
-        from emq_django.transaction import DeferredResult, on_commit
-
-        deferred = DeferredResult(job_id or uuid.uuid4().hex, self.name, reply=options["reply"])
-
-        def send() -> None:
-            deferred.sent = self.apply_async(
-                args, kwargs, job_id=deferred.id, on_commit=False, **options
-            )
-
-        on_commit(send)
-        return deferred
-
     def _build_headers(
         self,
         reply: bool,
@@ -385,25 +376,14 @@ class Task(Generic[P, R]):
             task=self.name,
             stream=reply,  # its partial results come back too (Result.stream())
             priority=priority,
+            **self.flow.header_options(),
             # read by the worker process alone (the broker forwards it unread)
             extra=((SOFT_TIMEOUT_HEADER, f"{soft_timeout:g}"),) if soft_timeout else (),
         )
 
     def _run_eagerly(self, body: bytes, reply: bool) -> Result:
         """``EMQ_EAGER``: run here and now, through the same JSON round trip."""
-        from emq_django.streaming import partial_sink, run_task
-
-        spec = json.loads(body)[1]
-        partials: list[bytes] = []
-        token = partial_sink.set(partials.append)
-        try:
-            value = run_task(self.fn, spec["args"], spec["kwargs"])
-            json.dumps(value)
-        except Exception as exc:  # the result carries it, as a remote failure would
-            return EagerResult(self.name, error=exc, partials=partials)
-        finally:
-            partial_sink.reset(token)
-        return EagerResult(self.name, value=value, partials=partials)
+        return run_eagerly(self.fn, self.name, body)
 
 
 def _settings() -> EmqSettings:
@@ -454,6 +434,9 @@ def task(
     priority: int = ...,
     unique: bool = ...,
     unique_for: float = ...,
+    rate_limit: str | None = ...,
+    max_concurrency: int | None = ...,
+    concurrency_key: KeyOption = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -471,14 +454,19 @@ def task(
     priority: int = 0,
     unique: bool = False,
     unique_for: float = 0,
+    rate_limit: str | None = None,
+    max_concurrency: int | None = None,
+    concurrency_key: KeyOption = None,
 ) -> Any:
     """Register ``fn`` as a task: ``@emq.task`` or ``@emq.task(queue="email", ...)``.
     ``on_commit=True``: inside a transaction, send only once it commits.
     ``timeout``: the hard time limit (the worker process is killed);
     ``soft_timeout``: ``SoftTimeLimitExceeded`` is raised inside the task;
     ``priority``: -100..100, higher first (docs: Priority); ``unique``: one job per
-    task and arguments at a time (docs: Unique jobs). Raises ``TypeError``/
-    ``ValueError`` for an option out of range."""
+    task and arguments at a time (docs: Unique jobs); ``rate_limit`` ("100/s"),
+    ``max_concurrency``, ``concurrency_key`` (a str, or a callable of the arguments):
+    held back at the broker (docs: Flow control). Raises ``TypeError``/``ValueError``
+    for an option out of range."""
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         t = Task(
@@ -493,6 +481,9 @@ def task(
             priority=priority,
             unique=unique,
             unique_for=unique_for,
+            rate_limit=rate_limit,
+            max_concurrency=max_concurrency,
+            concurrency_key=concurrency_key,
         )
         registry.register(t)
         return t

@@ -37,6 +37,26 @@ def on_commit(send: Callable[[], Any], using: str | None = None) -> bool:
     return True
 
 
+def send_on_commit(
+    apply_async: Callable[..., Result],
+    task_name: str,
+    call: tuple[Any, Any],
+    job_id: str | None,
+    options: dict[str, Any],
+) -> DeferredResult:
+    """``Task.apply_async(..., on_commit=True)`` in a transaction: the handle now,
+    the job (``apply_async(*call, **options)`` under the handle's id) at commit."""
+    import uuid
+
+    deferred = DeferredResult(job_id or uuid.uuid4().hex, task_name, reply=options["reply"])
+
+    def send() -> None:
+        deferred.sent = apply_async(*call, job_id=deferred.id, on_commit=False, **options)
+
+    on_commit(send)
+    return deferred
+
+
 class DeferredResult(Result):
     """The handle of a job that is sent when the transaction commits.
 

@@ -32,6 +32,7 @@ from emq_django.broker.effects import (
     Published,
     Refuse,
 )
+from emq_django.broker.flow import FlowControl
 from emq_django.broker.journal import JobDone, KeepReply
 from emq_django.broker.kept_replies import decode_reply, encode_reply
 from emq_django.broker.lifecycle import JobLifecycle
@@ -189,6 +190,9 @@ class BrokerCore:
             self._start_step, self.cancel, self._emit, self._end_workflow
         )
         self.unique = UniqueKeys()  # unique jobs' keys (broker/unique.py)
+        # rate limits and per-key concurrency (broker/flow.py), and the queues gated
+        self.flow = FlowControl(config.rate_limits)
+        self.gated: dict[str, Queue] = {}
 
     @property
     def wall_offset(self) -> float:
@@ -215,6 +219,10 @@ class BrokerCore:
             self._expire_peers(now)
             if self.held_slots:
                 self._expire_held(now)
+            if self.gated:  # a safety net: a key freed by an attempt that was lost
+                self._pump_gated(now, force=True)
+        if now >= self.flow.wake:  # a token is due for a throttled job
+            self._pump_gated(now)
         if now >= self.life.delayed.next_due():
             for job in self.life.due(now):
                 self._route(job, self._queue(job.queue), now)
@@ -223,6 +231,8 @@ class BrokerCore:
         if now >= self.next_housekeeping:
             self.next_housekeeping = now + 60.0
             self.life.housekeeping(now)
+            if self.flow.running:
+                self.flow.sweep(self.inflight)
         if now >= self.next_topic_prune:
             self.next_topic_prune = now + TOPIC_PRUNE_INTERVAL
             self.topics.prune(now + self._wall_offset)
@@ -235,6 +245,7 @@ class BrokerCore:
             self.next_housekeeping,
             self.next_topic_prune,
             self.leases[0][0] if self.leases else float("inf"),
+            self.flow.wake,
         )
 
     def _enforce_time_limits(self, now: float) -> None:
@@ -377,7 +388,7 @@ class BrokerCore:
                 reason = f"the broker already has {MAX_QUEUES} queues"
                 self.refuse(client, msgid, "too-many-queues", reason)
                 return
-            queue = self.queues[queue_name] = Queue(queue_name, self.config.priority_aging)
+            queue = self._queue(queue_name)
         if self.stopping:
             self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
             return
@@ -537,11 +548,16 @@ class BrokerCore:
             job.more = more
         if headers.priority and not queue.ranked:
             queue.rank()  # from now on in priority order, and no prefetch (state.Queue)
+        if headers.flow and not queue.gated:
+            self._gate(queue)  # from now on through the flow control's gate (broker/flow.py)
         if self.tracer is not None:
             self.tracer.enqueued(job, now)
         if not guaranteed and not headers.run_after:  # the common case: run it now
             life.jobs[msgid] = job
-            if queue.pending or self.stopping:
+            if queue.gated:
+                queue.push(job)
+                self._pump(queue, now, job)
+            elif queue.pending or self.stopping:
                 queue.push(job)
             else:
                 target = queue.pick()
@@ -774,6 +790,9 @@ class BrokerCore:
                     self._drop_peer(owner, now, "lost its worker process", verdict=True)
             if final:
                 self._answer(job, body, outcome, more, now=now)
+            if job.headers.max_concurrency:  # its key is free: a job it blocked may go
+                self.flow.released()
+                self._pump(self.queues[job.queue], now)
             if owner is peer and peer.credit and not peer.inflight and not peer.draining:
                 self._serve_ranked(peer, now)  # idle again: a ranked queue may go on
         if outcome.ready:
@@ -985,10 +1004,45 @@ class BrokerCore:
         queue = self.queues.get(name)
         if queue is None:
             queue = self.queues[name] = Queue(name, self.config.priority_aging)
+            if name in self.flow.queue_rates:
+                self._gate(queue)  # EMQ_RATE_LIMITS
         return queue
+
+    def _gate(self, queue: Queue) -> None:
+        """From now on ``queue``'s jobs go out through the flow control's gate."""
+        queue.gated = True
+        self.gated[queue.name] = queue
+
+    def _pump(self, queue: Queue, now: float, new: Job | None = None, force: bool = False) -> None:
+        """A gated queue's waiting jobs that may go now, to its ready workers.
+        ``new``: the job just pushed (or given back) to it."""
+        flow = self.flow
+        if new is not None:
+            flow.pushed(queue.name, new)
+        while queue.pending and not queue.paused and not self.stopping:
+            peer = queue.pick()
+            if peer is None:
+                return
+            job = flow.take(queue, now, self.inflight, force)
+            if job is None:
+                return
+            force = False
+            self._dispatch(job, queue, peer, now)
+
+    def _pump_gated(self, now: float, force: bool = False) -> None:
+        self.flow.wake = float("inf")  # each queue's take says when next
+        for queue in self.gated.values():
+            if queue.pending:
+                self._pump(queue, now, force=force)
 
     def _route(self, job: Job, queue: Queue, now: float) -> None:
         """Dispatch ``job`` to the best ready worker, or let it wait."""
+        if job.headers.flow and not queue.gated:
+            self._gate(queue)
+        if queue.gated:
+            queue.push(job)
+            self._pump(queue, now, job)
+            return
         target = None if queue.pending or self.stopping else queue.pick()
         if target is not None:
             self._dispatch(job, queue, target, now)
@@ -1002,11 +1056,17 @@ class BrokerCore:
             queue = self.queues[name]
             if queue.max_age:
                 self._drop_expired(queue, now)
-            if queue.pending and not queue.paused and not (queue.ranked and holds_jobs(peer)):
-                self._dispatch(queue.pop(), queue, peer, now, returning=True)
-                if queue.spilled:
-                    self._check_spill(queue)
-                return
+            if (
+                queue.pending
+                and not queue.paused
+                and not ((queue.ranked or queue.gated) and holds_jobs(peer))
+            ):
+                job = queue.pop() if not queue.gated else self.flow.take(queue, now, self.inflight)
+                if job is not None:
+                    self._dispatch(job, queue, peer, now, returning=True)
+                    if queue.spilled:
+                        self._check_spill(queue)
+                    return
             if queue.spilled:
                 self._check_spill(queue)  # waiting on disk: read some back
         credit = peer.credit
@@ -1020,9 +1080,16 @@ class BrokerCore:
         (it kept them from ``peer`` while it held a job: ``holds_jobs``)."""
         for _weight, name in peer.queues:
             queue = self.queues[name]
-            if queue.ranked and queue.pending and not queue.paused and not self.stopping:
-                self._dispatch(queue.pop(), queue, peer, now)
-                return
+            if (
+                (queue.ranked or queue.gated)
+                and queue.pending
+                and not queue.paused
+                and not self.stopping
+            ):
+                job = queue.pop() if not queue.gated else self.flow.take(queue, now, self.inflight)
+                if job is not None:
+                    self._dispatch(job, queue, peer, now)
+                    return
 
     def _drop_expired(self, queue: Queue, now: float) -> None:
         """Drop the jobs at the front of ``queue`` older than its max_age."""
@@ -1120,6 +1187,10 @@ class BrokerCore:
         queue = self.queues[job.queue]
         self.counters["requeued"] += 1
         job.peer = None
+        if queue.gated:
+            queue.push_front(job)
+            self._pump(queue, now, job)
+            return
         target = None if queue.pending else queue.pick()
         if target is not None and not self.stopping:
             self._dispatch(job, queue, target, now)
@@ -1455,7 +1526,10 @@ class BrokerCore:
             if job.queue == WORKFLOW_QUEUE:
                 flows.append(job)
             else:
-                self._queue(job.queue).push(job)
+                queue = self._queue(job.queue)
+                if job.headers.flow and not queue.gated:
+                    self._gate(queue)
+                queue.push(job)
         for name, n in spilled.items():
             self._queue(name).spilled += n
         for queue in self.queues.values():

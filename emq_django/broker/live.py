@@ -156,7 +156,11 @@ def resume(core: BrokerCore, queue_name: str, now: float) -> dict[str, Any]:
     was = queue.paused
     queue.paused = False
     sent = 0
-    while queue.pending:
+    if queue.gated:  # through the flow control's gate (broker/flow.py)
+        before = core.counters["dispatched"]
+        core._pump(queue, now)
+        sent = core.counters["dispatched"] - before
+    while queue.pending and not queue.gated:
         peer = queue.pick()
         if peer is None:
             break

@@ -11,6 +11,7 @@ from typing import Any
 
 from emq_django.broker.priority import RankedPending
 from emq_django.broker.seam import ClientRef, PortRef
+from emq_django.protocol.flow import parse_queue_rates
 from emq_django.protocol.headers import Headers
 
 ROLE_PLAIN = "plain"  # a job manager with one connection (EventMQ's)
@@ -71,6 +72,8 @@ class BrokerConfig:
     # per-task counters and run-time histograms for Prometheus (broker/task_stats.py);
     # off by default (EMQ_TASK_METRICS): about 1 µs per attempt when on
     task_metrics: bool = False
+    # EMQ_RATE_LIMITS: (queue name, jobs per second) (broker/flow.py)
+    rate_limits: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Any) -> BrokerConfig:
@@ -89,6 +92,7 @@ class BrokerConfig:
             time_limit_grace=settings.TIME_LIMIT_GRACE,
             priority_aging=settings.PRIORITY_AGING,
             task_metrics=settings.TASK_METRICS,
+            rate_limits=tuple(parse_queue_rates(settings.RATE_LIMITS).items()),
         )
 
 
@@ -216,6 +220,7 @@ class Queue:
         "ranked",
         "aging",
         "paused",
+        "gated",
     )
 
     def __init__(self, name: str, aging: float = 0.0) -> None:
@@ -233,6 +238,9 @@ class Queue:
         self.ranked = False
         self.aging = aging
         self.paused = False  # the admin's pause (broker/live.py): its jobs wait
+        # flow control (broker/flow.py): its jobs go out through ``FlowControl.take``,
+        # and, as a ranked queue's, not to a worker process that holds one already
+        self.gated = False
 
     def push(self, job: Job) -> None:
         if job.headers.priority and not self.ranked:
@@ -283,7 +291,7 @@ class Queue:
             tier = self.tiers[weight]
             if tier:
                 peer = next(iter(tier))
-                if self.ranked and peer.inflight and peer.role == ROLE_SLOT:
+                if (self.ranked or self.gated) and peer.inflight and peer.role == ROLE_SLOT:
                     found = next((p for p in tier if not holds_jobs(p)), None)
                     if found is None:
                         continue  # all busy: a ranked queue's jobs wait (holds_jobs)

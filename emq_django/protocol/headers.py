@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from emq_django.exceptions import ProtocolError
+from emq_django.protocol.flow import check_concurrency_key, check_max_concurrency, parse_rate
 from emq_django.protocol.limits import (
     MAX_PRIORITY,
     MAX_RETRIES,
@@ -58,6 +60,13 @@ class Headers:
     # after the job ended; "" and 0 when absent
     unique: str = ""
     unique_for: float = 0.0
+    # extension, flow control (broker/flow.py): the task's rate limit in jobs per
+    # second, at most how many of its jobs (per concurrency key, when one is given)
+    # run at once; 0 and "" when absent. ``flow``: any of them, read once per job
+    rate_limit: float = 0.0
+    max_concurrency: int = 0
+    concurrency_key: str = ""
+    flow: bool = False
     extra: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -159,9 +168,43 @@ def parse_headers(raw: bytes) -> Headers:
             fields["unique"] = value
         elif key == "unique-for":
             fields["unique_for"] = float(_number(key, value, raw, float))
+        elif key in _FLOW_HEADERS:
+            _flow_header(key, value, raw, fields)
         else:
             extra.append((key, value if sep else ""))
+    if "concurrency_key" in fields and "max_concurrency" not in fields:
+        raise ProtocolError(
+            "header 'concurrency-key' needs a 'max-concurrency' header", [raw], REFUSED_BAD_HEADER
+        )
+    if "rate_limit" in fields or "max_concurrency" in fields:
+        fields["flow"] = True
     return Headers(raw=raw, extra=tuple(extra), **fields)  # type: ignore[arg-type]
+
+
+_FLOW_HEADERS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "rate-limit": ("rate_limit", lambda v: parse_rate(v, "header 'rate-limit'")),
+    "max-concurrency": ("max_concurrency", lambda v: check_max_concurrency(_integer(v))),
+    "concurrency-key": ("concurrency_key", check_concurrency_key),
+}
+
+
+def _flow_header(key: str, value: str, raw: bytes, fields: dict[str, object]) -> None:
+    """A flow control header (docs/eventmq-wire.md) into ``fields``; raises
+    ``ProtocolError`` with the reason for a bad value."""
+    name, check = _FLOW_HEADERS[key]
+    try:
+        fields[name] = check(value)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(
+            f"header {key!r} is {value[:40]!r}: {exc}", [raw], REFUSED_BAD_HEADER
+        ) from None
+
+
+def _integer(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("max_concurrency must be an integer") from None
 
 
 def trace_id_of(h: Headers) -> str:
@@ -230,6 +273,9 @@ def format_headers(
     priority: int = 0,
     unique: str = "",
     unique_for: float = 0,
+    rate_limit: str = "",
+    max_concurrency: int = 0,
+    concurrency_key: str = "",
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     """Build a headers frame, in the order EventMQ writes them. Raises ``TypeError``
@@ -268,5 +314,12 @@ def format_headers(
         items.append(f"unique:{unique}")
         if unique_for:
             items.append(f"unique-for:{unique_for:g}")
+    if rate_limit:
+        parse_rate(rate_limit)
+        items.append(f"rate-limit:{rate_limit.strip()}")
+    if max_concurrency:
+        items.append(f"max-concurrency:{check_max_concurrency(max_concurrency)}")
+        if concurrency_key:
+            items.append(f"concurrency-key:{check_concurrency_key(concurrency_key)}")
     items.extend(f"{k}:{v}" if v else k for k, v in extra)
     return ",".join(items).encode()

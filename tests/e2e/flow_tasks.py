@@ -48,3 +48,27 @@ def gate(key: str, path: str) -> None:
 def once(key: str) -> None:
     """A unique task (tests/e2e/test_unique.py): keyed by its arguments."""
     record(key)
+
+
+PACE = 20  # jobs per second (tests/e2e/test_flow_control.py)
+
+
+@emq.task(queue="flow", reply=False, rate_limit=f"{PACE}/s")
+def paced(key: str) -> None:
+    """At most PACE a second, over every job manager (the broker's token bucket)."""
+    record(key)
+
+
+@emq.task(
+    queue="flow",
+    reply=False,
+    max_concurrency=1,
+    concurrency_key=lambda key, customer, gate="": customer,
+)
+def per_customer(key: str, customer: str, gate: str = "") -> None:
+    """One job per customer at a time; a start and an end line, and in between it
+    waits for ``gate`` (a file) when one is named."""
+    record(key, customer=customer, phase="start")
+    while gate and not os.path.exists(gate):
+        time.sleep(0.02)
+    record(key, customer=customer, phase="end")
