@@ -1,0 +1,60 @@
+"""A refusal that comes after a job's first answer (a copy of it sent again while its
+ACK was awaited, refused by the broker after the first copy was saved) does not stand
+for the job: the first answer does, and the job's REPLY is what its get() returns
+(tests/faults/test_ha.py d met it: acknowledged guaranteed jobs whose get() raised
+JobRefused). Real loopback sockets; the broker is a ROUTER played by the test."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import zmq
+
+from emq_django.client import Client
+from emq_django.protocol import frames as F
+from tests.support import free_tcp_ports
+
+BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
+WAIT_MS = 5000
+
+
+def test_a_refusal_read_after_the_jobs_ack_does_not_make_its_result_a_refusal() -> None:
+    (port,) = free_tcp_ports(1)
+    context: zmq.Context[Any] = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.linger = 0
+    router.bind(f"tcp://127.0.0.1:{port}")
+    client = Client(f"tcp://127.0.0.1:{port}", ack_timeout=5.0, context=context, curve=None)
+    try:
+        # the first message waits for its ACK: the test answers it as the broker would
+        peers: list[bytes] = []
+
+        def answer_first() -> None:
+            assert router.poll(WAIT_MS)
+            frames = router.recv_multipart()
+            peers.append(frames[0])
+            router.send_multipart([frames[0], *F.encode_ack(b"a-1", frames[4])])
+
+        helper = threading.Thread(target=answer_first)
+        helper.start()
+        job = client.send("default", b"reply-requested", BODY).encode()
+        helper.join()
+        peer = peers[0]
+        # the refusal of another copy of it, then an ACK of a second job: once the
+        # client has that ACK it has read the refusal (one connection, in order)
+        late = F.Error(b"e-1", job, "not saved: journal unreachable", "journal")
+        router.send_multipart([peer, *late.encode()])
+        second = client.send("default", b"", BODY).encode()
+        assert router.poll(WAIT_MS)
+        router.recv_multipart()
+        router.send_multipart([peer, *F.encode_ack(b"a-2", second)])
+        client.flush(timeout=5.0)
+        assert client.take_reply(job) is None  # no REPLY yet, and no refusal raised
+        router.send_multipart([peer, *F.encode_reply(b"r-1", b"5", job, b"ok")])
+        reply = client.wait_reply(job, timeout=5.0)
+        assert reply.body == b"5"
+    finally:
+        client.close()
+        router.close()
+        context.destroy(linger=0)
