@@ -695,6 +695,8 @@ class BrokerCore:
         peer.last_seen = peer.connected_at = now
         if peer.role == ROLE_MANAGER and peer.manager:
             self.managers[peer.manager] = peer
+            if self.held_slots:
+                self._adopt_held(peer)
         if self.drained_managers and peer.manager in self.drained_managers:
             manager_control.hold(self, peer)  # a drained job manager's new process
         for weight, name in peer.queues:
@@ -737,10 +739,11 @@ class BrokerCore:
                 self._move_attempt(attempt_id, group.manager, peer)
             self._release_held(group, now)
 
-    def _move_attempt(self, attempt_id: bytes, former: Peer, peer: Peer) -> None:
+    def _move_attempt(self, attempt_id: bytes, former: Peer | None, peer: Peer) -> None:
         job = self.inflight.get(attempt_id)
         if job is not None:
-            former.inflight.pop(attempt_id, None)
+            if former is not None:
+                former.inflight.pop(attempt_id, None)
             peer.inflight[attempt_id] = None
             job.peer = peer
 
@@ -1248,13 +1251,17 @@ class BrokerCore:
 
     # ---- peers going away -------------------------------------------------------------
 
-    def _drop_peer(self, peer: Peer, now: float, why: str, verdict: bool = False) -> None:
+    def _drop_peer(
+        self, peer: Peer, now: float, why: str, verdict: bool = False, orphaned: bool = False
+    ) -> None:
         """Forget ``peer``. Its in-flight attempts: with ``verdict`` (the peer or its
         job manager said so) none started, and they go back to their queue
-        uncounted. Else a worker process of ours whose job manager lives holds them
-        all until that job manager says which one ran (``_hold``); one whose job
-        manager is gone leaves nobody to say (``_unsaid``); EventMQ's job manager
-        runs one job per worker, so every one of its attempts counts."""
+        uncounted. Else a worker process of ours holds them all until its job
+        manager (or the process itself, connected again) says which one ran
+        (``_hold``), even when that job manager has not connected here yet (after a
+        failover a process may reach the new broker first); a process that
+        went with its job manager (``orphaned``), leaves nobody to say (``_unsaid``); EventMQ's
+        job manager runs one job per worker, so every one of its attempts counts."""
         if peer not in self.peers:
             return
         del self.peers[peer]
@@ -1285,7 +1292,7 @@ class BrokerCore:
                 "go back to their queue"
                 if verdict
                 else "held until its job manager says which ran"
-                if manager is not None
+                if manager is not None or (peer.role == ROLE_SLOT and not orphaned)
                 else "end with it",
             )
         if not lost:
@@ -1294,7 +1301,7 @@ class BrokerCore:
             for job in lost:
                 self.queues[job.queue].in_flight -= 1
                 self._requeue(job, now, lost_from=peer)
-        elif manager is not None:
+        elif manager is not None or (peer.role == ROLE_SLOT and not orphaned):
             self._hold(peer, manager, lost, now)
         elif peer.role == ROLE_SLOT:
             self._unsaid(lost, peer, now, "job manager lost")
@@ -1304,23 +1311,35 @@ class BrokerCore:
         if peer.role == ROLE_MANAGER and peer.manager not in self.managers:
             self.done_by_manager.pop(peer.manager or "", None)
         for orphan in orphans:
-            self._drop_peer(orphan, now, f"went with its job manager {peer.manager}")
+            self._drop_peer(orphan, now, f"went with its job manager {peer.manager}", orphaned=True)
 
-    def _hold(self, slot: Peer, manager: Peer, jobs: list[Job], now: float) -> None:
+    def _hold(self, slot: Peer, manager: Peer | None, jobs: list[Job], now: float) -> None:
         """The attempts ``jobs`` (in dispatch order) of the worker process ``slot``,
         which is gone, wait under its job manager for its word: a process holds
         several jobs (credit, batched REQUESTs) and may have finished some whose
-        answers died with it; which one it ran, the broker cannot tell."""
+        answers died with it; which one it ran, the broker cannot tell. ``manager``
+        None: it has not connected here yet, and they wait for it (``_adopt_held``)."""
         limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
         group = HeldSlot(slot, manager, now + limit)
         for job in jobs:
             attempt_id = job.attempt_id
             job.peer = manager
-            manager.inflight[attempt_id] = None
+            if manager is not None:
+                manager.inflight[attempt_id] = None
             self.inflight[attempt_id] = job
             self.held[attempt_id] = group
             group.attempts[attempt_id] = None
         self.held_slots[slot] = group
+
+    def _adopt_held(self, manager: Peer) -> None:
+        """The job manager ``manager`` (its control connection) connected: the
+        attempts of its processes held with nobody to answer for them wait under it."""
+        for group in self.held_slots.values():
+            if group.manager is None and group.slot.manager == manager.manager:
+                group.manager = manager
+                for attempt_id in group.attempts:
+                    manager.inflight[attempt_id] = None
+                    self.inflight[attempt_id].peer = manager
 
     def _unhold(self, attempt_id: bytes) -> HeldSlot | None:
         """``attempt_id`` is no longer held; returns the group it was held in."""
@@ -1413,11 +1432,11 @@ class BrokerCore:
     def _kill_attempt(self, job: Job) -> bool:
         """Ask the job manager running ``job`` to kill its worker process (an effect
         only our job managers get). False when that cannot be done."""
+        if job.attempt_id in self.held:
+            return True  # its process is gone already; its job manager will say so
         owner = job.peer
         if owner is None or owner.role == ROLE_PLAIN:
             return False
-        if job.attempt_id in self.held:
-            return True  # its process is gone already; its job manager will say so
         control = self.managers.get(owner.manager or "")
         if control is None:
             return False

@@ -191,7 +191,7 @@ class HeldSlot:
     the broker cannot tell which it had started."""
 
     slot: Peer  # the dropped worker process (its ``meta`` names its pid)
-    manager: Peer  # the control connection they are held under
+    manager: Peer | None  # the control connection they are held under (None: not here yet)
     deadline: float  # monotonic: past it, nobody said; ``BrokerCore._unsaid`` decides
     attempts: dict[bytes, None] = field(default_factory=dict)  # in dispatch order
 

@@ -95,6 +95,11 @@ def test_busy_slot_whose_manager_is_gone_is_dropped() -> None:
     for now in (1.0, 2.0, 3.0, 4.0):
         tick(core, now)
     assert b"slot0" not in core.peers
+    # held a heartbeat limit more for a word from its job manager (which may connect
+    # after it, as after a failover) or from the process connected again
+    assert core.counters["worker_lost"] == 0 and list(core.core.held) == [b"long#1"]
+    for now in (5.0, 6.0, 7.0, 8.0):
+        tick(core, now)
     assert core.counters["worker_lost"] == 1  # its attempt counts: retries=0, so final
     assert core.counters["failed"] == 1 and len(core.dead) == 1
 

@@ -227,3 +227,73 @@ def test_eventmq_job_managers_keep_the_old_rule_every_job_counts() -> None:
     assert not core.core.held
     assert sorted(replies_to(out)) == [b"j1"]  # j2 has a retry
     assert core.counters["worker_lost"] == 2 and core.counters["retried"] == 1
+
+
+# ---- a worker process that reaches a new broker before its job manager -------------
+# After a failover a worker process's old socket may INFORM the new active broker (a
+# message it had queued for the old one), take a job, and close a moment later when
+# the process connects afresh (link.BrokerLink.moved): the broker finds it
+# unreachable before its job manager has connected. CI saw one guaranteed job die
+# that way at three failovers in a row (tests/faults/test_ha.py a).
+
+
+def lone_slot_with_a_job(core: CoreHarness, headers: bytes = RETRY_ONCE) -> None:
+    """slot0 of jm1, whose job manager has not connected, holds j1."""
+    inform(core, b"slot0", meta=slot_meta(0))
+    ready(core, b"slot0")
+    request(core, b"client", b"j1", headers=headers)
+    assert core.inflight[b"j1#1"].peer.identity == b"slot0"
+
+
+def test_a_process_lost_before_its_manager_connected_is_held_for_its_word() -> None:
+    core = make_core()
+    lone_slot_with_a_job(core)
+    out = lose_slot0(core)
+    assert core.counters["worker_lost"] == 0 and not replies_to(out)
+    assert list(core.core.held) == [b"j1#1"]
+    # the same process connects again (a fresh socket): it never had j1
+    out = inform(core, b"slot0-2", meta=slot_meta(0), now=0.2)
+    out += ready(core, b"slot0-2", now=0.2)
+    assert requests_to(out, b"slot0-2") == [b"j1#2"]
+    assert core.core.inflight[b"j1#2"].failures == 0
+    assert core.counters["worker_lost"] == 0 and core.counters["requeued"] == 1
+    assert not core.core.held and not core.core.held_slots
+
+
+def test_a_process_lost_before_its_manager_connected_answers_what_it_ran() -> None:
+    core = make_core()
+    lone_slot_with_a_job(core)
+    lose_slot0(core)
+    # it had run j1: its fresh socket names the answer and sends it again
+    inform(core, b"slot0-2", meta={**slot_meta(0), "answered": ["j1#1"]}, now=0.2)
+    out = reply(core, b"slot0-2", b"j1#1", status=OK, now=0.2)
+    assert not replies_to(out)[b"j1"].outcome.failed
+    assert core.counters["worker_lost"] == 0 and core.counters["requeued"] == 0
+    assert not core.core.held and not core.core.inflight
+
+
+def test_a_process_lost_before_its_manager_connected_waits_under_it_when_it_comes() -> None:
+    core = make_core()
+    lone_slot_with_a_job(core)
+    lose_slot0(core)
+    inform(core, b"mgr", meta=MANAGER, now=0.2)  # its job manager connects: the word is its
+    assert core.core.inflight[b"j1#1"].peer is core.core.managers["jm1"]
+    out = ended(core, b"mgr", 200, now=0.3)  # slot0's process ended: j1 never started
+    out += inform(core, b"slot1", meta=slot_meta(1), now=0.3)
+    out += ready(core, b"slot1", now=0.3)
+    assert requests_to(out, b"slot1") == [b"j1#2"]
+    assert core.counters["worker_lost"] == 0
+
+
+def test_a_process_lost_before_its_manager_connected_fails_its_attempt_when_nobody_says() -> None:
+    core = make_core()
+    lone_slot_with_a_job(core, AT_MOST_ONCE)
+    lose_slot0(core)
+    out = tick(core, 1.0)
+    assert not replies_to(out)  # not before the deadline
+    out = []
+    for now in (2.0, 3.0, 3.5):
+        out += tick(core, now)
+    assert replies_to(out)[b"j1"].outcome.failed
+    assert core.counters["worker_lost"] == 1
+    assert not core.core.held and not core.core.held_slots and not core.core.inflight
