@@ -404,18 +404,18 @@ class Inbox(Incarnations):
         elif type(cmd) is F.Partial:
             self._keep_partial(cmd)
         elif type(cmd) is F.Error:
+            ref = cmd.ref_msgid.decode(errors="replace")
             if cmd.code == REFUSED_LEASE_LOST and cmd.ref_msgid in self._resending:
                 # a broker that lost its lease (a failover) could not save the job:
                 # no refusal of the job's; it stays unacknowledged and is sent again
                 # (``_wait_ack``: at once on the connection to the new active broker)
-                log.info(
-                    "job %s: %s; sending it again",
-                    cmd.ref_msgid.decode(errors="replace"),
-                    cmd.reason,
-                )
+                log.info("job %s: %s; sending it again", ref, cmd.reason)
                 return
             if self._pending.pop(cmd.ref_msgid, None) is None:  # answered: a resent copy's
-                return  # refusal (the journal down after it saved the first): the first stands
+                # refusal (the journal down after it saved the first): the first stands
+                why = cmd.reason
+                log.info("job %s: a copy sent again was refused (%s); its answer stands", ref, why)
+                return
             self._awaiting.pop(cmd.ref_msgid, None)
             if self._answered is not None:
                 self._answered.append(cmd.ref_msgid)
@@ -425,14 +425,9 @@ class Inbox(Incarnations):
             if cmd.ref_msgid in self._noreply:  # nobody will call its get()
                 self._refused_count += 1
                 if len(self._refused) < JobsRefused.MAX_NAMED:
-                    ref = cmd.ref_msgid.decode(errors="replace")
                     self._refused.append((ref, cmd.code, cmd.reason))
             if cmd.code != DUPLICATE:  # (a unique job's existing one: not a refusal)
-                log.warning(
-                    "the broker refused job %s: %s",
-                    cmd.ref_msgid.decode(errors="replace"),
-                    cmd.reason,
-                )
+                log.warning("the broker refused job %s: %s", ref, cmd.reason)
 
     def _wait_ack(self, msgid: bytes, resend: list[bytes] | None = None) -> None:
         """Wait for ``msgid``'s ACK. With ``resend``, send the same message again

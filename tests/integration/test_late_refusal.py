@@ -6,9 +6,11 @@ JobRefused). Real loopback sockets; the broker is a ROUTER played by the test.""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
+import pytest
 import zmq
 
 from emq_django.client import Client
@@ -19,7 +21,10 @@ BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
 WAIT_MS = 5000
 
 
-def test_a_refusal_read_after_the_jobs_ack_does_not_make_its_result_a_refusal() -> None:
+def test_a_refusal_read_after_the_jobs_ack_does_not_make_its_result_a_refusal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="emq_django.client.inbox")
     (port,) = free_tcp_ports(1)
     context: zmq.Context[Any] = zmq.Context()
     router = context.socket(zmq.ROUTER)
@@ -51,6 +56,11 @@ def test_a_refusal_read_after_the_jobs_ack_does_not_make_its_result_a_refusal() 
         router.send_multipart([peer, *F.encode_ack(b"a-2", second)])
         client.flush(timeout=5.0)
         assert client.take_reply(job) is None  # no REPLY yet, and no refusal raised
+        dropped = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert dropped == [  # said, not silent
+            f"job {job.decode()}: a copy sent again was refused "
+            "(not saved: journal unreachable); its answer stands"
+        ]
         router.send_multipart([peer, *F.encode_reply(b"r-1", b"5", job, b"ok")])
         reply = client.wait_reply(job, timeout=5.0)
         assert reply.body == b"5"
