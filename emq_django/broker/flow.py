@@ -238,6 +238,22 @@ class FlowControl:
             bucket = self.queue_buckets[name] = TokenBucket(rate, now)
         return bucket
 
+    def set_queue_rate(self, name: str, rate: float | None, now: float) -> float | None:
+        """Queue ``name``'s rate from now on, jobs per second (None: no limit), as
+        ``EMQ_RATE_LIMITS`` would set it, until the broker restarts; returns the rate
+        before. A bucket keeps the tokens it earned."""
+        was = self.queue_rates.get(name)
+        if rate is None:
+            self.queue_rates.pop(name, None)
+            self.queue_buckets.pop(name, None)
+        else:
+            self.queue_rates[name] = rate
+            bucket = self.queue_buckets.get(name)
+            if bucket is not None:
+                bucket.set_rate(rate, now)
+        self.changes += 1  # what waited may go sooner (or later): look again
+        return was
+
     # ---- the monitor ------------------------------------------------------------------
 
     def waiting(self, queue: Queue, now: float, inflight: dict[bytes, Job]) -> dict[str, int]:

@@ -78,6 +78,7 @@ def waiting(
         "queue": queue_name,
         "exists": queue is not None,
         "paused": bool(queue is not None and queue.paused),
+        "rate_limit": core.flow.queue_rates.get(queue_name),  # jobs per second
         "total": total,
         "spilled": spilled,
         "offset": offset,
@@ -169,6 +170,26 @@ def resume(core: BrokerCore, queue_name: str, now: float) -> dict[str, Any]:
     if queue.spilled:
         core._check_spill(queue)  # (waiting on disk: read some back)
     return {"queue": queue_name, "paused": False, "was_paused": was, "dispatched": sent}
+
+
+def set_rate(core: BrokerCore, queue_name: str, rate: float | None, now: float) -> dict[str, Any]:
+    """The queue's rate limit from now on (jobs per second; None: none), as if
+    ``EMQ_RATE_LIMITS`` said it, until the broker restarts (or a failover: the new
+    active broker starts from its settings). Waiting jobs it lets go go now."""
+    queue = core._queue(queue_name)
+    was = core.flow.set_queue_rate(queue_name, rate, now)
+    if rate is not None and not queue.gated:
+        core._gate(queue)
+    before = core.counters["dispatched"]
+    if queue.gated and queue.pending and not queue.paused:
+        core._pump(queue, now)
+    return {
+        "queue": queue_name,
+        "rate_limit": rate,
+        "was": was,
+        "waiting": len(queue.pending),
+        "dispatched": core.counters["dispatched"] - before,
+    }
 
 
 def paused_queues(core: BrokerCore) -> list[str]:

@@ -96,6 +96,9 @@ def queues(core: BrokerCore, now: float | None = None) -> list[dict[str, Any]]:
         )
         if isinstance(queue.pending, RankedPending):  # waiting jobs by priority
             result[-1]["by_priority"] = {str(p): n for p, n in queue.pending.by_priority().items()}
+        rate = core.flow.queue_rates.get(queue.name)
+        if rate is not None:  # EMQ_RATE_LIMITS, or QUEUE RATE since: jobs per second
+            result[-1]["rate_limit"] = rate
         if queue.gated and now is not None:  # held back by flow control (broker/flow.py)
             result[-1].update(core.flow.waiting(queue, now, core.inflight))
         if queue.name in unique:  # unique jobs' keys held (broker/unique.py)

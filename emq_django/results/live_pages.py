@@ -20,6 +20,7 @@ from django.urls import reverse
 
 from emq_django.exceptions import EmqError
 from emq_django.monitor_client import command
+from emq_django.protocol.flow import parse_rate
 from emq_django.results.conf import results_settings
 from emq_django.results.dashboard import monitor_url
 from emq_django.results.display import human_span
@@ -27,6 +28,7 @@ from emq_django.results.permissions import (
     CANCEL_JOBS,
     DRAIN_MANAGERS,
     PAUSE_QUEUES,
+    RATE_LIMIT_QUEUES,
     RESIZE_MANAGERS,
     STOP_MANAGERS,
     allowed,
@@ -106,6 +108,7 @@ def queue_view(model_admin: Any, request: HttpRequest, name: str) -> HttpRespons
         "queue": name,
         "monitor_url": monitor_url(),
         "can_pause": allowed(request, PAUSE_QUEUES),
+        "can_rate_limit": allowed(request, RATE_LIMIT_QUEUES),
         "can_cancel": allowed(request, CANCEL_JOBS),
         "error": "",
     }
@@ -118,6 +121,7 @@ def queue_view(model_admin: Any, request: HttpRequest, name: str) -> HttpRespons
         return TemplateResponse(request, "emq/live_queue.html", context)
     context.update(
         paused=waiting.get("paused", False),
+        rate_limit=_rate_text(waiting.get("rate_limit")),
         waiting=_rows(waiting),
         waiting_total=waiting.get("total", 0),
         waiting_pager=_pager(waiting, waiting_page),
@@ -133,19 +137,32 @@ def queue_view(model_admin: Any, request: HttpRequest, name: str) -> HttpRespons
 
 def queue_action(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:
     action = request.POST.get("action", "")
-    if action not in ("pause", "resume"):
+    if action not in ("pause", "resume", "rate"):
         return HttpResponseBadRequest(
-            f"Not done: {action!r} is not a queue action; use pause or resume."
+            f"Not done: {action!r} is not a queue action; use pause, resume or rate."
         )
-    if not allowed(request, PAUSE_QUEUES):
-        return refused(f"{action} a queue", PAUSE_QUEUES)
+    perm = RATE_LIMIT_QUEUES if action == "rate" else PAUSE_QUEUES
+    if not allowed(request, perm):
+        what = "change a queue's rate limit" if action == "rate" else f"{action} a queue"
+        return refused(what, perm)
     back = HttpResponseRedirect(reverse("admin:emq_live_queue", args=[name]))
+    rate = "".join(request.POST.get("rate", "").split()) or "off"  # one word: "10/s"
     try:
-        doc = ask("QUEUE", action.upper(), _word(name, "the queue"))
-    except (EmqError, NotAName) as exc:
+        if action == "rate" and rate.lower() != "off":
+            parse_rate(rate, "the rate")  # said here, before the broker is asked
+        words = ("RATE", rate) if action == "rate" else (action.upper(),)
+        doc = ask("QUEUE", words[0], _word(name, "the queue"), *words[1:])
+    except (EmqError, NotAName, ValueError) as exc:
         model_admin.message_user(request, f"Not done: {exc}", messages.ERROR)
         return back
-    if action == "pause":
+    if action == "rate":
+        was = _rate_text(doc.get("was"))
+        text = (
+            f"Queue {name!r}: rate limit {_rate_text(doc.get('rate_limit'))} from now on "
+            f"(it was {was}) until the broker restarts; {doc.get('dispatched', 0)} waiting "
+            "jobs dispatched at once."
+        )
+    elif action == "pause":
         was = " (it was paused already)" if doc.get("was_paused") else ""
         text = (
             f"Paused queue {name!r}{was}: its {doc.get('waiting', 0)} waiting jobs and new "
@@ -156,6 +173,17 @@ def queue_action(model_admin: Any, request: HttpRequest, name: str) -> HttpRespo
         text = f"Resumed queue {name!r}{was}: {doc.get('dispatched', 0)} waiting jobs dispatched."
     model_admin.message_user(request, text, messages.SUCCESS)
     return back
+
+
+def _rate_text(rate: float | None) -> str:
+    """A queue's rate limit, jobs per second, as a person reads it."""
+    if rate is None:
+        return "none"
+    for unit, seconds in (("s", 1), ("m", 60), ("h", 3600)):
+        count = rate * seconds
+        if count >= 1 and abs(count - round(count)) < 1e-6:
+            return f"{round(count)}/{unit}"
+    return f"{rate:.4g}/s"
 
 
 def job_manager_view(model_admin: Any, request: HttpRequest, name: str) -> HttpResponse:

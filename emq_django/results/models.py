@@ -139,4 +139,5 @@ class Dashboard(models.Model):
             ("drain_job_managers", "Can drain job managers and give them jobs again"),
             ("stop_job_managers", "Can stop job managers (they finish their jobs and exit)"),
             ("resize_job_managers", "Can change how many worker processes a job manager runs"),
+            ("rate_limit_queues", "Can change the rate limits of the broker's queues"),
         ]

@@ -18,6 +18,7 @@ PAUSE_QUEUES = "emq_results.pause_queues"
 DRAIN_MANAGERS = "emq_results.drain_job_managers"
 STOP_MANAGERS = "emq_results.stop_job_managers"
 RESIZE_MANAGERS = "emq_results.resize_job_managers"
+RATE_LIMIT_QUEUES = "emq_results.rate_limit_queues"
 RUN_SCHEDULES = "emq_scheduler.run_scheduledjob"
 
 

@@ -119,7 +119,7 @@ def test_pause_needs_its_permission_and_says_what_it_did(broker: str) -> None:
     assert said == ["Resumed queue 'parked': 0 waiting jobs dispatched."]  # nobody serves it
     assert live_pages.ask("JOBS", "WAITING", "parked")["paused"] is False
     bad = allowed.post(ACTION, {"action": "drop"})
-    assert bad.status_code == 400 and b"pause or resume" in bad.content
+    assert bad.status_code == 400 and b"pause, resume or rate" in bad.content
 
 
 def test_metrics_carry_the_per_task_histogram(broker: str) -> None:
@@ -144,3 +144,31 @@ def test_job_list_previews_arguments_masked_and_results(settings: Any) -> None:
     shown = client.get("/admin/emq_results/jobresult/").content.decode()
     assert "[&quot;card-4242-secret&quot;, 7] {&quot;retry&quot;: true}" in shown  # tooltip
     assert "x" * 300 not in shown and "y" * 300 not in shown  # only the head is read
+
+
+def test_a_queues_rate_limit_is_changed_with_its_own_permission(broker: str) -> None:
+    send_parked(2)
+    assert 'id="emq-rate-limit">none<' in staff().get(PAGE).content.decode()
+    refused = staff_again().post(ACTION, {"action": "rate", "rate": "5/s"})
+    assert refused.status_code == 403 and b"emq_results.rate_limit_queues" in refused.content
+    assert live_pages.ask("JOBS", "WAITING", "parked")["rate_limit"] is None
+
+    User.objects.all().delete()
+    allowed = staff("emq_results.rate_limit_queues")
+    assert 'id="emq-pause-readonly"' in allowed.get(PAGE).content.decode()  # not pause
+    done = allowed.post(ACTION, {"action": "rate", "rate": " 30 / m "})
+    said = [str(m) for m in get_messages(done.wsgi_request)]
+    assert said == [
+        "Queue 'parked': rate limit 30/m from now on (it was none) until the broker "
+        "restarts; 0 waiting jobs dispatched at once."
+    ]
+    assert live_pages.ask("JOBS", "WAITING", "parked")["rate_limit"] == 0.5
+    assert 'id="emq-rate-limit">30/m<' in allowed.get(PAGE).content.decode()
+    bad = allowed.post(ACTION, {"action": "rate", "rate": "lots"})
+    said = [str(m) for m in get_messages(bad.wsgi_request)]
+    assert len(said) == 1 and said[0].startswith("Not done: the rate must be")
+    assert live_pages.ask("JOBS", "WAITING", "parked")["rate_limit"] == 0.5  # unchanged
+    done = allowed.post(ACTION, {"action": "rate", "rate": ""})  # empty: no limit
+    said = [str(m) for m in get_messages(done.wsgi_request)]
+    assert said[-1].startswith("Queue 'parked': rate limit none from now on (it was 30/m)")
+    assert live_pages.ask("JOBS", "WAITING", "parked")["rate_limit"] is None

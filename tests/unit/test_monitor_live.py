@@ -118,3 +118,48 @@ def test_controls_need_the_admin_role_and_bad_input_gets_a_reason() -> None:
         answer = port.answer(request, 0.0)
         assert answer.startswith(b"ERROR") and reason in answer, (request, answer)
     assert port.core.counters["protocol_errors"] == 8
+
+
+def test_a_queues_rate_limit_is_set_while_it_runs_and_lifted() -> None:
+    h = CoreHarness()
+    h.join(b"w", queues=((10, "q"),), now=0.0)
+    h.ready(b"w", times=10, now=0.0)
+    port = MonitorPort(h.core)
+    assert ask(port, b"QUEUE RATE q 1/s") == {
+        "queue": "q", "rate_limit": 1.0, "was": None, "waiting": 0, "dispatched": 0
+    }  # fmt: skip
+    effects: list[Any] = []
+    for i in range(5):
+        effects += h.request(b"c", b"j%d" % i, queue="q", now=0.0)
+    assert [d.job.id for d in of_type(effects, Deliver)] == [b"j0"]  # the burst: one
+    assert of_type(h.tick(0.5, keep_alive=[b"w"]), Deliver) == []
+    assert [d.job.id for d in of_type(h.tick(1.0, keep_alive=[b"w"]), Deliver)] == [b"j1"]
+    status = ask(port, b"MONITOR JSON", now=1.0)
+    assert [q.get("rate_limit") for q in status["queues"] if q["name"] == "q"] == [1.0]
+    waiting = ask(port, b"JOBS WAITING q", now=1.0)
+    assert waiting["rate_limit"] == 1.0 and waiting["total"] == 3
+    # faster: the bucket keeps what it earned (nothing: j1 took it) and fills at 10/s
+    assert ask(port, b"QUEUE RATE q 10/s", now=1.0)["was"] == 1.0
+    assert [d.job.id for d in of_type(h.tick(1.1, keep_alive=[b"w"]), Deliver)] == [b"j2"]
+    lifted = ask(port, b"QUEUE RATE q off", now=1.15)
+    assert lifted == {"queue": "q", "rate_limit": None, "was": 10.0, "waiting": 0, "dispatched": 2}
+    assert [d.job.id for d in of_type(h.take(), Deliver)] == [b"j3", b"j4"]
+    status = ask(port, b"MONITOR JSON", now=1.2)
+    assert [q.get("rate_limit") for q in status["queues"] if q["name"] == "q"] == [None]
+
+
+def test_a_rate_limit_change_needs_the_admin_role_and_a_rate() -> None:
+    port = MonitorPort(CoreHarness().core)
+    refusal = port.authorize("monitor", frozenset({MONITOR}), [b"QUEUE RATE q 1/s"])
+    assert refusal is not None and "admin" in refusal
+    for request, reason in (
+        (b"QUEUE RATE q", b"usage: QUEUE RATE"),
+        (b"QUEUE RATE q 0/s", b"more than 0"),
+        (b"QUEUE RATE q fast", b"<number>/<unit>"),
+        (b"QUEUE RATE q 5/d", b"<number>/<unit>"),
+        (b"QUEUE RATE q \xff/s", b"UTF-8"),
+        (b"QUEUE RATE q 1/s extra", b"usage: QUEUE RATE"),
+    ):
+        answer = port.answer(request, 0.0)
+        assert answer.startswith(b"ERROR") and reason in answer, (request, answer)
+    assert "q" not in port.core.flow.queue_rates

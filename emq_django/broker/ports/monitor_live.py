@@ -5,6 +5,8 @@
 - ``JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES]``: a
   page of the attempts in flight (of a queue, all, or one job manager's);
 - ``QUEUE PAUSE <queue>`` and ``QUEUE RESUME <queue>`` (the ``admin`` role);
+  ``QUEUE RATE <queue> <rate>|OFF``: the queue's rate limit (``"10/s"``, ``/m``,
+  ``/h``, as in ``EMQ_RATE_LIMITS``) from now on, or none, until the broker restarts;
 - ``MANAGER DRAIN <name>`` and ``MANAGER RESUME <name>`` (the ``admin`` role): one
   of our job managers finishes its jobs and gets no new one, or gets them again
   (``broker/manager_control.py``; EventMQ's are refused with the reason);
@@ -23,13 +25,15 @@ from __future__ import annotations
 from typing import Any
 
 from emq_django.broker import live, manager_control, monitor
+from emq_django.protocol.flow import parse_rate
 
 DEFAULT_LIMIT = 50
 MAX_QUEUE_NAME = 255
 USAGE = (
     b"ERROR usage: JOBS WAITING <queue> [<offset> [<limit>]] [BODIES], "
     b"JOBS RUNNING [<queue>|*|@<job manager>] [<offset> [<limit>]] [BODIES], "
-    b"QUEUE PAUSE|RESUME <queue>, MANAGER DRAIN|RESUME|STOP <name>, "
+    b"QUEUE PAUSE|RESUME <queue>, QUEUE RATE <queue> <rate>|OFF, "
+    b"MANAGER DRAIN|RESUME|STOP <name>, "
     b"MANAGER RESIZE <name> <n>, TASKS"
 )
 
@@ -68,6 +72,20 @@ def _number(word: bytes, what: str, low: int, high: int) -> int:
     return value
 
 
+def _rate(word: bytes) -> float | None:
+    """A rate limit's word: ``10/s`` (jobs per second), or ``OFF`` (None)."""
+    if word.upper() == b"OFF":
+        return None
+    try:
+        text = word.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("a rate is UTF-8") from None
+    try:
+        return parse_rate(text, "the rate")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _page(words: list[bytes]) -> tuple[int, int, bool]:
     bodies = bool(words) and words[-1].upper() == b"BODIES"
     if bodies:
@@ -96,6 +114,10 @@ def _answer(core: Any, words: list[bytes], now: float) -> dict[str, Any]:
         if stats is None:
             return {"enabled": False, "buckets": [], "tasks": []}
         return {"enabled": True, **stats.doc()}
+    if words[0].upper() == b"QUEUE" and what == b"RATE":
+        if len(words) != 4:
+            raise BadRequest('usage: QUEUE RATE <queue> <rate> (e.g. "10/s", "5/m") or OFF')
+        return live.set_rate(core, _queue_name(words[2]), _rate(words[3]), now)
     if words[0].upper() == b"QUEUE":
         if what not in (b"PAUSE", b"RESUME") or len(words) != 3:
             raise BadRequest("usage: QUEUE PAUSE <queue> or QUEUE RESUME <queue>")
