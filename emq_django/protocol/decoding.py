@@ -89,7 +89,7 @@ def _decode_reply(f: Sequence[bytes]) -> Reply:
 def _decode_heartbeat(f: Sequence[bytes]) -> Heartbeat:
     _count(f, "HEARTBEAT", 4, 5, 6)
     stamp = 0.0
-    if len(f) == 5 and f[4]:
+    if len(f) >= 5 and f[4]:
         try:
             stamp = float(f[4])
         except ValueError:
