@@ -121,8 +121,19 @@ class Ids:
         return b"d%d" % self.n
 
 
+# a valid W3C traceparent (--traceparent): with EMQ_OTEL_BROKER_SPANS and a tracer
+# provider in the broker, each dispatch makes a span (broker/spans.py)
+TRACEPARENT = b",traceparent:00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
 def one_run(
-    tree: str, tasks: int, reply: bool, credit: int, window: int, profile: str = ""
+    tree: str,
+    tasks: int,
+    reply: bool,
+    credit: int,
+    window: int,
+    profile: str = "",
+    traced: bool = False,
 ) -> dict[str, float]:
     work = tempfile.mkdtemp(prefix="broker-cpu-")
     proc, front_url, back_url = start_broker(tree, work, profile)
@@ -155,6 +166,7 @@ def one_run(
                 raise SystemExit(f"{tree}: the broker did not answer the INFORM")
             s.recv_multipart()
         headers = b"reply-requested,task:bench.echo,stream" if reply else b"task:bench.noop"
+        headers += TRACEPARENT if traced else b""
         body = b'[["bench.noop"],{"args":[],"kwargs":{}}]'
         poller = zmq.Poller()
         for s in (producer, *slots):
@@ -223,6 +235,12 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=1000, help="unacknowledged REQUESTs at most")
     ap.add_argument("--reply", action="store_true")
     ap.add_argument("--profile", default="", help="a directory: run the brokers under cProfile")
+    ap.add_argument(
+        "--traceparent",
+        action="store_true",
+        help="each job with a traceparent header (for EMQ_OTEL_BROKER_SPANS: give the "
+        "broker a tracer provider, e.g. TREE,DJANGO_SETTINGS_MODULE=bench.otel_settings)",
+    )
     opts = ap.parse_args()
     if opts.profile:
         os.makedirs(opts.profile, exist_ok=True)
@@ -230,7 +248,9 @@ def main() -> None:
     for i in range(opts.pairs):
         for tree in opts.trees:
             stats = profile_file(opts.profile, i, tree) if opts.profile else ""
-            r = one_run(tree, opts.tasks, opts.reply, opts.credit, opts.window, stats)
+            r = one_run(
+                tree, opts.tasks, opts.reply, opts.credit, opts.window, stats, opts.traceparent
+            )
             runs[tree].append(r)
             load = os.getloadavg()[0]
             print(

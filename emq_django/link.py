@@ -64,6 +64,7 @@ class BrokerLink:
         on_connect: Callable[[], None] | None = None,
         more_meta: Callable[[], dict[str, Any]] | None = None,
         identity: Callable[[], bytes] | None = None,
+        report: Callable[[], bytes] | None = None,
         curve: CurveKeys | None | str = FROM_SETTINGS,
     ) -> None:
         self.context = context
@@ -75,6 +76,8 @@ class BrokerLink:
         self.silence_limit = heartbeat_interval * heartbeat_liveness
         self.on_connect = on_connect  # e.g. a worker sending its READYs again
         self.more_meta = more_meta  # what each INFORM adds to ``meta`` (computed then)
+        # a HEARTBEAT's sixth frame when it gives one (worker/memory.py), else b""
+        self.report = report
         self.sock: zmq.Socket[Any] | None = None
         self.watch: HandshakeWatch | None = None  # the socket's handshakes
         self.last_recv = self.last_send = 0.0
@@ -192,7 +195,8 @@ class BrokerLink:
             self.connect()
             return True
         if now - self.last_send >= self.interval and self.informed:
-            self.send(F.encode_heartbeat(self.new_id(), time.time()))
+            extra = self.report() if self.report is not None else b""
+            self.send(F.encode_heartbeat(self.new_id(), time.time(), extra))
         return False
 
     def _waiting(self) -> bool:

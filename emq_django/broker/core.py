@@ -156,6 +156,7 @@ class BrokerCore:
         self.held: dict[bytes, HeldSlot] = {}
         self.held_slots: dict[Peer, HeldSlot] = {}
         self.done_by_manager: dict[str, int] = {}  # Peer.manager -> attempts finished
+        self.failed_by_manager: dict[str, int] = {}  # of those, the failed ones
         self.held_schedules: list[Any] = []  # schedule payloads waiting for a scheduler
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.out: list[Effect] = []
@@ -780,6 +781,12 @@ class BrokerCore:
             del self.inflight[attempt_id]
             group = self._unhold(attempt_id) if self.held else None
             owner = self._finish(job, now)
+            if outcome.failed:  # failed, timed out, lost: one count, only then
+                if job.manager is not None:
+                    failed = self.failed_by_manager
+                    failed[job.manager] = failed.get(job.manager, 0) + 1
+                elif owner is not None:  # EventMQ's: one connection, counted on it
+                    owner.jobs_failed += 1
             if outcome.lost is not None:
                 self.counters["worker_lost"] += 1
             final = self.life.settle(job, outcome, now)
@@ -1310,6 +1317,7 @@ class BrokerCore:
                 self._lost(job, now, "job manager lost")
         if peer.role == ROLE_MANAGER and peer.manager not in self.managers:
             self.done_by_manager.pop(peer.manager or "", None)
+            self.failed_by_manager.pop(peer.manager or "", None)
         for orphan in orphans:
             self._drop_peer(orphan, now, f"went with its job manager {peer.manager}", orphaned=True)
 
@@ -1417,6 +1425,7 @@ class BrokerCore:
         self.queues[job.queue].in_flight -= 1
         if job.manager is not None:
             self.done_by_manager[job.manager] = self.done_by_manager.get(job.manager, 0) + 1
+            self.failed_by_manager[job.manager] = self.failed_by_manager.get(job.manager, 0) + 1
         self.counters["worker_lost"] += 1
         log.warning(
             "job %s: %s",

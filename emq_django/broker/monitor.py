@@ -38,7 +38,11 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
                 "slots": 0,
                 "free_slots": 0,
                 "busy": 0,
-                "jobs_done": 0,
+                "jobs_done": 0,  # attempts finished, failed ones too
+                "jobs_failed": 0,  # of those: failed, timed out, or their process lost
+                # its own and its worker processes' RSS, as it last reported them;
+                # None: not reported (EventMQ's, or an older one of ours)
+                "memory_bytes": None,
                 "last_heartbeat": None,
                 "draining": False,
                 # the admin drained it (broker/manager_control.py): no new jobs
@@ -57,6 +61,8 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
                 # the most a RESIZE may ask for (manager_control.resize)
                 max_concurrency=peer.meta.get("max_concurrency"),
             )
+            if peer.memory is not None:
+                entry.update(_memory(peer.memory))
             continue
         if peer.role == ROLE_SLOT:
             entry["kind"] = "emq"
@@ -66,10 +72,21 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
         entry["busy"] += len(peer.inflight)
         if peer.role == ROLE_PLAIN:
             entry["jobs_done"] += peer.jobs_done
+            entry["jobs_failed"] += peer.jobs_failed
     for key, entry in groups.items():
         if entry["kind"] == "emq":  # kept per job manager: worker processes are replaced
             entry["jobs_done"] = core.done_by_manager.get(key, 0)
+            entry["jobs_failed"] = core.failed_by_manager.get(key, 0)
     return sorted(groups.values(), key=lambda e: str(e["identity"]))
+
+
+def _memory(report: dict[str, Any]) -> dict[str, Any]:
+    """A job manager's memory report as its monitor entry shows it."""
+    processes = report.get("processes", {})
+    return {
+        "memory_bytes": report["rss"] + sum(processes.values()),
+        "memory": {"job_manager": report["rss"], "processes": processes},
+    }
 
 
 def queues(core: BrokerCore, now: float | None = None) -> list[dict[str, Any]]:

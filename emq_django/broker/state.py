@@ -135,6 +135,10 @@ class Peer:
     # one running and the others have not started
     inflight: dict[bytes, None] = field(default_factory=dict)
     jobs_done: int = 0
+    jobs_failed: int = 0  # of ``jobs_done`` (EventMQ's; ours: BrokerCore.failed_by_manager)
+    # what our job manager's control connection last said of its memory (its
+    # HEARTBEAT's report frame): {"rss": bytes, "processes": {pid: bytes}}
+    memory: dict[str, Any] | None = None
     draining: bool = False
     connected_at: float = 0.0
     trace_name: str | None = None  # its "jm" in the trace log, once known

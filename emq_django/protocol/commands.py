@@ -93,6 +93,8 @@ class Reply:
 class Heartbeat:
     msgid: bytes
     timestamp: float
+    # extension: our job manager's memory, now and then (protocol/memory_report.py)
+    memory: dict[str, Any] | None = None
 
     def encode(self) -> list[bytes]:
         return [b"", PROTOCOL, HEARTBEAT, self.msgid, repr(self.timestamp).encode()]
@@ -377,8 +379,12 @@ def encode_request(msgid: bytes, queue: bytes, headers: bytes, body: bytes) -> l
     return [b"", PROTOCOL, REQUEST, msgid, queue, headers, body]
 
 
-def encode_heartbeat(msgid: bytes, wall: float) -> list[bytes]:
-    return [b"", PROTOCOL, HEARTBEAT, msgid, b"%.6f" % wall]
+def encode_heartbeat(msgid: bytes, wall: float, report: bytes = b"") -> list[bytes]:
+    """``report``: a sixth frame, our job manager's memory (protocol/memory_report.py)."""
+    frames = [b"", PROTOCOL, HEARTBEAT, msgid, b"%.6f" % wall]
+    if report:
+        frames.append(report)
+    return frames
 
 
 # Extension: our broker answers a client's HEARTBEAT with a HEARTBEAT whose msgid is

@@ -59,6 +59,7 @@ from emq_django.protocol.limits import (
     MAX_INTERVAL,
     REFUSED_UNKNOWN_COMMAND,
 )
+from emq_django.protocol.memory_report import decode_memory
 from emq_django.protocol.reply_status import MAX_STATUS_LENGTH
 from emq_django.protocol.validation import (
     _QUEUE_CODES,
@@ -86,16 +87,16 @@ def _decode_reply(f: Sequence[bytes]) -> Reply:
 
 
 def _decode_heartbeat(f: Sequence[bytes]) -> Heartbeat:
-    _count(f, "HEARTBEAT", 4, 5)
+    _count(f, "HEARTBEAT", 4, 5, 6)
     stamp = 0.0
-    if len(f) == 5 and f[4]:
+    if len(f) >= 5 and f[4]:
         try:
             stamp = float(f[4])
         except ValueError:
             raise ProtocolError("HEARTBEAT timestamp is not a number", f) from None
         if not math.isfinite(stamp):
             raise ProtocolError("HEARTBEAT timestamp is not a finite number", f)
-    return Heartbeat(f[3], stamp)
+    return Heartbeat(f[3], stamp, decode_memory(f[5], f) if len(f) == 6 else None)
 
 
 def _decode_disconnect(f: Sequence[bytes]) -> Disconnect:

@@ -72,6 +72,7 @@ def render(state: dict[str, Any]) -> str:
         ("busy", "gauge", "Busy slots."),
         ("free_slots", "gauge", "Credits (free slots) the broker holds."),
         ("jobs_done", "counter", "Jobs the job manager finished."),
+        ("jobs_failed", "counter", "Of those, the failed ones (time-outs, lost processes)."),
     ):
         name = f"emq_job_manager_{field}" + ("_total" if kind == "counter" else "")
         samples = [

@@ -27,6 +27,7 @@ from emq_django.protocol.limits import GUARANTEED_DEATH_RETRIES
 from emq_django.worker.child_processes import describe_status, die_with_parent, kill_quietly
 from emq_django.worker.jobmanager_config import JobManagerConfig, parse_queue_option
 from emq_django.worker.kept_records import KeptRecords
+from emq_django.worker.memory import MemoryReport
 from emq_django.worker.process import SlotWorker
 from emq_django.worker.record_forwarder import RecordForwarder
 from emq_django.worker.recorder_process import RecorderProcess, recorder_endpoint
@@ -104,6 +105,7 @@ class JobManager:
             meta,
             heartbeat_interval=self.config.heartbeat_interval,
             heartbeat_liveness=self.config.heartbeat_liveness,
+            report=MemoryReport(lambda: list(self.children)),  # its memory, now and then
         )
         log.info(
             "job manager %s: %d worker processes on queues %s, broker %s",

@@ -72,3 +72,10 @@ def per_customer(key: str, customer: str, gate: str = "") -> None:
     while gate and not os.path.exists(gate):
         time.sleep(0.02)
     record(key, customer=customer, phase="end")
+
+
+@emq.task(queue="flow", reply=False)
+def fails(key: str) -> None:
+    """Fails (retries=0: one failed attempt)."""
+    record(key)
+    raise ValueError(f"{key} fails on purpose")

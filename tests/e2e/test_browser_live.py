@@ -13,6 +13,7 @@ The page's load time is printed (measured, not asserted: timing goes in bench/).
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -159,9 +160,16 @@ def test_live_lists_and_controls_in_browser(
     depth_paused = queue_doc()["depth"]
     assert depth_paused == waiting_total  # nothing was dispatched, nothing refused
 
+    # its figures: jobs failed (the cancelled job's among them, or not yet) and
+    # memory, which it reports on its heartbeats (every 0.5 s here, at most every 5 s)
+    wait_until(lambda: bool(job_manager(monitor(env), "live-jm")["memory_bytes"]), "memory", 30)
+    failed = job_manager(monitor(env), "live-jm")["jobs_failed"]
     browser.get(base + "/admin/emq_results/dashboard/jobmanager/live-jm/")
     assert "free" in text(browser, "emq-jm-slots")
     assert text(browser, "emq-jm-state") == "serving"
+    assert int(text(browser, "emq-jm-failed")) >= failed
+    memory = text(browser, "emq-jm-memory")
+    assert re.match(r"[\d.]+\s(MB|GB): the job manager [\d.]+\s(MB|GB), worker pid \d+ ", memory)
     shot(browser, "21-live-job-manager")
 
     # Resize: 2 -> 3 worker processes; the page says what it did, the slots follow

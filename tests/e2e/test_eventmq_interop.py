@@ -373,6 +373,9 @@ def test_our_client_runs_jobs_on_eventmq_jobmanager(
     managers = status(emq_env)["job_managers"]
     assert len(managers) == 1, f"EventMQ's job manager reconnected: {managers}"
     assert jm.alive()
+    # its figures (issue 35's job manager page): no memory report, "not reported"
+    (entry,) = managers
+    assert (entry["jobs_done"], entry["jobs_failed"], entry["memory_bytes"]) == (3, 0, None)
 
 
 # ---- 4. EventMQ's schedule() frames: ACKed, held, forwarded unchanged ----------------

@@ -5,10 +5,12 @@ with its reason."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import zmq
 from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 
@@ -129,3 +131,25 @@ def slots(env: dict[str, str]) -> int:
     entry = job_manager(monitor(env), "da")
     assert entry is not None
     return int(entry["slots"])
+
+
+def test_the_page_shows_jobs_failed_and_memory_or_not_reported(env: dict[str, str]) -> None:
+    """Ours reports its memory on its heartbeats; a job manager that sends no report
+    (EventMQ's: an INFORM with no meta, as it sends it) is "not reported"."""
+    wait_until(lambda: bool(job_manager(monitor(env), "da")["memory_bytes"]), "a report", 30)
+    viewer = staff()
+    page = viewer.get(PAGE).content.decode()
+    assert '<td id="emq-jm-failed">0</td>' in page
+    assert re.search(r'id="emq-jm-memory">[\d.]+\xa0MB: the job manager [\d.]+\xa0MB, ', page)
+    context = zmq.Context()  # its own: the monitor client's queries end theirs
+    legacy = context.socket(zmq.DEALER)
+    legacy.setsockopt(zmq.IDENTITY, b"legacy-jm")
+    legacy.connect(env["EMQ_WORKER_URL"])
+    try:
+        legacy.send_multipart([b"", b"eMQP/1.0", b"INFORM", b"i1", b'[[10, "parked"]]', b"worker"])
+        wait_until(lambda: job_manager(monitor(env), "legacy-jm") is not None, "legacy-jm", 30)
+        page = viewer.get("/admin/emq_results/dashboard/jobmanager/legacy-jm/").content.decode()
+        assert "not reported (EventMQ's job manager sends none)" in page, page
+    finally:
+        legacy.close(linger=0)
+        context.term()

@@ -32,7 +32,8 @@ from emq_django.protocol import (
     parse_headers,
     parse_queues,
 )
-from emq_django.protocol.frames import reply_retry
+from emq_django.protocol.frames import encode_heartbeat, reply_retry
+from emq_django.protocol.memory_report import encode_memory
 
 P = PROTOCOL
 BODY = (
@@ -182,6 +183,9 @@ def test_unschedule_as_eventmq_sends_it_decodes(interval: bytes, cron: bytes) ->
 
 def test_heartbeat_without_timestamp_decodes() -> None:
     assert decode([b"", P, b"HEARTBEAT", b"h2"]) == Heartbeat(b"h2", 0.0)
+    # our job manager's memory report, a sixth frame (protocol/memory_report.py)
+    beat = decode(encode_heartbeat(b"h3", 1.5, encode_memory(10, {7: 20})))
+    assert beat == Heartbeat(b"h3", 1.5, {"rss": 10, "processes": {"7": 20}})
 
 
 def test_reply_status_flags() -> None:
@@ -434,7 +438,10 @@ MALFORMED = [
     pytest.param(
         [b"", P, b"REPLY", b"m", b"b", b"r", b"s" * 256], "status", id="reply-long-status"
     ),
-    pytest.param([b"", P, b"HEARTBEAT", b"m", b"t", b"x"], "HEARTBEAT needs", id="heartbeat-6"),
+    pytest.param(
+        [b"", P, b"HEARTBEAT", b"m", b"1", b"{}", b"x"], "HEARTBEAT needs", id="heartbeat-7"
+    ),
+    pytest.param([b"", P, b"HEARTBEAT", b"m", b"1", b"x"], "memory report", id="heartbeat-6-bad"),
     pytest.param([b"", P, b"HEARTBEAT", b"m", b"yesterday"], "timestamp", id="heartbeat-bad-ts"),
     pytest.param([b"", P, b"DISCONNECT", b"m", b"x"], "DISCONNECT needs", id="disconnect-5"),
     pytest.param([b"", P, b"KBYE", b"m", b"x"], "KBYE needs", id="kbye-5"),

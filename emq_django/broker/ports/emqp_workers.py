@@ -181,7 +181,10 @@ class EmqpWorkerPort(Port):
         self.core.worker_ended(peer, cmd.pid, cmd.how, now)
 
     def _heartbeat(self, peer: Peer, cmd: F.Heartbeat, now: float) -> None:
-        pass  # last_seen is updated for every command
+        # last_seen is updated for every command; our job manager's memory, now
+        # and then (protocol/memory_report.py): the last one is kept for the monitor
+        if cmd.memory is not None:
+            peer.memory = cmd.memory
 
     def _disconnect(self, peer: Peer, cmd: F.Disconnect, now: float) -> None:
         self.core.worker_disconnect(peer, now)
