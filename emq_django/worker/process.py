@@ -38,6 +38,7 @@ from emq_django.worker.execution import (
 )
 from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.partial_sender import PARTIAL_SEND_WAIT, PartialOut, PartialSender
+from emq_django.worker.ranked import LocalOrder, run_ranked
 from emq_django.worker.slot_config import (
     BATCH,
     HOLD_LIMIT,
@@ -132,6 +133,7 @@ class SlotWorker:
         # answers and READYs of several credits; until then, the document's only
         self.batching = False
         self.soft_limit = SoftLimit()
+        self.order = LocalOrder()  # ranked queues' jobs held (worker/ranked.py)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -232,6 +234,8 @@ class SlotWorker:
             if fields is not None:
                 if self.abandoning:
                     self._give_back(frames[3])
+                elif fields[1].rank is not None:
+                    self._run_ranked([frames])
                 else:
                     self._run(frames[3], fields[0], fields[1], frames[6])
                 return
@@ -256,7 +260,7 @@ class SlotWorker:
     def _run_batch(self, jobs: list[list[bytes]]) -> None:
         """The jobs of one REQUEST (the "batch" extension), one by one."""
         self._queued = len(jobs)
-        for frames in jobs:
+        for i, frames in enumerate(jobs):
             self._queued -= 1
             try:
                 fields = F.request_fields(frames)
@@ -267,9 +271,17 @@ class SlotWorker:
                 continue
             if self.abandoning:
                 self._give_back(frames[3])
+            elif fields[1].rank is not None:
+                self._run_ranked(jobs[i:])
+                break
             else:
                 self._run(frames[3], fields[0], fields[1], frames[6])
         self._queued = 0
+
+    def _run_ranked(self, jobs: list[list[bytes]]) -> None:
+        """Jobs of a ranked queue (a ``rank`` header), and what comes after them, the
+        best-ranked first (worker/ranked.py)."""
+        run_ranked(self, jobs)
 
     def _run(self, msgid: bytes, queue: str, h: Headers, body: bytes) -> None:
         if self._held and (
