@@ -149,3 +149,23 @@ def test_a_ranked_queues_page_is_in_dispatch_order() -> None:
     pending = RankedPending(0.0, jobs)
     assert pending.page(0, 4) + pending.page(4, 4) + pending.page(8, 4) == order
     assert [j.headers.priority for j in order] == [9, 7, 5, 5, 2, 1, 0, 0, -1, -3]
+
+
+def test_a_slot_that_may_reorder_is_timed_out_on_its_longest_limit_and_held() -> None:
+    """The broker cannot tell which ranked job a worker process of ours started (it
+    runs the best-ranked it holds): past the longest time limit of those it holds
+    (and the grace) since its last answer, its attempts wait for its job manager's
+    word (as a lost process's), none is failed at random."""
+    core = core_with()
+    core.join(b"w", meta=SLOT, now=0.0)
+    core.ready(b"w", times=2, now=0.0)
+    limits = ((b"a", -1, 5), (b"b", 5, 8))
+    for msgid, priority, timeout in limits:
+        headers = b"priority:%d,timeout:%d" % (priority, timeout)
+        core.request(b"client", msgid, "default", headers, now=0.0)
+    core.tick(1.0, keep_alive=[b"w"])  # the slot's clock starts
+    core.tick(18.5, keep_alive=[b"w"])  # 17.5 s: past a's 5 + 10, not past b's 8 + 10
+    assert b"w" in core.peers and core.counters["time_limits"] == 0
+    core.tick(19.5, keep_alive=[b"w"])
+    assert b"w" not in core.peers and core.counters["time_limits"] == 1
+    assert set(core.held) == {b"a#1", b"b#1"}  # held for its job manager's word
