@@ -13,6 +13,7 @@ from emq_django.broker.priority import RankedPending, rank_key
 from emq_django.broker.seam import ClientRef, PortRef
 from emq_django.protocol.flow import parse_queue_rates
 from emq_django.protocol.headers import Headers
+from emq_django.protocol.limits import MAX_PRIORITY
 
 ROLE_PLAIN = "plain"  # a job manager with one connection (EventMQ's)
 ROLE_MANAGER = "manager"  # our job manager's control connection: no slots of its own
@@ -243,9 +244,10 @@ class Queue:
         # waited here; ``aging``: EMQ_PRIORITY_AGING (emq_django/broker/priority.py)
         self.ranked = False
         self.aging = aging
-        # the lowest priority of a job sent to a worker process of ours since: a job
-        # outranks one that came before only with a higher one (BrokerCore._overtake)
-        self.floor = 0
+        # the lowest priority of a ranked job sent to a worker process of ours: a job
+        # outranks one that came before only with a higher one (BrokerCore._overtake;
+        # the jobs it got before the queue was ranked carry no rank and run first)
+        self.floor = MAX_PRIORITY + 1
         self.paused = False  # the admin's pause (broker/live.py): its jobs wait
         # flow control (broker/flow.py): its jobs go out through ``FlowControl.take``,
         # and, as a ranked queue's, not to a worker process that holds one already

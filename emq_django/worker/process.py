@@ -38,7 +38,7 @@ from emq_django.worker.execution import (
 )
 from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.partial_sender import PARTIAL_SEND_WAIT, PartialOut, PartialSender
-from emq_django.worker.ranked import LocalOrder, run_ranked
+from emq_django.worker.ranked import RANK, LocalOrder, run_ranked
 from emq_django.worker.slot_config import (
     BATCH,
     HOLD_LIMIT,
@@ -230,12 +230,13 @@ class SlotWorker:
                 if jobs is not None and frames[2] == F.REQUEST:
                     self._run_batch(jobs)
                     return
+            if n == 7 and RANK in frames[5] and frames[2] == F.REQUEST:
+                self._run_ranked([frames])  # a ranked queue's job (worker/ranked.py)
+                return
             fields = F.request_fields(frames) if n == 7 else None
             if fields is not None:
                 if self.abandoning:
                     self._give_back(frames[3])
-                elif fields[1].rank is not None:
-                    self._run_ranked([frames])
                 else:
                     self._run(frames[3], fields[0], fields[1], frames[6])
                 return
@@ -262,6 +263,9 @@ class SlotWorker:
         self._queued = len(jobs)
         for i, frames in enumerate(jobs):
             self._queued -= 1
+            if RANK in frames[5]:  # a ranked queue's job, and those after it
+                self._run_ranked(jobs[i:])
+                break
             try:
                 fields = F.request_fields(frames)
             except ProtocolError as exc:
@@ -271,9 +275,6 @@ class SlotWorker:
                 continue
             if self.abandoning:
                 self._give_back(frames[3])
-            elif fields[1].rank is not None:
-                self._run_ranked(jobs[i:])
-                break
             else:
                 self._run(frames[3], fields[0], fields[1], frames[6])
         self._queued = 0

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _PROTOCOL_ERROR = "emq_django.exceptions.ProtocolError"  # as execution.py names it
 _FIRST = float("-inf")
+RANK = b",rank:"  # how a ranked job's headers end (broker/ports/emqp_workers.py)
 
 Job = tuple[bytes, str, Headers, bytes]  # msgid (the attempt), queue, headers, body
 
@@ -45,8 +46,9 @@ class LocalOrder:
         self._turns: deque[str] = deque()
         self._seq = 0
 
-    def add(self, msgid: bytes, queue: str, headers: Headers, body: bytes) -> None:
-        rank = headers.rank
+    def add(
+        self, msgid: bytes, queue: str, headers: Headers, body: bytes, rank: float | None
+    ) -> None:
         self._seq += 1
         heap = self._heaps.get(queue)
         if heap is None:
@@ -58,15 +60,24 @@ class LocalOrder:
 
     def take(self, jobs: Iterable[list[bytes]], fail: Callable[[bytes, str, str], None]) -> None:
         """The 7-frame REQUESTs ``jobs``; one whose queue or headers do not parse
-        fails unstarted (``fail(msgid, error, reason)``), as ``_run_batch`` does."""
+        fails unstarted (``fail(msgid, error, reason)``), as ``_run_batch`` does.
+        The rank (the broker puts it last) is cut off first: the rest of the
+        headers repeat from job to job, and ``parse_headers`` has them cached."""
         for frames in jobs:
+            base, cut, text = frames[5].rpartition(RANK)
             try:
+                rank = float(text) if cut else None
+                if cut:
+                    frames = [*frames[:5], base, frames[6]]
                 fields = F.request_fields(frames)
+            except ValueError:
+                fail(frames[3], _PROTOCOL_ERROR, f"header 'rank' is not a number: {text[:40]!r}")
+                continue
             except ProtocolError as exc:
                 fail(frames[3], _PROTOCOL_ERROR, exc.reason)
                 continue
             if fields is not None:
-                self.add(frames[3], fields[0], fields[1], frames[6])
+                self.add(frames[3], fields[0], fields[1], frames[6], rank)
 
     def pop(self) -> Job:
         """The next job to run: the best-ranked of the queue whose turn it is."""

@@ -66,14 +66,10 @@ def test_the_best_ranked_job_held_runs_first_fifo_within_a_rank(fake: FakeBroker
 
 def test_jobs_without_a_rank_keep_their_order_and_go_before_ranked_ones_of_their_queue() -> None:
     order = LocalOrder()
-    for msgid, headers in (
-        (b"r1", b"rank:2"),
-        (b"plain1", b""),
-        (b"r0", b"rank:1"),
-        (b"plain2", b""),
-    ):
-        order.add(msgid, "q", parse_headers(headers), b"")
-    order.add(b"other", "other-queue", parse_headers(b"rank:-100"), b"")
+    plain = parse_headers(b"task:t")
+    for msgid, rank in ((b"r1", 2.0), (b"plain1", None), (b"r0", 1.0), (b"plain2", None)):
+        order.add(msgid, "q", plain, b"", rank)
+    order.add(b"other", "other-queue", plain, b"", -100.0)
     got = [order.pop()[0] for _ in range(len(order))]
     # within queue q: unranked first (FIFO), then by rank; queue turns as they arrived
     assert got == [b"plain1", b"plain2", b"r0", b"r1", b"other"]
