@@ -47,6 +47,7 @@ from emq_django.broker.state import (
     Job,
     Peer,
     Queue,
+    held_worst,
     holder_of_lower,
     holds_jobs,
     show_identity,
@@ -609,7 +610,7 @@ class BrokerCore:
             elif queue.pending or self.stopping:
                 queue.push(job)
                 if queue.ranked and headers.priority > queue.floor:
-                    self._overtake(queue, now)
+                    self._overtake(job, queue, now)
             else:
                 target = queue.pick()
                 if target is not None:
@@ -617,7 +618,7 @@ class BrokerCore:
                 else:
                     queue.push(job)
                     if queue.ranked and headers.priority > queue.floor:
-                        self._overtake(queue, now)
+                        self._overtake(job, queue, now)
             self.counters["acked"] += 1
             if client.port.acknowledges:
                 # lazy: a job whose sender does not wait for the ACK (not marked
@@ -1105,28 +1106,29 @@ class BrokerCore:
         else:
             queue.push(job)
             if queue.ranked and job.headers.priority > queue.floor:
-                self._overtake(queue, now)
+                self._overtake(job, queue, now)
 
-    def _overtake(self, queue: Queue, now: float) -> None:
-        """A ranked queue's best waiting jobs that outrank a job that a worker process
-        of ours holds unstarted go to such a process beyond its credit (nobody has
-        credit: they wait): it runs the best-ranked it holds next (worker/ranked.py),
-        so they do not wait behind the lower one. Other peers never get more than
-        their credit. The process's credit goes below 0: its answers pay it back."""
-        while queue.pending and not queue.paused and not self.stopping:
-            job = queue.pending[0]
-            if job.headers.priority <= queue.floor:
-                return  # it outranks no job of this queue (broker/priority.py)
-            peer = holder_of_lower(job, queue, self.inflight)
-            if peer is None:
-                return
-            queue.pop()
-            self.counters["overtakes"] += 1
-            if peer.credit > 0:
-                self._dispatch(job, queue, peer, now)
-            else:
-                self._dispatch(job, queue, peer, now, returning=True)
-                peer.credit -= 1  # (unready already: no queue's tiers change)
+    def _overtake(self, job: Job, queue: Queue, now: float) -> None:
+        """``job``, just put in the ranked ``queue`` to wait (its priority is above
+        the queue's floor), goes, if it is the best waiting and outranks a job that a
+        worker process of ours holds unstarted, to such a process beyond its credit
+        (nobody has credit): it runs the best-ranked it holds next (worker/ranked.py),
+        so ``job`` does not wait behind the lower one. Other peers never get more
+        than their credit. The process's credit goes below 0: its answers pay it
+        back. (A job that was not the best waiting when it came never needs it: the
+        jobs that go meanwhile are better ranked than it.)"""
+        if queue.pending[0] is not job or queue.paused or self.stopping:
+            return
+        peer = holder_of_lower(job, queue, self.inflight)
+        if peer is None:
+            return
+        queue.pop()
+        self.counters["overtakes"] += 1
+        if peer.credit > 0:
+            self._dispatch(job, queue, peer, now)
+        else:
+            self._dispatch(job, queue, peer, now, returning=True)
+            peer.credit -= 1  # (unready already: no queue's tiers change)
 
     def _credit(self, peer: Peer, now: float) -> None:
         if peer.draining or self.stopping:
@@ -1217,9 +1219,7 @@ class BrokerCore:
         if peer.lease:
             heapq.heappush(self.leases, (now + peer.lease, job.attempt_id))
         if queue.ranked and peer.role == ROLE_SLOT:  # it orders what it holds by rank
-            peer.reorders = True
-            if job.headers.priority < queue.floor:
-                queue.floor = job.headers.priority
+            held_worst(peer, job, queue)
             rank = wire_rank(job, queue.aging, self._wall_offset)
             self.out.append(Deliver(peer, job, rank))
         else:

@@ -152,6 +152,9 @@ class Peer:
     # it got a ranked queue's jobs: it runs the best-ranked it holds first, not
     # necessarily the first in ``inflight`` (BrokerCore._reordering_over)
     reorders: bool = False
+    # at least the worst rank (``rank_key``) of the ranked jobs it holds, None when
+    # it got none since it was last empty: ``holder_of_lower`` skips it below that
+    worst: tuple[float, float] | None = None
     # seconds it has to answer each delivery, else the attempt failed (PZQ's ack
     # time-out); 0: no limit
     lease: float = 0.0
@@ -320,6 +323,18 @@ def holds_jobs(peer: Peer) -> bool:
     return peer.role == ROLE_SLOT and bool(peer.inflight)
 
 
+def held_worst(peer: Peer, job: Job, queue: Queue) -> None:
+    """``job`` of the ranked ``queue`` went to the worker process ``peer`` (its
+    ``inflight`` has it): the bounds ``Peer.worst`` and ``Queue.floor``."""
+    peer.reorders = True
+    priority = job.headers.priority
+    if priority < queue.floor:
+        queue.floor = priority
+    key = rank_key(job, queue.aging)
+    if len(peer.inflight) == 1 or peer.worst is None or key > peer.worst:
+        peer.worst = key
+
+
 def holder_of_lower(job: Job, queue: Queue, inflight: dict[bytes, Job]) -> Peer | None:
     """Of the worker processes of ours that serve ``queue`` (never EventMQ's or
     Majordomo's peers), one that holds, besides the job it may be running, a job of
@@ -332,6 +347,8 @@ def holder_of_lower(job: Job, queue: Queue, inflight: dict[bytes, Job]) -> Peer 
         held = peer.inflight
         if peer.role != ROLE_SLOT or peer.draining or peer.gone or len(held) < 2:
             continue
+        if peer.worst is None or peer.worst <= key:
+            continue  # nothing it holds is ranked below ``job``
         if best is not None and len(held) >= len(best.inflight):
             continue
         for attempt_id in held:
