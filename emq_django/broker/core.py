@@ -36,6 +36,7 @@ from emq_django.broker.flow import FlowControl
 from emq_django.broker.journal import JobDone, KeepReply
 from emq_django.broker.kept_replies import decode_reply, encode_reply
 from emq_django.broker.lifecycle import JobLifecycle
+from emq_django.broker.priority import wire_rank
 from emq_django.broker.spans import DispatchSpans
 from emq_django.broker.state import (
     ROLE_MANAGER,
@@ -46,6 +47,8 @@ from emq_django.broker.state import (
     Job,
     Peer,
     Queue,
+    held_worst,
+    holder_of_lower,
     holds_jobs,
     show_identity,
 )
@@ -62,6 +65,7 @@ from emq_django.protocol.limits import (
     DUPLICATE_OF,
     MAX_DELAY,
     REFUSAL_CODES,
+    REFUSED_BAD_HEADER,
     REFUSED_BAD_RUN_AFTER,
     REFUSED_BODY_TOO_BIG,
     refusal_counter,
@@ -128,6 +132,9 @@ COUNTERS = (
     # outcomes of attempts a previous broker dispatched (a failover, a restart) for
     # jobs restored from the journal: each completes its job once
     "restored_outcomes",
+    # a ranked queue's jobs sent beyond its credit to a worker process of ours that
+    # held a lower-ranked job unstarted (BrokerCore._overtake)
+    "overtakes",
     *(refusal_counter(code) for code in REFUSAL_CODES),  # refused, by the ERROR's code
 )
 
@@ -253,16 +260,23 @@ class BrokerCore:
         """End the attempts that have run past their time limit and the grace with no
         answer (once a heartbeat interval: the attempts in flight, not a timer per
         job). A worker process of ours runs its attempts one by one, from when the
-        one before ended; anybody else's run from when they were sent."""
+        one before ended; anybody else's run from when they were sent. One that may
+        run a later one first (a ranked queue's: ``_reordering_over``) is dropped."""
         grace = self.config.time_limit_grace
         over = []
+        dropped = []
         for peer in self.peers:
             if not peer.inflight or peer.role == ROLE_MANAGER:
                 continue  # (a manager holds the attempts of a lost process: _expire_held)
             if peer.role == ROLE_SLOT:
                 head = next(iter(peer.inflight))
-                if head != peer.running:
+                if head != peer.running or peer.jobs_done != peer.running_done:
                     peer.running, peer.running_since = head, now
+                    peer.running_done = peer.jobs_done
+                if peer.reorders and len(peer.inflight) > 1:
+                    if self._reordering_over(peer, now):
+                        dropped.append(peer)
+                    continue
                 running: Any = ((head, peer.running_since),)
             else:
                 running = ((a, 0.0) for a in peer.inflight)
@@ -277,6 +291,37 @@ class BrokerCore:
                     over.append(job)
         for job in over:
             self._time_out(job, now)
+        for peer in dropped:
+            for attempt_id in list(peer.inflight):
+                job = self.inflight.get(attempt_id)
+                if job is not None:
+                    self._kill_attempt(job)  # the one running; the others never start
+            self._drop_peer(peer, now, "ran past a time limit and its grace with no answer")
+
+    def _reordering_over(self, peer: Peer, now: float) -> bool:
+        """Whether the worker process ``peer``, which holds ranked jobs and runs the
+        best-ranked first (not the oldest-dispatched), has run one past its time
+        limit and the grace: the broker cannot tell which it runs, so it counts from
+        when the slot's last attempt ended (or the latest was sent) against the
+        longest limit of those it holds; none when one has none. Then its attempts
+        are held until its job manager says which ran (``_drop_peer``)."""
+        latest, longest = peer.running_since, 0.0
+        for attempt_id in peer.inflight:
+            job = self.inflight.get(attempt_id)
+            if job is None or not job.headers.timeout:
+                return False
+            latest = max(latest, job.dispatched_at)
+            longest = max(longest, job.headers.timeout)
+        if now - latest <= longest + self.config.time_limit_grace:
+            return False
+        self.counters["time_limits"] += 1
+        log.warning(
+            "worker process %s: no answer %g s past the time limits of the jobs it "
+            "holds; the broker ends its attempts (its job manager says which ran)",
+            show_identity(peer.identity),
+            self.config.time_limit_grace,
+        )
+        return True
 
     def _time_out(self, job: Job, now: float) -> None:
         """The broker ends ``job``'s attempt: over its time limit, and nobody said."""
@@ -393,7 +438,7 @@ class BrokerCore:
         if self.stopping:
             self.refuse(client, msgid, "shutting-down", "the broker is shutting down")
             return
-        if headers.run_after or len(body) > self.config.max_body_bytes:
+        if headers.run_after or len(body) > self.config.max_body_bytes or headers.rank is not None:
             refusal = self._check_request(headers, body, now)
             if refusal is not None:
                 self.refuse(client, msgid, *refusal)
@@ -505,6 +550,11 @@ class BrokerCore:
                 f"the body is {len(body)} bytes; the most is {self.config.max_body_bytes} "
                 "(EMQ_MAX_BODY_BYTES): pass large data by reference (a path, a key)",
             )
+        if headers.rank is not None:
+            return (
+                REFUSED_BAD_HEADER,
+                "header 'rank' is the broker's, to its worker processes; a client sends 'priority'",
+            )
         run_after = headers.run_after
         if run_after and run_after - (now + self._wall_offset) > MAX_DELAY:
             return (
@@ -548,7 +598,7 @@ class BrokerCore:
         if more:
             job.more = more
         if headers.priority and not queue.ranked:
-            queue.rank()  # from now on in priority order, and no prefetch (state.Queue)
+            queue.rank()  # from now on in priority order, with ranks on the wire (state.Queue)
         if headers.flow and not queue.gated:
             self._gate(queue)  # from now on through the flow control's gate (broker/flow.py)
         if self.tracer is not None:
@@ -560,12 +610,16 @@ class BrokerCore:
                 self._pump(queue, now, job)
             elif queue.pending or self.stopping:
                 queue.push(job)
+                if queue.ranked and headers.priority > queue.floor:
+                    self._overtake(job, queue, now)
             else:
                 target = queue.pick()
                 if target is not None:
                     self._dispatch(job, queue, target, now)
                 else:
                     queue.push(job)
+                    if queue.ranked and headers.priority > queue.floor:
+                        self._overtake(job, queue, now)
             self.counters["acked"] += 1
             if client.port.acknowledges:
                 # lazy: a job whose sender does not wait for the ACK (not marked
@@ -803,8 +857,8 @@ class BrokerCore:
             if job.headers.max_concurrency:  # its key is free: a job it blocked may go
                 self.flow.released()
                 self._pump(self.queues[job.queue], now)
-            if owner is peer and peer.credit and not peer.inflight and not peer.draining:
-                self._serve_ranked(peer, now)  # idle again: a ranked queue may go on
+            if owner is peer and peer.credit > 0 and not peer.inflight and not peer.draining:
+                self._serve_gated(peer, now)  # idle again: a gated queue may go on
         if outcome.ready:
             self._credit(peer, now)
 
@@ -1058,19 +1112,42 @@ class BrokerCore:
             self._dispatch(job, queue, target, now)
         else:
             queue.push(job)
+            if queue.ranked and job.headers.priority > queue.floor:
+                self._overtake(job, queue, now)
+
+    def _overtake(self, job: Job, queue: Queue, now: float) -> None:
+        """``job``, just put in the ranked ``queue`` to wait (its priority is above
+        the queue's floor), goes, if it is the best waiting and outranks a job that a
+        worker process of ours holds unstarted, to such a process beyond its credit
+        (nobody has credit): it runs the best-ranked it holds next (worker/ranked.py),
+        so ``job`` does not wait behind the lower one. Other peers never get more
+        than their credit. The process's credit goes below 0: its answers pay it
+        back. (A job that was not the best waiting when it came never needs it: the
+        jobs that go meanwhile are better ranked than it.)"""
+        if queue.pending[0] is not job or queue.paused or self.stopping:
+            return
+        peer = holder_of_lower(job, queue, self.inflight)
+        if peer is None:
+            return
+        queue.pop()
+        self.counters["overtakes"] += 1
+        if peer.credit > 0:
+            self._dispatch(job, queue, peer, now)
+        else:
+            self._dispatch(job, queue, peer, now, returning=True)
+            peer.credit -= 1  # (unready already: no queue's tiers change)
 
     def _credit(self, peer: Peer, now: float) -> None:
         if peer.draining or self.stopping:
+            return
+        if peer.credit < 0:  # it got jobs beyond its credit (_overtake): this pays one
+            peer.credit += 1
             return
         for _weight, name in peer.queues:  # highest weight first
             queue = self.queues[name]
             if queue.max_age:
                 self._drop_expired(queue, now)
-            if (
-                queue.pending
-                and not queue.paused
-                and not ((queue.ranked or queue.gated) and holds_jobs(peer))
-            ):
+            if queue.pending and not queue.paused and not (queue.gated and holds_jobs(peer)):
                 job = queue.pop() if not queue.gated else self.flow.take(queue, now, self.inflight)
                 if job is not None:
                     self._dispatch(job, queue, peer, now, returning=True)
@@ -1085,17 +1162,12 @@ class BrokerCore:
         else:
             self._set_credit(peer, credit + 1)
 
-    def _serve_ranked(self, peer: Peer, now: float) -> None:
-        """``peer`` is idle with credit left: a ranked queue's next job, if one waits
+    def _serve_gated(self, peer: Peer, now: float) -> None:
+        """``peer`` is idle with credit left: a gated queue's next job, if one waits
         (it kept them from ``peer`` while it held a job: ``holds_jobs``)."""
         for _weight, name in peer.queues:
             queue = self.queues[name]
-            if (
-                (queue.ranked or queue.gated)
-                and queue.pending
-                and not queue.paused
-                and not self.stopping
-            ):
+            if queue.gated and queue.pending and not queue.paused and not self.stopping:
                 job = queue.pop() if not queue.gated else self.flow.take(queue, now, self.inflight)
                 if job is not None:
                     self._dispatch(job, queue, peer, now)
@@ -1153,7 +1225,12 @@ class BrokerCore:
         self.counters["dispatched"] += 1
         if peer.lease:
             heapq.heappush(self.leases, (now + peer.lease, job.attempt_id))
-        self.out.append(Deliver(peer, job))
+        if queue.ranked and peer.role == ROLE_SLOT:  # it orders what it holds by rank
+            held_worst(peer, job, queue)
+            rank = wire_rank(job, queue.aging, self._wall_offset)
+            self.out.append(Deliver(peer, job, rank))
+        else:
+            self.out.append(Deliver(peer, job))
 
     def _may_answer(self, peer: Peer, job: Job) -> bool:
         if job.peer is peer:

@@ -47,6 +47,9 @@ class Deliver:
 
     peer: Peer
     job: Job
+    # a ranked queue's job to a worker process of ours: its rank (the ``rank``
+    # header, broker/priority.py ``wire_rank``); None otherwise
+    rank: float | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -68,7 +68,7 @@ def job_managers(core: BrokerCore, now: float, wall: float) -> list[dict[str, An
             entry["kind"] = "emq"
             entry.setdefault("host", peer.meta.get("host"))
         entry["slots"] += 1 if peer.role == ROLE_SLOT else max(peer.credit + len(peer.inflight), 0)
-        entry["free_slots"] += peer.credit
+        entry["free_slots"] += max(peer.credit, 0)  # (below 0: sent beyond it)
         entry["busy"] += len(peer.inflight)
         if peer.role == ROLE_PLAIN:
             entry["jobs_done"] += peer.jobs_done
@@ -101,7 +101,7 @@ def queues(core: BrokerCore, now: float | None = None) -> list[dict[str, Any]]:
             entry = serving.setdefault(
                 key, {"identity": _group_name(peer), "weight": weight, "free_slots": 0}
             )
-            entry["free_slots"] += peer.credit
+            entry["free_slots"] += max(peer.credit, 0)  # (below 0: sent beyond it)
         result.append(
             {
                 "name": queue.name,

@@ -14,6 +14,12 @@ The promise that follows: a job is overtaken only by jobs that arrived less than
 ``(their priority - its priority) * aging`` seconds after it. ``aging`` 0: strict
 priority (a job can wait for ever behind a steady stream of higher ones).
 
+A ranked queue's jobs go to our worker processes with their rank (the ``rank``
+header, ``wire_rank``): the rank never changes, so a worker process orders what it
+holds as the broker would (emq_django/worker/ranked.py), and the broker lets a
+ranked queue prefetch. A job that outranks one a worker process holds unstarted
+goes to it beyond its credit when nobody can take it (``BrokerCore._overtake``).
+
 Pure: no sockets, no clock.
 """
 
@@ -40,6 +46,28 @@ class _Waiting(Protocol):
 Job = TypeVar("Job", bound=_Waiting)
 
 
+# with aging 0 a priority level outweighs any wall-clock time (about 1.8e9 s now) on
+# the wire: one float still tells enqueue times 0.2 ms apart at priority 100
+_LEVEL = 1e10
+
+
+def rank_key(job: _Waiting, aging: float) -> tuple[float, float]:
+    """A job's place in its ranked queue: lower first (``RankedPending``'s heap)."""
+    priority = job.headers.priority
+    if aging:
+        return (job.enqueued_at - priority * aging, 0.0)
+    return (-priority, job.enqueued_at)
+
+
+def wire_rank(job: _Waiting, aging: float, wall_offset: float) -> float:
+    """The job's rank as the ``rank`` header carries it: ordered as ``rank_key``,
+    on the wall clock (so ranks from a broker that took over compare too)."""
+    at = job.enqueued_at + wall_offset
+    if aging:
+        return at - job.headers.priority * aging
+    return at - job.headers.priority * _LEVEL
+
+
 class RankedPending(Generic[Job]):
     """A heap of ``(rank, seq, job)``, with the part of ``deque``'s interface that
     the core uses on ``Queue.pending`` (``append``, ``appendleft``, ``popleft``,
@@ -56,10 +84,7 @@ class RankedPending(Generic[Job]):
             self.append(job)
 
     def _rank(self, job: Job) -> tuple[float, float]:
-        priority = job.headers.priority
-        if self.aging:
-            return (job.enqueued_at - priority * self.aging, 0.0)
-        return (-priority, job.enqueued_at)
+        return rank_key(job, self.aging)
 
     def append(self, job: Job) -> None:
         self._seq += 1

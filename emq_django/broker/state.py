@@ -9,10 +9,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from emq_django.broker.priority import RankedPending
+from emq_django.broker.priority import RankedPending, rank_key
 from emq_django.broker.seam import ClientRef, PortRef
 from emq_django.protocol.flow import parse_queue_rates
 from emq_django.protocol.headers import Headers
+from emq_django.protocol.limits import MAX_PRIORITY
 
 ROLE_PLAIN = "plain"  # a job manager with one connection (EventMQ's)
 ROLE_MANAGER = "manager"  # our job manager's control connection: no slots of its own
@@ -151,6 +152,13 @@ class Peer:
     # first in ``inflight``) and since when, as the broker's time limits see it
     running: bytes = b""
     running_since: float = 0.0
+    running_done: int = 0  # its ``jobs_done`` then: an attempt that ended restarts the clock
+    # it got a ranked queue's jobs: it runs the best-ranked it holds first, not
+    # necessarily the first in ``inflight`` (BrokerCore._reordering_over)
+    reorders: bool = False
+    # at least the worst rank (``rank_key``) of the ranked jobs it holds, None when
+    # it got none since it was last empty: ``holder_of_lower`` skips it below that
+    worst: tuple[float, float] | None = None
     # seconds it has to answer each delivery, else the attempt failed (PZQ's ack
     # time-out); 0: no limit
     lease: float = 0.0
@@ -205,10 +213,11 @@ class Queue:
 
     ``tiers`` maps weight -> ready peers in rotation order (a dict used as an
     ordered set); ``weights`` is kept sorted high to low. A queue only holds
-    waiting jobs while none of its servers has credit, or, once it is ``ranked``
-    (a job with a priority waited in it), while none of them is idle: a worker
-    process of ours that holds a job gets no more from a ranked queue, as a job it
-    held unstarted could not be overtaken by a higher one that came later.
+    waiting jobs while none of its servers has credit, or, once it is ``gated``
+    (flow control), while none of them is idle: a worker process of ours that
+    holds a job gets no more from a gated queue. A ``ranked`` queue (a job with a
+    priority waited in it) prefetches as any: its jobs carry their rank, and a
+    worker process of ours runs the best-ranked it holds first.
     """
 
     __slots__ = (
@@ -223,6 +232,7 @@ class Queue:
         "max_age",
         "ranked",
         "aging",
+        "floor",
         "paused",
         "gated",
     )
@@ -241,6 +251,10 @@ class Queue:
         # waited here; ``aging``: EMQ_PRIORITY_AGING (emq_django/broker/priority.py)
         self.ranked = False
         self.aging = aging
+        # the lowest priority of a ranked job sent to a worker process of ours: a job
+        # outranks one that came before only with a higher one (BrokerCore._overtake;
+        # the jobs it got before the queue was ranked carry no rank and run first)
+        self.floor = MAX_PRIORITY + 1
         self.paused = False  # the admin's pause (broker/live.py): its jobs wait
         # flow control (broker/flow.py): its jobs go out through ``FlowControl.take``,
         # and, as a ranked queue's, not to a worker process that holds one already
@@ -295,10 +309,10 @@ class Queue:
             tier = self.tiers[weight]
             if tier:
                 peer = next(iter(tier))
-                if (self.ranked or self.gated) and peer.inflight and peer.role == ROLE_SLOT:
+                if self.gated and peer.inflight and peer.role == ROLE_SLOT:
                     found = next((p for p in tier if not holds_jobs(p)), None)
                     if found is None:
-                        continue  # all busy: a ranked queue's jobs wait (holds_jobs)
+                        continue  # all busy: a gated queue's jobs wait (holds_jobs)
                     peer = found
                 del tier[peer]
                 tier[peer] = None  # to the back: rotation among equals
@@ -308,6 +322,46 @@ class Queue:
 
 def holds_jobs(peer: Peer) -> bool:
     """A worker process of ours that has a job already (running, or held unstarted
-    by its credit): a ranked queue gives it no more until it is idle. Other peers
+    by its credit): a gated queue gives it no more until it is idle. Other peers
     (EventMQ's job managers, Majordomo workers) say READY only for a free worker."""
     return peer.role == ROLE_SLOT and bool(peer.inflight)
+
+
+def held_worst(peer: Peer, job: Job, queue: Queue) -> None:
+    """``job`` of the ranked ``queue`` went to the worker process ``peer`` (its
+    ``inflight`` has it): the bounds ``Peer.worst`` and ``Queue.floor``."""
+    peer.reorders = True
+    priority = job.headers.priority
+    if priority < queue.floor:
+        queue.floor = priority
+    key = rank_key(job, queue.aging)
+    if len(peer.inflight) == 1 or peer.worst is None or key > peer.worst:
+        peer.worst = key
+
+
+def holder_of_lower(job: Job, queue: Queue, inflight: dict[bytes, Job]) -> Peer | None:
+    """Of the worker processes of ours that serve ``queue`` (never EventMQ's or
+    Majordomo's peers), one that holds, besides the job it may be running, a job of
+    ``queue`` that ``job`` outranks: the one that holds the fewest, None if none
+    does. (With two or more held, one at least has not started; the lower one
+    found may be the one running, and then ``job`` goes there a little early.)"""
+    key = rank_key(job, queue.aging)
+    best: Peer | None = None
+    for peer in queue.servers:
+        held = peer.inflight
+        if peer.role != ROLE_SLOT or peer.draining or peer.gone or len(held) < 2:
+            continue
+        if peer.worst is None or peer.worst <= key:
+            continue  # nothing it holds is ranked below ``job``
+        if best is not None and len(held) >= len(best.inflight):
+            continue
+        for attempt_id in held:
+            other = inflight.get(attempt_id)
+            if (
+                other is not None
+                and other.queue == queue.name
+                and rank_key(other, queue.aging) > key
+            ):
+                best = peer
+                break
+    return best

@@ -56,6 +56,9 @@ class Headers:
     acks: bool = False
     # extension: higher runs first, -100..100 (docs/eventmq-wire.md); 0 when absent
     priority: int = 0
+    # extension, the broker's to our worker processes only: the job's rank in its
+    # ranked queue (lower first: broker/priority.py ``wire_rank``); None when absent
+    rank: float | None = None
     # extension: a unique job's key (broker/unique.py), and how long the key is kept
     # after the job ended; "" and 0 when absent
     unique: str = ""
@@ -112,6 +115,18 @@ def _priority(value: str, raw: bytes) -> int:
     return number
 
 
+def _rank(value: str, raw: bytes) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ProtocolError(
+            f"header 'rank' needs a finite number, got {value[:40]!r}", [raw], REFUSED_BAD_HEADER
+        )
+    return number
+
+
 @lru_cache(maxsize=1024)
 def parse_headers(raw: bytes) -> Headers:
     """Parse a headers frame; raises ``ProtocolError`` on a malformed one.
@@ -157,6 +172,8 @@ def parse_headers(raw: bytes) -> Headers:
             fields["acks"] = True
         elif key == "priority":
             fields["priority"] = _priority(value, raw)
+        elif key == "rank":
+            fields["rank"] = _rank(value, raw)
         elif key == "unique":
             if not value or len(value) > MAX_UNIQUE_KEY:
                 raise ProtocolError(

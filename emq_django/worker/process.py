@@ -38,6 +38,7 @@ from emq_django.worker.execution import (
 )
 from emq_django.worker.kept_records import SlotRecords
 from emq_django.worker.partial_sender import PARTIAL_SEND_WAIT, PartialOut, PartialSender
+from emq_django.worker.ranked import RANK, LocalOrder, run_ranked
 from emq_django.worker.slot_config import (
     BATCH,
     HOLD_LIMIT,
@@ -132,6 +133,7 @@ class SlotWorker:
         # answers and READYs of several credits; until then, the document's only
         self.batching = False
         self.soft_limit = SoftLimit()
+        self.order = LocalOrder()  # ranked queues' jobs held (worker/ranked.py)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -228,6 +230,9 @@ class SlotWorker:
                 if jobs is not None and frames[2] == F.REQUEST:
                     self._run_batch(jobs)
                     return
+            if n == 7 and RANK in frames[5] and frames[2] == F.REQUEST:
+                self._run_ranked([frames])  # a ranked queue's job (worker/ranked.py)
+                return
             fields = F.request_fields(frames) if n == 7 else None
             if fields is not None:
                 if self.abandoning:
@@ -256,8 +261,11 @@ class SlotWorker:
     def _run_batch(self, jobs: list[list[bytes]]) -> None:
         """The jobs of one REQUEST (the "batch" extension), one by one."""
         self._queued = len(jobs)
-        for frames in jobs:
+        for i, frames in enumerate(jobs):
             self._queued -= 1
+            if RANK in frames[5]:  # a ranked queue's job, and those after it
+                self._run_ranked(jobs[i:])
+                break
             try:
                 fields = F.request_fields(frames)
             except ProtocolError as exc:
@@ -270,6 +278,11 @@ class SlotWorker:
             else:
                 self._run(frames[3], fields[0], fields[1], frames[6])
         self._queued = 0
+
+    def _run_ranked(self, jobs: list[list[bytes]]) -> None:
+        """Jobs of a ranked queue (a ``rank`` header), and what comes after them, the
+        best-ranked first (worker/ranked.py)."""
+        run_ranked(self, jobs)
 
     def _run(self, msgid: bytes, queue: str, h: Headers, body: bytes) -> None:
         if self._held and (

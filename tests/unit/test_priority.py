@@ -1,13 +1,14 @@
 """Priority in BrokerCore (issue 33): a ranked queue dispatches higher first, FIFO
-within a priority, with aging, and sends nothing more to a worker process of ours
-that holds a job. Typed commands in, typed effects out, fake ``now``."""
+within a priority, with aging, sends each job to our worker processes with its
+rank, and a job that outranks one they hold unstarted beyond their credit. Typed
+commands in, typed effects out, fake ``now``."""
 
 from __future__ import annotations
 
 import pytest
 
 from emq_django.broker.core import BrokerConfig
-from emq_django.broker.effects import OK_READY, Deliver, Effect, Outcome
+from emq_django.broker.effects import OK_READY, Deliver, Effect
 from emq_django.broker.priority import RankedPending
 from emq_django.broker.state import Job
 from emq_django.protocol.headers import parse_headers
@@ -47,17 +48,52 @@ def test_a_ranked_queue_runs_higher_first_and_fifo_within_a_priority() -> None:
     assert order == [b"high", b"mid1", b"low1", b"low2"]
 
 
-def test_a_busy_worker_process_gets_nothing_from_a_ranked_queue_whatever_its_credit() -> None:
+def ranks(out: list[Effect]) -> list[float | None]:
+    return [e.rank for e in out if isinstance(e, Deliver)]
+
+
+def test_a_ranked_queue_prefetches_with_each_jobs_rank() -> None:
     core = core_with()
     core.join(b"w", meta=SLOT, now=0.0)
     core.ready(b"w", times=8, now=0.0)  # prefetch: credit for 8
-    assert delivered(send(core, b"running", -1)) == [b"running"]
-    assert delivered(send(core, b"low", -1)) == []  # held back at the broker ...
-    assert delivered(send(core, b"high", 5)) == []
-    # ... so the later, higher job goes first once the process is idle, even without
-    # a READY with the answer (the credit it had left covers it)
-    out = core.result(b"w", b"running#1", Outcome(failed=False), b"{}", now=1.0)
-    assert delivered(out) == [b"high"]
+    out = send(core, b"running", -1) + send(core, b"low", -1, 1.0) + send(core, b"high", 5, 2.0)
+    assert delivered(out) == [b"running", b"low", b"high"]  # held by the process ...
+    running, low, high = ranks(out)
+    # ... which runs the best-ranked first: the same order as the broker's heap
+    assert high is not None and low is not None and running is not None
+    assert high < running < low
+
+
+def test_a_job_that_outranks_a_held_one_goes_beyond_credit_to_that_process() -> None:
+    """Nobody has credit: the high job goes to the worker process that holds a lower
+    job unstarted (it runs the high one next), not to the queue to wait for it."""
+    core = core_with()
+    core.join(b"w", meta=SLOT, now=0.0)
+    core.ready(b"w", times=2, now=0.0)
+    assert delivered(send(core, b"running", -1) + send(core, b"low", -1)) == [b"running", b"low"]
+    assert delivered(send(core, b"also-low", -1)) == []  # outranks nothing: waits
+    out = send(core, b"high", 5)
+    assert delivered(out) == [b"high"] and ranks(out)[0] is not None
+    assert core.peers[b"w"].credit == -1 and core.counters["overtakes"] == 1
+    # the answers pay the credit back: the waiting job goes after two of them
+    assert delivered(core.result(b"w", b"running#1", now=1.0)) == []
+    assert delivered(core.result(b"w", b"high#1", now=1.0)) == [b"also-low"]
+
+
+def test_only_our_worker_processes_get_jobs_beyond_credit() -> None:
+    core = core_with()
+    core.join(b"plain", now=0.0)  # an EventMQ job manager: READY per free worker
+    core.ready(b"plain", times=2, now=0.0)
+    assert delivered(send(core, b"running", -1) + send(core, b"low", -1)) == [b"running", b"low"]
+    out = send(core, b"high", 5)
+    assert delivered(out) == [] and core.counters["overtakes"] == 0
+    assert ranks(core.result(b"plain", b"running#1", now=1.0)) == [None]  # no rank header
+
+
+def test_a_client_cannot_send_a_rank() -> None:
+    core = core_with()
+    out = core.request(b"client", b"m", "default", b"rank:-1e12")
+    assert [type(e).__name__ for e in out] == ["Refuse"]
 
 
 def test_an_unranked_queue_still_prefetches() -> None:
@@ -113,3 +149,23 @@ def test_a_ranked_queues_page_is_in_dispatch_order() -> None:
     pending = RankedPending(0.0, jobs)
     assert pending.page(0, 4) + pending.page(4, 4) + pending.page(8, 4) == order
     assert [j.headers.priority for j in order] == [9, 7, 5, 5, 2, 1, 0, 0, -1, -3]
+
+
+def test_a_slot_that_may_reorder_is_timed_out_on_its_longest_limit_and_held() -> None:
+    """The broker cannot tell which ranked job a worker process of ours started (it
+    runs the best-ranked it holds): past the longest time limit of those it holds
+    (and the grace) since its last answer, its attempts wait for its job manager's
+    word (as a lost process's), none is failed at random."""
+    core = core_with()
+    core.join(b"w", meta=SLOT, now=0.0)
+    core.ready(b"w", times=2, now=0.0)
+    limits = ((b"a", -1, 5), (b"b", 5, 8))
+    for msgid, priority, timeout in limits:
+        headers = b"priority:%d,timeout:%d" % (priority, timeout)
+        core.request(b"client", msgid, "default", headers, now=0.0)
+    core.tick(1.0, keep_alive=[b"w"])  # the slot's clock starts
+    core.tick(18.5, keep_alive=[b"w"])  # 17.5 s: past a's 5 + 10, not past b's 8 + 10
+    assert b"w" in core.peers and core.counters["time_limits"] == 0
+    core.tick(19.5, keep_alive=[b"w"])
+    assert b"w" not in core.peers and core.counters["time_limits"] == 1
+    assert set(core.held) == {b"a#1", b"b#1"}  # held for its job manager's word
