@@ -152,4 +152,4 @@ def test_the_page_shows_jobs_failed_and_memory_or_not_reported(env: dict[str, st
         assert "not reported (EventMQ's job manager sends none)" in page, page
     finally:
         legacy.close(linger=0)
-        context.term()
+        context.destroy(linger=0)
