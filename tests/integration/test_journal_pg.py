@@ -362,3 +362,31 @@ def test_a_turn_of_dones_finds_its_rows_by_the_index_once_the_table_has_grown(
     )
     assert after[2] == scanned, "the turn of dones read the whole table"
     assert sum(1 for _, state in rows(pg_url) if state == "done") == 7 * 12 + 12
+
+
+def test_the_turns_statement_is_planned_once_not_at_each_commit(journal: PgJournal) -> None:
+    """Planning the turn's one statement (its CTEs, the fence) cost PostgreSQL about as
+    much as the rows of a turn of ten guaranteed jobs (bench/README.md, Guaranteed
+    jobs): it is planned once, a generic plan kept, and each commit only runs it."""
+    lease = Lease(journal.url, "broker-a", 5.0)
+    try:
+        journal.fence(lease.try_acquire(), 5.0)
+        previous: list[bytes] = []
+        for turn in range(12):
+            new = [b"p%d-%d" % (turn, i) for i in range(5)]
+            journal.apply([put(job) for job in new] + [("done", job, WALL) for job in previous])
+            previous = new
+        assert journal.one_statement == 12
+        plans = (
+            journal.link.get()
+            .execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH p AS (INSERT INTO emq_jobs%'"
+            )
+            .fetchall()
+        )
+        # (one statement per set of the parameters' types: an empty list's differs)
+        assert plans and all(custom == 0 for _, custom in plans)
+        assert sum(generic for generic, _ in plans) == 12
+    finally:
+        lease.close()
