@@ -390,3 +390,25 @@ def test_the_turns_statement_is_planned_once_not_at_each_commit(journal: PgJourn
         assert sum(generic for generic, _ in plans) == 12
     finally:
         lease.close()
+
+
+def test_the_jobs_table_has_only_the_indexes_its_statements_search(journal: PgJournal) -> None:
+    """Each guaranteed job writes two row versions, an entry in every index each: the
+    table's indexes are the id (puts' conflicts, dones), the spilled jobs by queue
+    and the done ones by age (pruning), no index on ``seq`` alone."""
+    conn = journal.link.get()
+    found = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'emq_jobs' ORDER BY indexname"
+    ).fetchall()
+    assert [d.split(" USING ", 1)[1] for (d,) in found] == [
+        "btree (updated_at) WHERE (state = 'done'::text)",
+        "btree (id)",
+        "btree (queue, seq) WHERE (state = 'spilled'::text)",
+    ]
+    journal.apply([put(b"b"), put(b"a"), ("done", b"b", WALL + 1), put(b"c", "spilled")])
+    assert [(j.id, j.state) for j in journal.load()] == [
+        (b"b", "done"),
+        (b"a", "ready"),
+        (b"c", "spilled"),
+    ]
+    assert [j.id for j in journal.load_spilled("default", 10)] == [b"c"]
