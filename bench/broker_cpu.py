@@ -14,6 +14,9 @@ unacknowledged, as the client does. Only the broker does real work, so its CPU
 per job (``/proc``, user+sys, from the first send to the last REPLY) is much
 steadier than in the full benchmark. ``--reply``: the jobs ask for their result
 (the results phase: the broker forwards every REPLY to the producer).
+``--guarantee``: guaranteed jobs (``guarantee=True``: journaled before their ACK);
+with ``TREE,EMQ_JOURNAL_URL=postgresql://...`` on PostgreSQL's journal (a database
+made fresh per run: ``--fresh-pg``).
 
 ``--profile DIR``: each broker runs under cProfile (``PYTHONMALLOC=malloc``, so that
 it does not re-execute itself out of the profiler; stopped with SIGINT, so that
@@ -112,6 +115,19 @@ def start_broker(
     return proc, url % front, url % back
 
 
+def fresh_pg(spec: str) -> None:
+    """The database of the spec's ``EMQ_JOURNAL_URL`` (if any) made again, empty."""
+    url = dict(p.split("=", 1) for p in spec.split(",")[1:] if "=" in p).get("EMQ_JOURNAL_URL")
+    if not url:
+        return
+    import psycopg
+
+    base, _, name = url.rpartition("/")
+    with psycopg.connect(base + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
 class Ids:
     def __init__(self) -> None:
         self.n = 0
@@ -134,8 +150,10 @@ def one_run(
     window: int,
     profile: str = "",
     traced: bool = False,
+    guarantee: bool = False,
 ) -> dict[str, float]:
     work = tempfile.mkdtemp(prefix="broker-cpu-")
+    fresh_pg(tree)
     proc, front_url, back_url = start_broker(tree, work, profile)
     ctx = zmq.Context()
     new_id = Ids()
@@ -167,6 +185,8 @@ def one_run(
             s.recv_multipart()
         headers = b"reply-requested,task:bench.echo,stream" if reply else b"task:bench.noop"
         headers += TRACEPARENT if traced else b""
+        if guarantee:
+            headers += b",guarantee"
         body = b'[["bench.noop"],{"args":[],"kwargs":{}}]'
         poller = zmq.Poller()
         for s in (producer, *slots):
@@ -234,6 +254,7 @@ def main() -> None:
     ap.add_argument("--credit", type=int, default=20, help="READYs per slot at the start")
     ap.add_argument("--window", type=int, default=1000, help="unacknowledged REQUESTs at most")
     ap.add_argument("--reply", action="store_true")
+    ap.add_argument("--guarantee", action="store_true", help="guaranteed jobs (journaled)")
     ap.add_argument("--profile", default="", help="a directory: run the brokers under cProfile")
     ap.add_argument(
         "--traceparent",
@@ -249,7 +270,14 @@ def main() -> None:
         for tree in opts.trees:
             stats = profile_file(opts.profile, i, tree) if opts.profile else ""
             r = one_run(
-                tree, opts.tasks, opts.reply, opts.credit, opts.window, stats, opts.traceparent
+                tree,
+                opts.tasks,
+                opts.reply,
+                opts.credit,
+                opts.window,
+                stats,
+                opts.traceparent,
+                opts.guarantee,
             )
             runs[tree].append(r)
             load = os.getloadavg()[0]

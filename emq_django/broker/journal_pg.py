@@ -63,18 +63,22 @@ log = logging.getLogger(__name__)
 
 # the journal's session: a lock on the lease row (a standby taking it) is waited
 # for briefly; a transaction left open by a broker that stopped mid-way (SIGSTOP)
-# is ended by the server, so that it cannot hold the lease row for ever. Each
-# statement is planned for its own parameters (plan_cache_mode): the turn's one
-# statement is prepared, and the generic plan PostgreSQL keeps after five runs,
-# made while emq_jobs was small (a fresh journal: no statistics yet), joined the
-# dones with a sequential scan of the whole table at every commit, its cost
-# growing with the table until an ANALYZE (bench/guaranteed_bench.py: most of
-# PostgreSQL's CPU per guaranteed job). Planned per run, a done is found by its id.
+# is ended by the server, so that it cannot hold the lease row for ever. The
+# turn's one statement is prepared and planned once (a generic plan, kept): planning
+# it at each run (a custom plan) cost PostgreSQL about 150 µs per commit, as much as
+# the rows of a turn of ten jobs. A generic plan made while emq_jobs was small (a
+# fresh journal: no statistics yet) joined the dones with a sequential scan of the
+# whole table, its cost growing with the table; with sequential scans disabled in
+# the session, the plan finds a done by its id whatever the table's size when it
+# was made. The reads of whole tables (``load``, the counts, retention) enable them
+# again for their own transaction (``SCAN``).
 SESSION = {
     "lock_timeout": "1s",
     "idle_in_transaction_session_timeout": "5s",
-    "plan_cache_mode": "force_custom_plan",
+    "plan_cache_mode": "force_generic_plan",
+    "enable_seqscan": "off",
 }
+SCAN = "SET LOCAL enable_seqscan = on"
 # ``stats``: a count of the jobs by state that took longer than this is made again
 # only every RECOUNT_SECONDS (a scan of the table on the broker's loop)
 COUNT_INLINE_SECONDS = 0.05
@@ -169,6 +173,7 @@ class PgJournal:
             elif any(op[0] == "prune_events" for op in ops):
                 # retention reads counts as it goes: statement by statement
                 with conn.transaction():
+                    cur.execute(SCAN)
                     counts = self._apply_all(cur, ops, counts)
                     if epoch is not None:
                         cur.execute(FENCE, (self._ttl, self.name, epoch))
@@ -340,7 +345,7 @@ class PgJournal:
 
     def load(self) -> list[StoredJob]:
         """Every job not done, oldest first, and the done ones (for de-duplication)."""
-        return self._jobs(f"SELECT {JOB_COLUMNS} FROM emq_jobs ORDER BY seq", ())
+        return self._jobs(f"SELECT {JOB_COLUMNS} FROM emq_jobs ORDER BY seq", (), scan=True)
 
     def load_spilled(self, queue: str, limit: int) -> list[StoredJob]:
         return self._jobs(
@@ -349,8 +354,11 @@ class PgJournal:
             (queue, limit),
         )
 
-    def _jobs(self, sql: str, params: tuple[Any, ...]) -> list[StoredJob]:
-        rows = self._read(lambda c: c.execute(sql, params).fetchall())
+    def _jobs(self, sql: str, params: tuple[Any, ...], scan: bool = False) -> list[StoredJob]:
+        if scan:
+            rows = self._read(lambda c: _scanning(c, sql, params))
+        else:
+            rows = self._read(lambda c: c.execute(sql, params).fetchall())
         return [StoredJob(*row) for row in rows]
 
     def topic_state(self) -> tuple[int, dict[str, tuple[int, int]]]:
@@ -358,12 +366,8 @@ class PgJournal:
         and count."""
 
         def read(conn: psycopg.Connection[Any]) -> tuple[int, dict[str, tuple[int, int]]]:
-            cur = conn.cursor()
-            top = _one(cur, "SELECT COALESCE(MAX(seq), 0) FROM emq_events")
-            meta = _one(cur, "SELECT value FROM emq_topic_meta WHERE key = 'last_seq'")
-            cur.execute("SELECT topic, MAX(seq), COUNT(*) FROM emq_events GROUP BY topic")
-            topics = {t: (int(seq), int(n)) for t, seq, n in cur.fetchall()}
-            return max(int(top), int(meta or 0)), topics
+            with conn.transaction():
+                return _topic_state(conn.cursor())
 
         result: tuple[int, dict[str, tuple[int, int]]] = self._read(read)
         return result
@@ -442,11 +446,30 @@ def _one(cur: psycopg.Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Any:
     return None if row is None else row[0]
 
 
+def _scanning(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[Any]:
+    """The rows of a read of a whole table, sequential scans enabled (``SCAN``)."""
+    with conn.transaction():
+        cur = conn.cursor()
+        cur.execute(SCAN)
+        return cur.execute(sql, params).fetchall()
+
+
+def _topic_state(cur: psycopg.Cursor[Any]) -> tuple[int, dict[str, tuple[int, int]]]:
+    cur.execute(SCAN)
+    top = _one(cur, "SELECT COALESCE(MAX(seq), 0) FROM emq_events")
+    meta = _one(cur, "SELECT value FROM emq_topic_meta WHERE key = 'last_seq'")
+    cur.execute("SELECT topic, MAX(seq), COUNT(*) FROM emq_events GROUP BY topic")
+    topics = {t: (int(seq), int(n)) for t, seq, n in cur.fetchall()}
+    return max(int(top), int(meta or 0)), topics
+
+
 def _count(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], int, float]:
-    cur = conn.cursor()
-    cur.execute("SELECT state, COUNT(*) FROM emq_jobs GROUP BY state")
-    counts = {state: int(n) for state, n in cur.fetchall()}
-    events = _one(cur, "SELECT COUNT(*) FROM emq_events")
+    with conn.transaction():
+        cur = conn.cursor()
+        cur.execute(SCAN)
+        cur.execute("SELECT state, COUNT(*) FROM emq_jobs GROUP BY state")
+        counts = {state: int(n) for state, n in cur.fetchall()}
+        events = _one(cur, "SELECT COUNT(*) FROM emq_events")
     return counts, int(events), time.monotonic()
 
 

@@ -15,10 +15,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from emq_django.broker.topics import Event
 
+# emq_jobs: ``seq`` orders the jobs (``load`` sorts by it, the spilled jobs' index
+# holds it) but has no index of its own: a guaranteed job writes two row versions
+# (its put, its done), each an entry in every index of the table, and an index on
+# seq that nothing searched cost PostgreSQL 2-7 µs per job (bench/README.md,
+# Guaranteed jobs). A journal made before keeps its index on seq (it works alike).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS emq_jobs (
-    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id bytea NOT NULL UNIQUE,
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    id bytea PRIMARY KEY,
     queue text NOT NULL,
     headers bytea NOT NULL,
     body bytea,
@@ -144,8 +149,9 @@ ONE: dict[str, tuple[str, Params]] = {
 # a run of puts or dones as one statement over arrays (unnest): one plan and one
 # execution for the run instead of one per job, about a third less time for a
 # turn of 1,000 jobs than executemany. Not for a run naming one id twice (a job
-# put again within its turn): one INSERT cannot upsert a row twice, so that run
-# goes statement by statement (``MANY``).
+# put again within its turn, or ended twice): one INSERT cannot upsert a row twice,
+# and an UPDATE joined with two rows for one id takes either, as its plan has it,
+# so that run goes statement by statement (``MANY``), in order.
 PUT_ARRAYS = (
     "INSERT INTO emq_jobs (id, queue, headers, body, state, attempts, run_after, enqueued_at,"
     " updated_at) SELECT * FROM unnest(%b::bytea[], %s::text[], %b::bytea[], %b::bytea[],"
@@ -173,6 +179,8 @@ def as_arrays(kind: str, run: list[Any]) -> tuple[str, list[list[Any]]] | None:
             return None  # one id twice: statement by statement
         return sql, columns
     at, ids = zip(*rows, strict=True)
+    if len(set(ids)) != len(ids):
+        return None  # which of an UPDATE's two rows for one id wins is the plan's choice
     return sql, [list(ids), list(at)]
 
 

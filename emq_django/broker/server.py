@@ -212,6 +212,8 @@ class BrokerServer:
         self._refusals = RefusalLog(log)  # one ERROR line a second while commits fail
         self._held: list[Any] = []  # the effects that wait for the commit in flight
         self._held_puts: set[bytes] = set()  # the new jobs that commit saves
+        # the peers something in ``_held`` goes to (made once a commit, not per turn)
+        self._held_peers: set[int] = set()
         if self.journal is not None:
             if getattr(self.journal, "commits_off_loop", False):
                 self._writer = JournalWriter(self.journal, self._commit_over)
@@ -688,8 +690,9 @@ class BrokerServer:
         if writer is not None and writer.busy:
             if not last and not writer.done():  # what this turn made waits for it
                 if core.out:
-                    held = {id(e.peer) for e in self._held if hasattr(e, "peer")}
-                    self._send_ahead(self._held_puts | _puts(core.life.journal_ops), held)
+                    ops = core.life.journal_ops
+                    new = self._held_puts | _puts(ops) if ops else self._held_puts
+                    self._send_ahead(new, self._held_peers)
                 return
             self._end_write()
         if core.life.journal_ops:
@@ -744,6 +747,7 @@ class BrokerServer:
         core.life.journal_ops = []
         self._held, core.out = core.out, []
         self._held_puts = _puts(ops)
+        self._held_peers = {id(e.peer) for e in self._held if hasattr(e, "peer")}
         self._writer.submit(ops)
         return True
 
@@ -757,6 +761,7 @@ class BrokerServer:
         self.turns.add("commit", time.perf_counter() - started)  # what the loop waited
         held, self._held = self._held, []
         puts, self._held_puts = self._held_puts, set()
+        self._held_peers = set()
         if error is None:  # what waited for it goes now, before what came after
             if self._refusals.held:
                 self._refusals.flush()

@@ -362,3 +362,53 @@ def test_a_turn_of_dones_finds_its_rows_by_the_index_once_the_table_has_grown(
     )
     assert after[2] == scanned, "the turn of dones read the whole table"
     assert sum(1 for _, state in rows(pg_url) if state == "done") == 7 * 12 + 12
+
+
+def test_the_turns_statement_is_planned_once_not_at_each_commit(journal: PgJournal) -> None:
+    """Planning the turn's one statement (its CTEs, the fence) cost PostgreSQL about as
+    much as the rows of a turn of ten guaranteed jobs (bench/README.md, Guaranteed
+    jobs): it is planned once, a generic plan kept, and each commit only runs it."""
+    lease = Lease(journal.url, "broker-a", 5.0)
+    try:
+        journal.fence(lease.try_acquire(), 5.0)
+        previous: list[bytes] = []
+        for turn in range(12):
+            new = [b"p%d-%d" % (turn, i) for i in range(5)]
+            journal.apply([put(job) for job in new] + [("done", job, WALL) for job in previous])
+            previous = new
+        assert journal.one_statement == 12
+        plans = (
+            journal.link.get()
+            .execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH p AS (INSERT INTO emq_jobs%'"
+            )
+            .fetchall()
+        )
+        # (one statement per set of the parameters' types: an empty list's differs)
+        assert plans and all(custom == 0 for _, custom in plans)
+        assert sum(generic for generic, _ in plans) == 12
+    finally:
+        lease.close()
+
+
+def test_the_jobs_table_has_only_the_indexes_its_statements_search(journal: PgJournal) -> None:
+    """Each guaranteed job writes two row versions, an entry in every index each: the
+    table's indexes are the id (puts' conflicts, dones), the spilled jobs by queue
+    and the done ones by age (pruning), no index on ``seq`` alone."""
+    conn = journal.link.get()
+    found = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'emq_jobs' ORDER BY indexname"
+    ).fetchall()
+    assert [d.split(" USING ", 1)[1] for (d,) in found] == [
+        "btree (updated_at) WHERE (state = 'done'::text)",
+        "btree (id)",
+        "btree (queue, seq) WHERE (state = 'spilled'::text)",
+    ]
+    journal.apply([put(b"b"), put(b"a"), ("done", b"b", WALL + 1), put(b"c", "spilled")])
+    assert [(j.id, j.state) for j in journal.load()] == [
+        (b"b", "done"),
+        (b"a", "ready"),
+        (b"c", "spilled"),
+    ]
+    assert [j.id for j in journal.load_spilled("default", 10)] == [b"c"]
