@@ -14,6 +14,7 @@ unacknowledged, as the client does. Only the broker does real work, so its CPU
 per job (``/proc``, user+sys, from the first send to the last REPLY) is much
 steadier than in the full benchmark. ``--reply``: the jobs ask for their result
 (the results phase: the broker forwards every REPLY to the producer).
+``--priority N``: each job with priority N (its queue ranked, issue 33).
 ``--guarantee``: guaranteed jobs (``guarantee=True``: journaled before their ACK);
 with ``TREE,EMQ_JOURNAL_URL=postgresql://...`` on PostgreSQL's journal (a database
 made fresh per run: ``--fresh-pg``).
@@ -151,6 +152,7 @@ def one_run(
     profile: str = "",
     traced: bool = False,
     guarantee: bool = False,
+    priority: int = 0,
 ) -> dict[str, float]:
     work = tempfile.mkdtemp(prefix="broker-cpu-")
     fresh_pg(tree)
@@ -187,6 +189,8 @@ def one_run(
         headers += TRACEPARENT if traced else b""
         if guarantee:
             headers += b",guarantee"
+        if priority:
+            headers += b",priority:%d" % priority
         body = b'[["bench.noop"],{"args":[],"kwargs":{}}]'
         poller = zmq.Poller()
         for s in (producer, *slots):
@@ -255,6 +259,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=1000, help="unacknowledged REQUESTs at most")
     ap.add_argument("--reply", action="store_true")
     ap.add_argument("--guarantee", action="store_true", help="guaranteed jobs (journaled)")
+    ap.add_argument("--priority", type=int, default=0, help="each job's priority (a ranked queue)")
     ap.add_argument("--profile", default="", help="a directory: run the brokers under cProfile")
     ap.add_argument(
         "--traceparent",
@@ -278,6 +283,7 @@ def main() -> None:
                 stats,
                 opts.traceparent,
                 opts.guarantee,
+                opts.priority,
             )
             runs[tree].append(r)
             load = os.getloadavg()[0]
