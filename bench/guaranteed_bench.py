@@ -62,6 +62,7 @@ from bench.procs import (  # noqa: E402
     cpu_delta,
     find_system_pids,
     free_port,
+    free_ports,
     private_protocol_ports,
     tree_cpu,
 )
@@ -158,7 +159,7 @@ def start_emq(servers: ServerSet, args: argparse.Namespace, journal: dict[str, s
 
 
 def start_emq_once(servers: ServerSet, args: argparse.Namespace, journal: dict[str, str]) -> dict:
-    front, back, monitor = free_port(), free_port(), free_port()
+    front, back, monitor = free_ports(3)
     env = base_env(
         BENCH_DONE_URL=args.done_url,
         DJANGO_SETTINGS_MODULE="project.settings",
@@ -172,7 +173,7 @@ def start_emq_once(servers: ServerSet, args: argparse.Namespace, journal: dict[s
         EMQ_RECORDER="",
         EMQ_TRACE_DIR="",
         EMQ_ACK_WINDOW=str(args.window),  # map()'s sliding window, as RabbitMQ's
-        **private_protocol_ports(),
+        **private_protocol_ports((front, back, monitor)),
         **journal,
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]

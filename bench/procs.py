@@ -49,9 +49,13 @@ PROTOCOL_BINDS = (
 )
 
 
-def private_protocol_ports() -> dict[str, str]:
-    """``EMQ_*_BIND`` of every other protocol's port, each on a free loopback port."""
-    return {f"EMQ_{name}": f"tcp://127.0.0.1:{free_port()}" for name in PROTOCOL_BINDS}
+def private_protocol_ports(taken: tuple[int, ...] = ()) -> dict[str, str]:
+    """``EMQ_*_BIND`` of every other protocol's port, each on a free loopback port,
+    distinct from each other and from ``taken`` (the broker's own ports: ports found
+    free one at a time can come back twice, and a broker then failed to bind)."""
+    ports = [p for p in free_ports(len(PROTOCOL_BINDS) + len(taken)) if p not in taken]
+    pairs = zip(PROTOCOL_BINDS, ports, strict=False)  # (more ports than names: fine)
+    return {f"EMQ_{name}": f"tcp://127.0.0.1:{port}" for name, port in pairs}
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ from bench.procs import (
     base_env,
     find_system_pids,
     free_port,
+    free_ports,
     private_protocol_ports,
 )
 
@@ -253,7 +254,7 @@ def emq_curve_env(env: dict[str, str], manage: list[str]) -> tuple[dict[str, str
 
 
 def start_emq(servers: ServerSet, opts: object) -> Started:
-    p1, p2, p3 = free_port(), free_port(), free_port()
+    p1, p2, p3 = free_ports(3)
     urls = {p: f"tcp://127.0.0.1:{p}" for p in (p1, p2, p3)}
     env = env_for(
         opts,
@@ -266,7 +267,7 @@ def start_emq(servers: ServerSet, opts: object) -> Started:
         EMQ_MONITOR_URL=urls[p3],
         EMQ_IMPORTS="bench.emq_bench_tasks",
         EMQ_JOURNAL_PATH=os.path.join(servers.log_dir, f"emq-journal-{p1}.sqlite3"),
-        **private_protocol_ports(),
+        **private_protocol_ports((p1, p2, p3)),
     )
     manage = [PYTHON, os.path.join(REPO, "manage.py")]
     notes = [
