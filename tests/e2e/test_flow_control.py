@@ -9,7 +9,6 @@ order things happened (small O_APPEND writes).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,8 @@ from emq_django.broker.flow import BURST
 from tests.e2e import flow_tasks as tasks
 from tests.e2e.test_spine import monitor, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
-from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def env(
-    emq_env: dict[str, str], emq_client_env: dict[str, str], tmp_path: Path
-) -> Iterator[dict[str, str]]:
-    extra = {
-        "EMQ_IMPORTS": "tests.e2e.flow_tasks",
-        "EMQ_FLOW_LOG": str(tmp_path / "flow.jsonl"),
-        "EMQ_RECORDER": "",
-    }
-    with environment(emq_env, extra):
-        yield emq_env
 
 
 def start(

@@ -10,8 +10,6 @@ The tasks are in tests/e2e/flow_tasks.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,22 +18,8 @@ from tests.e2e import flow_tasks as tasks
 from tests.e2e.test_manager_drain import manager
 from tests.e2e.test_spine import wait_jm_ready
 from tests.support import EmqProcesses, start_broker, wait_until
-from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def env(
-    emq_env: dict[str, str], emq_client_env: dict[str, str], tmp_path: Path
-) -> Iterator[dict[str, str]]:
-    extra = {
-        "EMQ_IMPORTS": "tests.e2e.flow_tasks",
-        "EMQ_FLOW_LOG": str(tmp_path / "flow.jsonl"),
-        "EMQ_RECORDER": "",
-    }
-    with environment(emq_env, extra):
-        yield emq_env
 
 
 def test_jobs_failed_and_memory_of_a_job_manager(

@@ -10,30 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.e2e import flow_tasks as tasks
 from tests.e2e.test_spine import monitor, wait_jm_ready
 from tests.support import EmqProcesses, ManagedProcess, start_broker, wait_until
-from tests.support.environ import environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def env(
-    emq_env: dict[str, str], emq_client_env: dict[str, str], tmp_path: Path
-) -> Iterator[dict[str, str]]:
-    extra = {
-        "EMQ_IMPORTS": "tests.e2e.flow_tasks",
-        "EMQ_FLOW_LOG": str(tmp_path / "flow.jsonl"),
-        "EMQ_RECORDER": "",
-    }
-    with environment(emq_env, extra):
-        yield emq_env
 
 
 def start_jm(procs: EmqProcesses, env: dict[str, str], broker: ManagedProcess) -> None:
