@@ -24,17 +24,10 @@ AGING = 0.1  # seconds of waiting per priority level, for the aging test
 
 
 @pytest.fixture
-def env(
-    emq_env: dict[str, str], emq_client_env: dict[str, str], tmp_path: Path
-) -> Iterator[dict[str, str]]:
-    extra = {
-        "EMQ_IMPORTS": "tests.e2e.flow_tasks",
-        "EMQ_FLOW_LOG": str(tmp_path / "flow.jsonl"),
-        "EMQ_RECORDER": "",
-        "EMQ_PRIORITY_AGING": str(AGING),
-    }
-    with environment(emq_env, extra):
-        yield emq_env
+def env(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The flow tasks' environment (tests/e2e/conftest.py), with this aging."""
+    with environment(env, {"EMQ_PRIORITY_AGING": str(AGING)}):
+        yield env
 
 
 def start(procs: EmqProcesses, env: dict[str, str]) -> list[ManagedProcess]:
