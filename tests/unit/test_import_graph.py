@@ -176,3 +176,17 @@ def test_the_graph_sees_type_checking_and_function_imports() -> None:
     graph = import_graph()
     assert "emq_django.broker.state" in graph["emq_django.broker.effects"]  # TYPE_CHECKING
     assert "emq_django.results.lookup" in graph["emq_django.results.apps"]  # inside ready()
+
+
+# What the poll loop may take from protocol/: the refusal codes every peer shares.
+NEUTRAL_PROTOCOL = {"emq_django.protocol.limits"}
+
+
+def test_the_broker_server_imports_no_protocol_and_no_port_but_through_the_registry() -> None:
+    """Issue 31: adding a protocol is a port module and a line in ``PORTS``; the
+    server loop names no codec and no port module."""
+    imported = import_graph()["emq_django.broker.server"]
+    codecs = {m for m in imported if m.startswith("emq_django.protocol")} - NEUTRAL_PROTOCOL
+    ports = {m for m in imported if m.startswith("emq_django.broker.ports.")}
+    assert not codecs, f"broker/server.py imports codecs: {sorted(codecs)}"
+    assert ports <= {"emq_django.broker.ports.base"}, f"and port modules: {sorted(ports)}"
