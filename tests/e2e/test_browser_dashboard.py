@@ -101,6 +101,24 @@ class Producer(threading.Thread):
             self.stopped.wait(1.0 / self.rate)
 
 
+def manager_row(browser: Any, identity: str) -> dict[str, str] | None:
+    """The dashboard's row of one job manager, by column heading (None while the
+    page redraws the table under the read)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        table = browser.find_element(By.ID, "emq-jobmanagers")
+        heads = [h.get_attribute("textContent") for h in table.find_elements(By.TAG_NAME, "th")]
+        for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            if cells and cells[0].startswith(identity):
+                return dict(zip(heads, cells, strict=False))
+    except StaleElementReferenceException:
+        pass
+    return None
+
+
 def number(driver: Any, element_id: str) -> int:
     from selenium.webdriver.common.by import By
 
@@ -190,6 +208,17 @@ def test_dashboard_live_in_browser(
         queues = browser.find_element(By.ID, "emq-queues").text
         assert "spine" in queues
         assert "browser-jm" in queues
+        # the job manager's row: jobs failed (none: the producer's jobs succeed) and
+        # its memory, which it reports every 5 s
+        row = wait_until(
+            lambda: (r := manager_row(browser, "browser-jm")) and "MiB" in r.get("memory", "") and r,
+            "the job manager's memory on the dashboard",
+            15,
+            [broker, jm, web],
+        )
+        print(f"job manager row: {row}")
+        assert row["failed"] == "0"
+        assert float(row["memory"].removesuffix(" MiB")) > 10  # a Python process and 2 workers
         wait_until(
             lambda: browser.find_element(By.ID, "emq-chart-throughput").find_elements(
                 By.TAG_NAME, "polyline"

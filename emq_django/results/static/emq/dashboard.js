@@ -190,11 +190,18 @@
     fillTable("emq-jobmanagers", m.job_managers.map(function (j) {
       return [{text: j.identity + (j.draining ? " (stopping)" : ""), href: "jobmanager/" + encodeURIComponent(j.identity) + "/"}, j.host, j.pid,
         (j.queues || []).map(function (q) { return q[1] + ":" + q[0]; }).join(", "),
-        j.busy, j.free_slots, j.slots, j.jobs_done, ago(j.last_heartbeat, now)];
+        j.busy, j.free_slots, j.slots, j.jobs_done, fmt(j.jobs_failed), memory(j), ago(j.last_heartbeat, now)];
     }));
     fillTable("emq-schedulers", (m.schedulers || []).map(function (s) {
       return [s.identity, s.host, s.pid, ago(s.last_heartbeat, now)];
     }));
+  }
+
+  // a job manager's resident memory, its processes' included (our job manager
+  // reports it every 5 s; EventMQ's reports none)
+  function memory(j) {
+    if (j.memory_bytes === null || j.memory_bytes === undefined) return "not reported";
+    return (j.memory_bytes / 1048576).toFixed(1) + " MiB";
   }
 
   // the lease (EMQ_JOURNAL_URL): the answering broker's role, the epoch, the
