@@ -4,6 +4,7 @@ workflows of bench/workflow_bench.py (GroupCallbacks' barrier in Redis too)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
@@ -25,6 +26,11 @@ broker.add_middleware(Results(backend=RESULTS))
 # BENCH_DRAMATIQ_GROUPS): the fair benchmark's Dramatiq runs without it
 if os.environ.get("BENCH_DRAMATIQ_GROUPS"):
     broker.add_middleware(GroupCallbacks(RedisRateLimiterBackend(url=REDIS_URL)))
+    # A pipeline nests each next message in the one before: at Python's default
+    # recursion limit (1,000) its first message fails to encode from about 500
+    # steps (RecursionError). A Dramatiq user with a longer pipeline raises
+    # the limit, in the producer and in the workers (this module is both's).
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
 dramatiq.set_broker(broker)
 
 
