@@ -16,11 +16,11 @@ import zmq
 
 from emq_django.broker.ports.emqp_clients import ACK_DELAY, EmqpClientPort
 from emq_django.broker.server import BrokerServer
-from emq_django.client import Client
 from emq_django.protocol import PROTOCOL as P
 from emq_django.protocol import frames as F
 from emq_django.protocol.headers import parse_headers
-from tests.support import free_tcp_ports, private_broker_settings
+from tests.support import private_broker_settings
+from tests.support.router_broker import client_on_router, send_first
 
 BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
 WAIT_MS = 5000
@@ -171,29 +171,10 @@ def test_held_acks_go_before_a_refusal_to_the_same_client(server: BrokerServer) 
 
 
 def test_the_client_flags_its_requests_and_takes_an_ack_of_several() -> None:
-    (port,) = free_tcp_ports(1)
-    context: zmq.Context[Any] = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.linger = 0
-    router.bind(f"tcp://127.0.0.1:{port}")
-    client = Client(f"tcp://127.0.0.1:{port}", ack_timeout=5.0, context=context, curve=None)
-    try:
+    with client_on_router() as (client, router):
         # the first message waits for its ACK: the test answers it as the broker would
-        first: list[str] = []
-
-        def answer_one() -> None:
-            assert router.poll(WAIT_MS)
-            frames = router.recv_multipart()
-            first.append(frames[6].decode())
-            router.send_multipart([frames[0], *F.encode_ack(b"a-1", frames[4])])
-
-        import threading
-
-        helper = threading.Thread(target=answer_one)
-        helper.start()
-        client.send("default", b"reply-requested", BODY)
-        helper.join()
-        assert parse_headers(first[0].encode()).acks
+        _, frames = send_first(client, router, "default", b"reply-requested", BODY)
+        assert parse_headers(frames[6]).acks
         ids = [client.send("default", b"", BODY) for _ in range(3)]
         seen = []
         while len(seen) < 3:
@@ -205,7 +186,3 @@ def test_the_client_flags_its_requests_and_takes_an_ack_of_several() -> None:
         router.send_multipart([frames[0], *F.encode_acks(b"a-2", seen)])
         client.flush(timeout=5.0)  # returns: every job acknowledged by the one ACK
         assert not client._pending
-    finally:
-        client.close()
-        router.close()
-        context.destroy(linger=0)

@@ -7,45 +7,23 @@ JobRefused). Real loopback sockets; the broker is a ROUTER played by the test.""
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any
 
 import pytest
-import zmq
 
-from emq_django.client import Client
 from emq_django.protocol import frames as F
-from tests.support import free_tcp_ports
+from tests.support.router_broker import WAIT_MS, client_on_router, send_first
 
 BODY = b'["run",{"callable":"add","path":"pkg.tasks","args":[2,3],"kwargs":{}}]'
-WAIT_MS = 5000
 
 
 def test_a_refusal_read_after_the_jobs_ack_does_not_make_its_result_a_refusal(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="emq_django.client.inbox")
-    (port,) = free_tcp_ports(1)
-    context: zmq.Context[Any] = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.linger = 0
-    router.bind(f"tcp://127.0.0.1:{port}")
-    client = Client(f"tcp://127.0.0.1:{port}", ack_timeout=5.0, context=context, curve=None)
-    try:
+    with client_on_router() as (client, router):
         # the first message waits for its ACK: the test answers it as the broker would
-        peers: list[bytes] = []
-
-        def answer_first() -> None:
-            assert router.poll(WAIT_MS)
-            frames = router.recv_multipart()
-            peers.append(frames[0])
-            router.send_multipart([frames[0], *F.encode_ack(b"a-1", frames[4])])
-
-        helper = threading.Thread(target=answer_first)
-        helper.start()
-        job = client.send("default", b"reply-requested", BODY).encode()
-        helper.join()
-        peer = peers[0]
+        sent, frames = send_first(client, router, "default", b"reply-requested", BODY)
+        job, peer = sent.encode(), frames[0]
         # the refusal of another copy of it, then an ACK of a second job: once the
         # client has that ACK it has read the refusal (one connection, in order)
         late = F.Error(b"e-1", job, "not saved: journal unreachable", "journal")
@@ -64,7 +42,3 @@ def test_a_refusal_read_after_the_jobs_ack_does_not_make_its_result_a_refusal(
         router.send_multipart([peer, *F.encode_reply(b"r-1", b"5", job, b"ok")])
         reply = client.wait_reply(job, timeout=5.0)
         assert reply.body == b"5"
-    finally:
-        client.close()
-        router.close()
-        context.destroy(linger=0)
