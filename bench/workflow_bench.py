@@ -53,7 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--chain", type=int, default=1_000, help="steps of the chain")
     ap.add_argument("--chord-fallback", type=int, default=1_000, help="0: none")
     ap.add_argument(
-        "--chain-fallback", type=int, default=400, help="0: none; the size if a peer fails the full one"
+        "--chain-fallback", type=int, default=400, help="0: none; the size if a peer fails 1,000"
     )
     ap.add_argument(
         "--limit",

@@ -208,10 +208,15 @@ def test_dashboard_live_in_browser(
         queues = browser.find_element(By.ID, "emq-queues").text
         assert "spine" in queues
         assert "browser-jm" in queues
+
         # the job manager's row: jobs failed (none: the producer's jobs succeed) and
         # its memory, which it reports every 5 s
+        def reported() -> dict[str, str] | None:
+            row = manager_row(browser, "browser-jm")
+            return row if row and "MiB" in row.get("memory", "") else None
+
         row = wait_until(
-            lambda: (r := manager_row(browser, "browser-jm")) and "MiB" in r.get("memory", "") and r,
+            reported,
             "the job manager's memory on the dashboard",
             15,
             [broker, jm, web],
