@@ -36,7 +36,6 @@ from emq_django.broker.flow import FlowControl
 from emq_django.broker.journal import JobDone, KeepReply
 from emq_django.broker.kept_replies import decode_reply, encode_reply
 from emq_django.broker.lifecycle import JobLifecycle
-from emq_django.broker.priority import wire_rank
 from emq_django.broker.spans import DispatchSpans
 from emq_django.broker.state import (
     ROLE_MANAGER,
@@ -585,10 +584,8 @@ class BrokerCore:
             return
         guaranteed = headers.guarantee and life.journal_ops is not None
         config = self.config
-        over = (
-            len(queue.pending) >= config.max_pending
-            or queue.pending_bytes >= config.max_queue_bytes
-        )
+        waiting = len(queue.pending)  # (a ranked queue's len is a Python call: once)
+        over = waiting >= config.max_pending or queue.pending_bytes >= config.max_queue_bytes
         if over and not guaranteed and not headers.run_after:
             self._refuse_full(client, msgid, queue)
             return
@@ -608,7 +605,7 @@ class BrokerCore:
             if queue.gated:
                 queue.push(job)
                 self._pump(queue, now, job)
-            elif queue.pending or self.stopping:
+            elif waiting or self.stopping:
                 queue.push(job)
                 if queue.ranked and headers.priority > queue.floor:
                     self._overtake(job, queue, now)
@@ -1226,9 +1223,7 @@ class BrokerCore:
         if peer.lease:
             heapq.heappush(self.leases, (now + peer.lease, job.attempt_id))
         if queue.ranked and peer.role == ROLE_SLOT:  # it orders what it holds by rank
-            held_worst(peer, job, queue)
-            rank = wire_rank(job, queue.aging, self._wall_offset)
-            self.out.append(Deliver(peer, job, rank))
+            self.out.append(Deliver(peer, job, held_worst(peer, job, queue, self._wall_offset)))
         else:
             self.out.append(Deliver(peer, job))
 

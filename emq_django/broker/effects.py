@@ -49,7 +49,7 @@ class Deliver:
     job: Job
     # a ranked queue's job to a worker process of ours: its rank (the ``rank``
     # header, broker/priority.py ``wire_rank``); None otherwise
-    rank: float | None = None
+    rank: int | None = None
 
 
 @dataclass(slots=True, eq=False)

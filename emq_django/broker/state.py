@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from emq_django.broker.priority import RankedPending, rank_key
+from emq_django.broker.priority import RankedPending, on_wire, rank_key
 from emq_django.broker.seam import ClientRef, PortRef
 from emq_django.protocol.flow import parse_queue_rates
 from emq_django.protocol.headers import Headers
@@ -327,16 +327,23 @@ def holds_jobs(peer: Peer) -> bool:
     return peer.role == ROLE_SLOT and bool(peer.inflight)
 
 
-def held_worst(peer: Peer, job: Job, queue: Queue) -> None:
+def held_worst(peer: Peer, job: Job, queue: Queue, wall_offset: float) -> int:
     """``job`` of the ranked ``queue`` went to the worker process ``peer`` (its
-    ``inflight`` has it): the bounds ``Peer.worst`` and ``Queue.floor``."""
+    ``inflight`` has it): the bounds ``Peer.worst`` and ``Queue.floor``. Returns the
+    job's rank for the wire (``wire_rank``; it and ``rank_key`` inline: per job)."""
     peer.reorders = True
     priority = job.headers.priority
     if priority < queue.floor:
         queue.floor = priority
-    key = rank_key(job, queue.aging)
-    if len(peer.inflight) == 1 or peer.worst is None or key > peer.worst:
+    aging = queue.aging
+    if aging:
+        key = (job.enqueued_at - priority * aging, 0.0)
+    else:
+        key = (-priority, job.enqueued_at)
+    worst = peer.worst
+    if worst is None or key > worst or len(peer.inflight) == 1:
         peer.worst = key
+    return on_wire(key, aging, wall_offset)
 
 
 def holder_of_lower(job: Job, queue: Queue, inflight: dict[bytes, Job]) -> Peer | None:

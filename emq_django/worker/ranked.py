@@ -36,14 +36,15 @@ Job = tuple[bytes, str, Headers, bytes]  # msgid (the attempt), queue, headers, 
 
 
 class LocalOrder:
-    """Per queue a heap of ``(rank, seq, job)``, and the queues' turns in arrival
-    order."""
+    """Per queue a heap of ``(rank, seq, job)`` (kept when empty: one per queue the
+    process serves), and the queues' turns in arrival order (``turns``: one entry
+    per job held)."""
 
-    __slots__ = ("_heaps", "_turns", "_seq")
+    __slots__ = ("_heaps", "turns", "_seq")
 
     def __init__(self) -> None:
         self._heaps: dict[str, list[tuple[float, int, Job]]] = {}
-        self._turns: deque[str] = deque()
+        self.turns: deque[str] = deque()
         self._seq = 0
 
     def add(
@@ -56,19 +57,21 @@ class LocalOrder:
         heapq.heappush(
             heap, (_FIRST if rank is None else rank, self._seq, (msgid, queue, headers, body))
         )
-        self._turns.append(queue)
+        self.turns.append(queue)
 
     def take(self, jobs: Iterable[list[bytes]], fail: Callable[[bytes, str, str], None]) -> None:
         """The 7-frame REQUESTs ``jobs``; one whose queue or headers do not parse
         fails unstarted (``fail(msgid, error, reason)``), as ``_run_batch`` does.
-        The rank (the broker puts it last) is cut off first: the rest of the
-        headers repeat from job to job, and ``parse_headers`` has them cached."""
+        The rank (the broker puts it last) is cut off first (in place: the frames
+        are this process's own): the rest of the headers repeat from job to job,
+        and ``parse_headers`` has them cached. (``add``, inline: once per job.)"""
+        heaps, turns = self._heaps, self.turns
         for frames in jobs:
             base, cut, text = frames[5].rpartition(RANK)
             try:
-                rank = float(text) if cut else None
+                rank = float(text) if cut else _FIRST
                 if cut:
-                    frames = [*frames[:5], base, frames[6]]
+                    frames[5] = base
                 fields = F.request_fields(frames)
             except ValueError:
                 fail(frames[3], _PROTOCOL_ERROR, f"header 'rank' is not a number: {text[:40]!r}")
@@ -77,25 +80,27 @@ class LocalOrder:
                 fail(frames[3], _PROTOCOL_ERROR, exc.reason)
                 continue
             if fields is not None:
-                self.add(frames[3], fields[0], fields[1], frames[6], rank)
+                queue = fields[0]
+                self._seq = seq = self._seq + 1
+                heap = heaps.get(queue)
+                if heap is None:
+                    heap = heaps[queue] = []
+                heapq.heappush(heap, (rank, seq, (frames[3], queue, fields[1], frames[6])))
+                turns.append(queue)
 
     def pop(self) -> Job:
         """The next job to run: the best-ranked of the queue whose turn it is."""
-        heap = self._heaps[self._turns.popleft()]
-        job = heapq.heappop(heap)[2]
-        if not heap:
-            del self._heaps[job[1]]
-        return job
+        return heapq.heappop(self._heaps[self.turns.popleft()])[2]
 
     def clear(self) -> list[bytes]:
         """Forget every job (their connection is gone); returns their msgids."""
         dropped = [item[2][0] for heap in self._heaps.values() for item in heap]
         self._heaps.clear()
-        self._turns.clear()
+        self.turns.clear()
         return dropped
 
     def __len__(self) -> int:
-        return len(self._turns)
+        return len(self.turns)
 
 
 def run_ranked(worker: Any, jobs: list[list[bytes]]) -> None:
@@ -107,7 +112,8 @@ def run_ranked(worker: Any, jobs: list[list[bytes]]) -> None:
     the time limits: as ever (``SlotWorker._run``)."""
     order, link, fail = worker.order, worker.link, worker._fail_unstarted
     order.take(jobs, fail)
-    while order:
+    held = order.turns  # one entry per job held (its len: C-level, per job)
+    while held:
         sock = link.sock
         while sock is not None and wire.readable(sock):
             frames = wire.recv(sock)
@@ -120,17 +126,17 @@ def run_ranked(worker: Any, jobs: list[list[bytes]]) -> None:
                 order.take([frames], fail)
             else:
                 worker._handle(frames)  # an ACK, a KBYE, a heartbeat: as ever
-        if link.sock is not sock or not order:
+        if link.sock is not sock or not held:
             break  # connected again: the broker took back what the old connection held
         msgid, queue, headers, body = order.pop()
-        worker._queued = len(order)  # more to run: answers may wait for theirs
+        worker._queued = len(held)  # more to run: answers may wait for theirs
         if worker.abandoning:
             worker._give_back(msgid)
         else:
             worker._run(msgid, queue, headers, body)
-        if link.tick():
+        if held and link.tick():  # (none held: the loop it returns to ticks)
             break
     worker._queued = 0
-    if order:
+    if held:
         dropped = order.clear()
         log.info("connected again: %d jobs held here went back to the broker", len(dropped))

@@ -169,3 +169,50 @@ def test_a_slot_that_may_reorder_is_timed_out_on_its_longest_limit_and_held() ->
     core.tick(19.5, keep_alive=[b"w"])
     assert b"w" not in core.peers and core.counters["time_limits"] == 1
     assert set(core.held) == {b"a#1", b"b#1"}  # held for its job manager's word
+
+
+@pytest.mark.parametrize("aging", [0.0, 0.5])
+def test_a_ranked_queue_keeps_the_heaps_order_whatever_mix_of_jobs_comes(aging: float) -> None:
+    """``RankedPending`` keeps jobs that come in rank order in a deque and the others
+    in a heap: any mix of appends, jobs given back, removals and pops goes in the
+    order of ``(rank_key, first in)``, as one heap of them all would."""
+    import random
+
+    from emq_django.broker.priority import rank_key
+
+    rng = random.Random(33)
+    pending: RankedPending[Job] = RankedPending(aging)
+    model: list[tuple[tuple[float, float], int, Job]] = []
+    seq = front = 0
+    popped, expected = [], []
+    for i in range(3000):
+        op = rng.random()
+        if op < 0.55 or not model:
+            priority = rng.choice([0, 0, 0, 1, 5, -3]) if op < 0.5 else rng.randint(-100, 100)
+            at = i * 0.01 + (rng.random() * 5 if op < 0.1 else 0.0)
+            job = Job(b"j%d" % i, "q", parse_headers(b"priority:%d" % priority), b"", None, at)
+            seq += 1
+            pending.append(job)
+            model.append((rank_key(job, aging), seq, job))
+        elif op < 0.6:
+            job = min(model, key=lambda m: m[:2])[2] if rng.random() < 0.5 else model[0][2]
+            pending.remove(job)
+            model = [m for m in model if m[2] is not job]
+            front -= 1
+            pending.appendleft(job)  # given back unstarted
+            model.append((rank_key(job, aging), front, job))
+        elif op < 0.65:
+            job = rng.choice(model)[2]
+            assert job in pending
+            pending.remove(job)
+            model = [m for m in model if m[2] is not job]
+        else:
+            head = min(model, key=lambda m: m[:2])
+            model.remove(head)
+            assert pending[0] is head[2]
+            popped.append(pending.popleft())
+            expected.append(head[2])
+        assert len(pending) == len(model) and bool(pending) == bool(model)
+    assert popped == expected
+    assert sorted(j.id for j in pending) == sorted(m[2].id for m in model)
+    assert pending.page(0, 10) == [m[2] for m in sorted(model, key=lambda m: m[:2])][:10]

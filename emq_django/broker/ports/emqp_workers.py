@@ -242,7 +242,7 @@ class EmqpWorkerPort(Port):
             job = e.job
             headers = _reply_always(job.headers.raw)
             if e.rank is not None:  # a ranked queue's job, to a worker process of ours
-                headers = b"%s,rank:%r" % (headers, e.rank)
+                headers = b"%s,rank:%d" % (headers, e.rank)
             return _encode_request(job.attempt_id, job.queue.encode(), headers, job.body)
         if kind is Beat:
             return F.encode_heartbeat(self.new_id(), e.wall)
