@@ -19,6 +19,7 @@ import socket as pysocket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from operator import itemgetter
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,8 @@ _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a Clien
 # the journal operations a turn may commit on the writer's thread: the jobs' own
 # (a done row with its kept reply among them: broker/kept_replies.py)
 _OFF_LOOP = frozenset(("put", "done", "reply"))
+_op_kind = itemgetter(0)
+_NO_PEER = frozenset((*_TO_CLIENT, Published))  # the effects not addressed to a peer
 
 
 def _refusal_code(exc: BaseException) -> str:
@@ -696,9 +699,10 @@ class BrokerServer:
                 return
             self._end_write()
         if core.life.journal_ops:
+            puts = _puts(core.life.journal_ops)
             if core.out:
-                self._send_ahead(_puts(core.life.journal_ops), set())
-            if writer is None or last or not self._write_off_loop():
+                self._send_ahead(puts, set())
+            if writer is None or last or not self._write_off_loop(puts):
                 self._commit()  # before anything about those jobs leaves the broker
         if core.life.spill_requests:
             self._refill_spilled()
@@ -734,20 +738,24 @@ class BrokerServer:
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
 
-    def _write_off_loop(self) -> bool:
-        """Hand the turn's operations to the writer (``broker/journal_writer.py``)
-        when they are puts and dones only (no events: those the topics count as
-        saved at their commit); what the turn made waits for the commit in
-        ``_held``. False: commit on the loop."""
+    def _write_off_loop(self, puts: set[bytes]) -> bool:
+        """Hand the turn's operations (``puts``: the ids of its new jobs) to the
+        writer (``broker/journal_writer.py``) when they are puts and dones only (no
+        events: those the topics count as saved at their commit); what the turn
+        made waits for the commit in ``_held``. False: commit on the loop."""
         core = self.core
         ops = core.life.journal_ops
         assert self._writer is not None and ops is not None
-        if core.topics.unsaved or any(op[0] not in _OFF_LOOP for op in ops):
+        if core.topics.unsaved or not _OFF_LOOP.issuperset(map(_op_kind, ops)):
             return False
         core.life.journal_ops = []
         self._held, core.out = core.out, []
-        self._held_puts = _puts(ops)
-        self._held_peers = {id(e.peer) for e in self._held if hasattr(e, "peer")}
+        self._held_puts = puts
+        self._held_peers = {
+            id(e.peer)  # type: ignore[union-attr]
+            for e in self._held
+            if type(e) not in _NO_PEER  # an ACK (the most held) has a client, no peer
+        }
         self._writer.submit(ops)
         return True
 
