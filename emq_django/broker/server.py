@@ -98,11 +98,6 @@ def _refusal_code(exc: BaseException) -> str:
     return REFUSED_LEASE_LOST if isinstance(exc, LeaseLost) else REFUSED_JOURNAL
 
 
-def _puts(ops: list[Any] | None) -> set[bytes]:
-    """The ids of the jobs ``ops`` save anew."""
-    return {op.job_id for op in ops or () if type(op) is PutJob}
-
-
 _backend_recv = zmq.backend.Socket.recv
 
 
@@ -217,6 +212,10 @@ class BrokerServer:
         self._held_puts: set[bytes] = set()  # the new jobs that commit saves
         # the peers something in ``_held`` goes to (made once a commit, not per turn)
         self._held_peers: set[int] = set()
+        # ``_turn_puts``: the operation list read so far, how far, the new ids in it
+        self._puts_of: list[Any] | None = None
+        self._puts_read = 0
+        self._puts_ids: set[bytes] = set()
         if self.journal is not None:
             if getattr(self.journal, "commits_off_loop", False):
                 self._writer = JournalWriter(self.journal, self._commit_over)
@@ -694,12 +693,12 @@ class BrokerServer:
             if not last and not writer.done():  # what this turn made waits for it
                 if core.out:
                     ops = core.life.journal_ops
-                    new = self._held_puts | _puts(ops) if ops else self._held_puts
+                    new = self._held_puts | self._turn_puts(ops) if ops else self._held_puts
                     self._send_ahead(new, self._held_peers)
                 return
             self._end_write()
         if core.life.journal_ops:
-            puts = _puts(core.life.journal_ops)
+            puts = self._turn_puts(core.life.journal_ops)
             if core.out:
                 self._send_ahead(puts, set())
             if writer is None or last or not self._write_off_loop(puts):
@@ -737,6 +736,21 @@ class BrokerServer:
         self._hold_due = due
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
+
+    def _turn_puts(self, ops: list[Any]) -> set[bytes]:
+        """The ids of the jobs ``ops`` (``journal_ops``) save anew. While a commit is
+        in flight, the operations of every turn gather there and each turn asks: only
+        what was appended since the last call is read. A list handed over or
+        filtered is replaced by a new one (ours is kept, so it is never another's
+        id); in place, only a done becomes a reply (``core._keep_reply``)."""
+        n = len(ops)
+        if ops is not self._puts_of or n < self._puts_read:
+            self._puts_of, self._puts_read, self._puts_ids = ops, 0, set()
+        if n > self._puts_read:
+            new = ops[self._puts_read :] if self._puts_read else ops
+            self._puts_ids.update(op.job_id for op in new if type(op) is PutJob)
+            self._puts_read = n
+        return self._puts_ids
 
     def _write_off_loop(self, puts: set[bytes]) -> bool:
         """Hand the turn's operations (``puts``: the ids of its new jobs) to the
