@@ -31,6 +31,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from emq_django.broker import journal as sqlite_journal
+from emq_django.broker import pgarrays
 from emq_django.broker.journal import EXPIRED_KEY, JournalOp, PruneEvents, StoredJob
 from emq_django.broker.journal_sql import (
     ADDED_COLUMNS,
@@ -92,13 +93,13 @@ class PgJournal:
     commits_off_loop = True
 
     def __init__(self, url: str, name: str = "", new: bool = False) -> None:
-        """Connect and create the tables if missing. A wrong URL, a missing database
-        or role, a refused permission or PostgreSQL down raise ``JournalError`` here:
-        the broker stops at start with it. ``new``: start an empty journal on purpose,
-        renaming the tables of the existing one aside."""
+        """Connect and create the tables if missing. A wrong URL, a missing database or
+        role, a refused permission or PostgreSQL down raise ``JournalError`` here: the
+        broker stops at start with it. ``new``: an empty journal, the old one renamed."""
         self.url = url
         self.path = redact(url)  # what errors and the monitor name the journal by
         self.name = name or default_name()
+        pgarrays.register(import_psycopg().adapters)  # before the link's connections
         self.link = PgLink(url, f"emq-broker journal {self.name}", SESSION)
         self._epoch: int | None = None
         self._ttl = 1.0

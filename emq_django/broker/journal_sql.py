@@ -12,6 +12,14 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from emq_django.broker.pgarrays import (
+    PgArray,
+    bytea_array,
+    float8_array,
+    int4_array,
+    text_array,
+)
+
 if TYPE_CHECKING:
     from emq_django.broker.topics import Event
 
@@ -234,40 +242,56 @@ JOBS_FENCED = (
 )
 
 
-def fold_jobs(ops: list[Any]) -> list[list[Any]] | None:
+def fold_jobs(ops: list[Any]) -> list[PgArray] | None:
     """A turn of puts and dones only, as the parameters of ``JOBS_ONLY``: the puts'
-    columns, the dones' (ids, times), then the replies' (ids, times, replies); a job
-    both put and ended here is one put in state 'done' without a body (with its
-    reply as the body, for a ``KeepReply``). None: the turn has other operations,
-    or names a job twice otherwise (the statement-by-statement path writes it)."""
-    puts: dict[bytes, list[Any]] = {}
+    columns, the dones' (ids, times), then the replies' (ids, times, replies), each
+    made into its binary array at once (``broker/pgarrays.py``); a job both put and
+    ended here is one put in state 'done' without a body (with its reply as the
+    body, for a ``KeepReply``). None: the turn has other operations, or names a job
+    twice otherwise (the statement-by-statement path writes it)."""
+    puts: dict[bytes, int] = {}  # a job's put: its index in ``rows``
+    rows: list[tuple[Any, ...]] = []  # the put operations, as they are
     dones: dict[bytes, float] = {}
     replies: dict[bytes, tuple[float, bytes]] = {}
     for op in ops:
         kind = op[0]
         if kind == "put":
-            _, job_id, queue, headers, body, state, attempts, run_after, enqueued_at, now = op
+            job_id = op[1]
             if job_id in puts or job_id in dones:
                 return None
-            puts[job_id] = [job_id, queue, headers, body, state, int(attempts)]
-            puts[job_id] += [float(run_after), float(enqueued_at), float(now)]
+            puts[job_id] = len(rows)
+            rows.append(op)
         elif kind == "done" or kind == "reply":
             job_id, at = op[1], op[-1]
-            reply = op[2] if kind == "reply" else None
-            row = puts.get(job_id)
-            if job_id in dones or job_id in replies or (row is not None and row[4] == "done"):
+            i = puts.get(job_id)
+            if job_id in dones or job_id in replies or (i is not None and rows[i][5] == "done"):
                 return None
-            if row is not None:
-                row[3], row[4], row[8] = reply, "done", float(at)
-            elif reply is None:
-                dones[job_id] = float(at)
+            if i is not None:  # (kind, id, queue, headers, body, state, ..., updated)
+                row = rows[i]
+                reply = op[2] if kind == "reply" else None
+                rows[i] = (*row[:4], reply, "done", *row[6:9], at)
+            elif kind == "done":
+                dones[job_id] = at
             else:
-                replies[job_id] = (float(at), reply)
+                replies[job_id] = (at, op[2])
         else:
             return None
-    columns: list[list[Any]] = [list(c) for c in zip(*puts.values(), strict=True)] or [
-        [] for _ in range(9)
+    _, ids, queues, headers, bodies, states, attempts, run_after, enqueued, updated = (
+        zip(*rows, strict=True) if rows else [()] * 10
+    )
+    return [
+        bytea_array(ids),
+        text_array(queues),
+        bytea_array(headers),
+        bytea_array(bodies),
+        text_array(states),
+        int4_array(attempts),
+        float8_array(run_after),
+        float8_array(enqueued),
+        float8_array(updated),
+        bytea_array(list(dones)),
+        float8_array(list(dones.values())),
+        bytea_array(list(replies)),
+        float8_array([r[0] for r in replies.values()]),
+        bytea_array([r[1] for r in replies.values()]),
     ]
-    columns += [list(dones), list(dones.values())]
-    columns += [list(replies), [r[0] for r in replies.values()], [r[1] for r in replies.values()]]
-    return columns

@@ -19,6 +19,7 @@ import socket as pysocket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from operator import itemgetter
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,8 @@ _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a Clien
 # the journal operations a turn may commit on the writer's thread: the jobs' own
 # (a done row with its kept reply among them: broker/kept_replies.py)
 _OFF_LOOP = frozenset(("put", "done", "reply"))
+_op_kind = itemgetter(0)
+_NO_PEER = frozenset((*_TO_CLIENT, Published))  # the effects not addressed to a peer
 
 
 def _refusal_code(exc: BaseException) -> str:
@@ -93,11 +96,6 @@ def _refusal_code(exc: BaseException) -> str:
     lost to another broker is no fault of the job (the client sends it again, to
     the new active broker), unlike a journal that cannot write."""
     return REFUSED_LEASE_LOST if isinstance(exc, LeaseLost) else REFUSED_JOURNAL
-
-
-def _puts(ops: list[Any] | None) -> set[bytes]:
-    """The ids of the jobs ``ops`` save anew."""
-    return {op.job_id for op in ops or () if type(op) is PutJob}
 
 
 _backend_recv = zmq.backend.Socket.recv
@@ -214,6 +212,10 @@ class BrokerServer:
         self._held_puts: set[bytes] = set()  # the new jobs that commit saves
         # the peers something in ``_held`` goes to (made once a commit, not per turn)
         self._held_peers: set[int] = set()
+        # ``_turn_puts``: the operation list read so far, how far, the new ids in it
+        self._puts_of: list[Any] | None = None
+        self._puts_read = 0
+        self._puts_ids: set[bytes] = set()
         if self.journal is not None:
             if getattr(self.journal, "commits_off_loop", False):
                 self._writer = JournalWriter(self.journal, self._commit_over)
@@ -691,14 +693,15 @@ class BrokerServer:
             if not last and not writer.done():  # what this turn made waits for it
                 if core.out:
                     ops = core.life.journal_ops
-                    new = self._held_puts | _puts(ops) if ops else self._held_puts
+                    new = self._held_puts | self._turn_puts(ops) if ops else self._held_puts
                     self._send_ahead(new, self._held_peers)
                 return
             self._end_write()
         if core.life.journal_ops:
+            puts = self._turn_puts(core.life.journal_ops)
             if core.out:
-                self._send_ahead(_puts(core.life.journal_ops), set())
-            if writer is None or last or not self._write_off_loop():
+                self._send_ahead(puts, set())
+            if writer is None or last or not self._write_off_loop(puts):
                 self._commit()  # before anything about those jobs leaves the broker
         if core.life.spill_requests:
             self._refill_spilled()
@@ -734,20 +737,39 @@ class BrokerServer:
         for port in self._batching:  # events held back to go out together
             self._send_port_frames(port, port.flush_published())
 
-    def _write_off_loop(self) -> bool:
-        """Hand the turn's operations to the writer (``broker/journal_writer.py``)
-        when they are puts and dones only (no events: those the topics count as
-        saved at their commit); what the turn made waits for the commit in
-        ``_held``. False: commit on the loop."""
+    def _turn_puts(self, ops: list[Any]) -> set[bytes]:
+        """The ids of the jobs ``ops`` (``journal_ops``) save anew. While a commit is
+        in flight, the operations of every turn gather there and each turn asks: only
+        what was appended since the last call is read. A list handed over or
+        filtered is replaced by a new one (ours is kept, so it is never another's
+        id); in place, only a done becomes a reply (``core._keep_reply``)."""
+        n = len(ops)
+        if ops is not self._puts_of or n < self._puts_read:
+            self._puts_of, self._puts_read, self._puts_ids = ops, 0, set()
+        if n > self._puts_read:
+            new = ops[self._puts_read :] if self._puts_read else ops
+            self._puts_ids.update(op.job_id for op in new if type(op) is PutJob)
+            self._puts_read = n
+        return self._puts_ids
+
+    def _write_off_loop(self, puts: set[bytes]) -> bool:
+        """Hand the turn's operations (``puts``: the ids of its new jobs) to the
+        writer (``broker/journal_writer.py``) when they are puts and dones only (no
+        events: those the topics count as saved at their commit); what the turn
+        made waits for the commit in ``_held``. False: commit on the loop."""
         core = self.core
         ops = core.life.journal_ops
         assert self._writer is not None and ops is not None
-        if core.topics.unsaved or any(op[0] not in _OFF_LOOP for op in ops):
+        if core.topics.unsaved or not _OFF_LOOP.issuperset(map(_op_kind, ops)):
             return False
         core.life.journal_ops = []
         self._held, core.out = core.out, []
-        self._held_puts = _puts(ops)
-        self._held_peers = {id(e.peer) for e in self._held if hasattr(e, "peer")}
+        self._held_puts = puts
+        self._held_peers = {
+            id(e.peer)  # type: ignore[union-attr]
+            for e in self._held
+            if type(e) not in _NO_PEER  # an ACK (the most held) has a client, no peer
+        }
         self._writer.submit(ops)
         return True
 
