@@ -47,24 +47,12 @@ class LocalOrder:
         self.turns: deque[str] = deque()
         self._seq = 0
 
-    def add(
-        self, msgid: bytes, queue: str, headers: Headers, body: bytes, rank: float | None
-    ) -> None:
-        self._seq += 1
-        heap = self._heaps.get(queue)
-        if heap is None:
-            heap = self._heaps[queue] = []
-        heapq.heappush(
-            heap, (_FIRST if rank is None else rank, self._seq, (msgid, queue, headers, body))
-        )
-        self.turns.append(queue)
-
     def take(self, jobs: Iterable[list[bytes]], fail: Callable[[bytes, str, str], None]) -> None:
         """The 7-frame REQUESTs ``jobs``; one whose queue or headers do not parse
         fails unstarted (``fail(msgid, error, reason)``), as ``_run_batch`` does.
         The rank (the broker puts it last) is cut off first (in place: the frames
         are this process's own): the rest of the headers repeat from job to job,
-        and ``parse_headers`` has them cached. (``add``, inline: once per job.)"""
+        and ``parse_headers`` has them cached. Unranked jobs go first in their queue."""
         heaps, turns = self._heaps, self.turns
         for frames in jobs:
             base, cut, text = frames[5].rpartition(RANK)

@@ -16,7 +16,7 @@ import pytest
 
 from emq_django.protocol import frames as F
 from emq_django.protocol.body import encode_run_body
-from emq_django.protocol.headers import format_headers, parse_headers
+from emq_django.protocol.headers import format_headers
 from emq_django.worker.ranked import LocalOrder
 from tests.integration.test_batched_jobs import (  # noqa: F401 (fixtures)
     FakeBroker,
@@ -64,12 +64,20 @@ def test_the_best_ranked_job_held_runs_first_fifo_within_a_rank(fake: FakeBroker
     assert order == [b"long#1", b"high#1", b"mid#1", b"low1#1", b"low2#1", b"low3#1"]
 
 
+def unexpected(msgid: bytes, error: str, reason: str) -> None:
+    raise AssertionError(f"{msgid!r} failed unstarted: {error}: {reason}")
+
+
 def test_jobs_without_a_rank_keep_their_order_and_go_before_ranked_ones_of_their_queue() -> None:
     order = LocalOrder()
-    plain = parse_headers(b"task:t")
-    for msgid, rank in ((b"r1", 2.0), (b"plain1", None), (b"r0", 1.0), (b"plain2", None)):
-        order.add(msgid, "q", plain, b"", rank)
-    order.add(b"other", "other-queue", plain, b"", -100.0)
+
+    def request(msgid: bytes, queue: bytes, rank: float | None) -> list[bytes]:
+        headers = b"task:t" if rank is None else b"task:t,rank:%r" % rank
+        return F.encode_request(msgid, queue, headers, b"")
+
+    held = [(b"r1", 2.0), (b"plain1", None), (b"r0", 1.0), (b"plain2", None)]
+    order.take([request(msgid, b"q", rank) for msgid, rank in held], fail=unexpected)
+    order.take([request(b"other", b"other-queue", -100.0)], fail=unexpected)
     got = [order.pop()[0] for _ in range(len(order))]
     # within queue q: unranked first (FIFO), then by rank; queue turns as they arrived
     assert got == [b"plain1", b"plain2", b"r0", b"r1", b"other"]
