@@ -37,3 +37,18 @@ def test_a_curve_broker_given_no_key_loader_refuses_to_start_saying_what_to_pass
             BrokerServer(settings, context=context)
     finally:
         context.destroy(linger=0)
+
+
+def test_every_effect_the_server_holds_for_a_commit_is_told_to_a_peer_or_not_by_its_type() -> None:
+    """``BrokerServer._write_off_loop`` finds the peers of held effects by type
+    (``_NO_PEER``), not by ``hasattr``: an effect type added later must have a
+    ``peer`` or be named there, or a held commit would fail on it."""
+    import dataclasses
+    import typing
+
+    from emq_django.broker import effects
+    from emq_django.broker.server import _NO_PEER
+
+    for kind in typing.get_args(effects.Effect):
+        fields = {f.name for f in dataclasses.fields(kind)}
+        assert (kind in _NO_PEER) != ("peer" in fields), kind.__name__
