@@ -81,3 +81,15 @@ def test_jobs_without_a_rank_keep_their_order_and_go_before_ranked_ones_of_their
     got = [order.pop()[0] for _ in range(len(order))]
     # within queue q: unranked first (FIFO), then by rank; queue turns as they arrived
     assert got == [b"plain1", b"plain2", b"r0", b"r1", b"other"]
+
+
+def test_a_rank_that_is_not_a_number_fails_that_job_unstarted_and_keeps_the_rest() -> None:
+    order = LocalOrder()
+    failed: list[tuple[bytes, str, str]] = []
+    good = F.encode_request(b"good", b"q", b"task:t,rank:5", b"")
+    bad = F.encode_request(b"bad", b"q", b"task:t,rank:abc", b"")
+    order.take([bad, good], fail=lambda *failure: failed.append(failure))
+    assert [(m, reason) for m, _, reason in failed] == [
+        (b"bad", "header 'rank' is not a number: b'abc'")
+    ]
+    assert [order.pop()[0] for _ in range(len(order))] == [b"good"]
