@@ -1321,7 +1321,10 @@ class BrokerCore:
         if not ops:
             return
         last = ops[-1]
-        if type(last) is JobDone and last.job_id == job.id:
+        # a done, or a done row kept with an empty reply (a unique key's: ``forget``)
+        if (
+            isinstance(last, JobDone) or (isinstance(last, KeepReply) and not last.reply)
+        ) and last.job_id == job.id:
             status = outcome.raw or status_frame(
                 outcome.failed, outcome.error, outcome.lost, outcome.retry
             )

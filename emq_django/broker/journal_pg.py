@@ -47,7 +47,9 @@ from emq_django.broker.journal_sql import (
     as_arrays,
     fold_jobs,
     in_rule,
+    indexes_of,
     row_event,
+    size_of,
 )
 from emq_django.broker.lease import LEASE_SCHEMA, SCHEMA_LOCK, default_name, ensure_schema
 from emq_django.broker.pglink import PgLink, import_psycopg, redact
@@ -139,7 +141,7 @@ class PgJournal:
             for table in TABLES:
                 if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,):
                     conn.execute(f"ALTER TABLE {table} RENAME TO {table}{suffix}")
-                    for index in _indexes(conn, table + suffix):
+                    for index in indexes_of(conn, table + suffix):
                         conn.execute(f"ALTER INDEX {index} RENAME TO {index}{suffix}")
         ensure_schema(conn, LEASE_SCHEMA + SCHEMA)
 
@@ -345,8 +347,14 @@ class PgJournal:
         return self._expired
 
     def load(self) -> list[StoredJob]:
-        """Every job not done, oldest first, and the done ones (for de-duplication)."""
-        return self._jobs(f"SELECT {JOB_COLUMNS} FROM emq_jobs ORDER BY seq", (), scan=True)
+        """The ended jobs' ids (for de-duplication), then every job not done, oldest
+        first (the done rows of a journal from before emq_done among them)."""
+        ended = self._read(lambda c: _scanning(c, "SELECT id, at FROM emq_done", ()))
+        jobs = self._jobs(f"SELECT {JOB_COLUMNS} FROM emq_jobs ORDER BY seq", (), scan=True)
+        return [
+            *(StoredJob(bytes(i), "", b"", b"", "done", 0, 0.0, at, "", at) for i, at in ended),
+            *jobs,
+        ]
 
     def load_spilled(self, queue: str, limit: int) -> list[StoredJob]:
         return self._jobs(
@@ -415,7 +423,7 @@ class PgJournal:
             if due:
                 self._counts = self._read(_count)
                 self._count_took = time.monotonic() - now
-            size = self._read(_size)
+            size = self._read(size_of)
         except JournalError as exc:
             return {**base, "error": str(exc)}
         assert self._counts is not None
@@ -470,21 +478,10 @@ def _count(conn: psycopg.Connection[Any]) -> tuple[dict[str, int], int, float]:
         cur.execute(SCAN)
         cur.execute("SELECT state, COUNT(*) FROM emq_jobs GROUP BY state")
         counts = {state: int(n) for state, n in cur.fetchall()}
+        if ended := int(_one(cur, "SELECT COUNT(*) FROM emq_done")):
+            counts["done"] = counts.get("done", 0) + ended
         events = _one(cur, "SELECT COUNT(*) FROM emq_events")
     return counts, int(events), time.monotonic()
-
-
-def _size(conn: psycopg.Connection[Any]) -> int:
-    total = 0
-    for table in TABLES:
-        size = _one(conn.cursor(), "SELECT pg_total_relation_size(to_regclass(%s))", (table,))
-        total += int(size or 0)
-    return total
-
-
-def _indexes(conn: psycopg.Connection[Any], table: str) -> list[str]:
-    rows = conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (table,))
-    return [name for (name,) in rows.fetchall()]
 
 
 def _refile_events(cur: psycopg.Cursor[Any], rules: tuple[Any, ...]) -> None:

@@ -21,11 +21,13 @@ from emq_django.broker.pgarrays import (
 )
 
 if TYPE_CHECKING:
+    import psycopg
+
     from emq_django.broker.topics import Event
 
 # emq_jobs: ``seq`` orders the jobs (``load`` sorts by it, the spilled jobs' index
 # holds it) but has no index of its own: a guaranteed job writes two row versions
-# (its put, its done), each an entry in every index of the table, and an index on
+# (its put, its done until emq_done), each an entry in every index of the table, and an index on
 # seq that nothing searched cost PostgreSQL 2-7 µs per job (bench/README.md,
 # Guaranteed jobs). A journal made before keeps its index on seq (it works alike).
 SCHEMA = """
@@ -59,8 +61,19 @@ CREATE TABLE IF NOT EXISTS emq_events (
 CREATE INDEX IF NOT EXISTS emq_events_topic ON emq_events (topic, seq);
 CREATE INDEX IF NOT EXISTS emq_events_rule_other ON emq_events (rule, seq) WHERE rule <> '';
 CREATE TABLE IF NOT EXISTS emq_topic_meta (key text PRIMARY KEY, value bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS emq_done (id bytea NOT NULL, at double precision NOT NULL);
+CREATE INDEX IF NOT EXISTS emq_done_at ON emq_done USING brin (at);
 """
-TABLES = ("emq_jobs", "emq_events", "emq_topic_meta")
+# emq_done: the ids of the guaranteed jobs that ended, for de-duplication only (kept
+# ``EMQ_DEDUPE_WINDOW``, pruned by age through its BRIN index, a few pages for the
+# whole table). A done deletes its job's row and appends its id here: an UPDATE to a
+# 'done' row wrote a new row version and an entry in two indexes, and its pruning
+# deleted the row later; the DELETE and an append to a table whose only index is a
+# BRIN cost PostgreSQL about 4 µs less per job (bench/README.md, Guaranteed jobs).
+# A done that keeps its job's reply (``KeepReply``) still makes the row a 'done' one
+# with the reply as its body, and the rows of a journal from before this table are
+# read and pruned as ever.
+TABLES = ("emq_jobs", "emq_events", "emq_topic_meta", "emq_done")
 # columns added to emq_jobs since it was first made, with their definitions: a
 # journal made before them gets them when a broker opens it (``add_missing_columns``),
 # their default standing for what it did not record
@@ -88,7 +101,9 @@ PUT = (
     " state = excluded.state, attempts = excluded.attempts, last_attempt = 0,"
     " run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
-DONE = "UPDATE emq_jobs SET state = 'done', body = NULL, updated_at = %s WHERE id = %s"
+DONE = (
+    "WITH d AS (DELETE FROM emq_jobs WHERE id = %s) INSERT INTO emq_done (id, at) VALUES (%s, %s)"
+)
 # a done row that keeps the job's reply (broker/kept_replies.py)
 REPLY = "UPDATE emq_jobs SET state = 'done', body = %s, updated_at = %s WHERE id = %s"
 SET_STATE = (
@@ -114,7 +129,7 @@ def _state(op: Any) -> tuple[Any, ...]:
 
 def _done(op: Any) -> tuple[Any, ...]:
     _, job_id, now = op
-    return (now, job_id)
+    return (job_id, job_id, now)
 
 
 def _reply(op: Any) -> tuple[Any, ...]:
@@ -135,9 +150,13 @@ def _delete(op: Any) -> tuple[Any, ...]:
 
 def _prune_done(op: Any) -> tuple[Any, ...]:
     _, before = op
-    return (before,)
+    return (before, before)
 
 
+PRUNE_DONE = (
+    "WITH j AS (DELETE FROM emq_jobs WHERE state = 'done' AND updated_at < %s)"
+    " DELETE FROM emq_done WHERE at < %s"
+)
 Params = Callable[[Any], tuple[Any, ...]]
 # the operations that come in runs: one executemany per run (statement, parameters)
 MANY: dict[str, tuple[str, Params]] = {
@@ -150,7 +169,7 @@ MANY: dict[str, tuple[str, Params]] = {
 # the others, one statement each
 ONE: dict[str, tuple[str, Params]] = {
     "delete": ("DELETE FROM emq_jobs WHERE id = %s", _delete),
-    "prune_done": ("DELETE FROM emq_jobs WHERE state = 'done' AND updated_at < %s", _prune_done),
+    "prune_done": (PRUNE_DONE, _prune_done),
 }
 
 
@@ -168,8 +187,8 @@ PUT_ARRAYS = (
     " last_attempt = 0, run_after = excluded.run_after, updated_at = excluded.updated_at"
 )
 DONE_ARRAYS = (
-    "UPDATE emq_jobs AS j SET state = 'done', body = NULL, updated_at = d.at"
-    " FROM unnest(%b::bytea[], %s::float8[]) AS d(id, at) WHERE j.id = d.id"
+    "WITH d AS (DELETE FROM emq_jobs WHERE id = ANY(%b::bytea[]))"
+    " INSERT INTO emq_done (id, at) SELECT * FROM unnest(%b::bytea[], %s::float8[])"
 )
 ARRAYS: dict[str, tuple[str, Params]] = {"put": (PUT_ARRAYS, _put), "done": (DONE_ARRAYS, _done)}
 
@@ -186,10 +205,10 @@ def as_arrays(kind: str, run: list[Any]) -> tuple[str, list[list[Any]]] | None:
         if len(set(columns[0])) != len(rows):
             return None  # one id twice: statement by statement
         return sql, columns
-    at, ids = zip(*rows, strict=True)
+    ids, _, at = zip(*rows, strict=True)
     if len(set(ids)) != len(ids):
-        return None  # which of an UPDATE's two rows for one id wins is the plan's choice
-    return sql, [list(ids), list(at)]
+        return None  # (a job ended twice: statement by statement, as before)
+    return sql, [list(ids), list(ids), list(at)]
 
 
 def in_rule(prefix: str) -> tuple[str, tuple[str, ...]]:
@@ -225,8 +244,8 @@ _FOLDED_PUT = (
     " body = CASE WHEN excluded.state = 'done' THEN excluded.body ELSE emq_jobs.body END)"
 )
 _FOLDED_DONE = (
-    "d AS (UPDATE emq_jobs AS j SET state = 'done', body = NULL, updated_at = d.at"
-    " FROM unnest(%b::bytea[], %b::float8[]) AS d(id, at) WHERE j.id = d.id)"
+    "d AS (DELETE FROM emq_jobs WHERE id = ANY(%b::bytea[])),"
+    " e AS (INSERT INTO emq_done (id, at) SELECT * FROM unnest(%b::bytea[], %b::float8[]))"
 )
 # the done rows that keep their job's reply (``KeepReply``, broker/kept_replies.py)
 _FOLDED_REPLY = (
@@ -244,15 +263,18 @@ JOBS_FENCED = (
 
 def fold_jobs(ops: list[Any]) -> list[PgArray] | None:
     """A turn of puts and dones only, as the parameters of ``JOBS_ONLY``: the puts'
-    columns, the dones' (ids, times), then the replies' (ids, times, replies), each
-    made into its binary array at once (``broker/pgarrays.py``); a job both put and
-    ended here is one put in state 'done' without a body (with its reply as the
-    body, for a ``KeepReply``). None: the turn has other operations, or names a job
-    twice otherwise (the statement-by-statement path writes it)."""
+    columns, the dones' ids (the rows to delete), their ids and times again (for
+    emq_done), then the replies' (ids, times, replies), each made into its binary
+    array at once (``broker/pgarrays.py``); a job both put and ended here is no put,
+    only a done (its delete finds no row, or the one an earlier put left), or, with
+    a reply (``KeepReply``), one put in state 'done' with the reply as its body.
+    None: the turn has other operations, or names a job twice otherwise (the
+    statement-by-statement path writes it)."""
     puts: dict[bytes, int] = {}  # a job's put: its index in ``rows``
-    rows: list[tuple[Any, ...]] = []  # the put operations, as they are
+    rows: list[tuple[Any, ...] | None] = []  # the put operations, as they are
     dones: dict[bytes, float] = {}
     replies: dict[bytes, tuple[float, bytes]] = {}
+    ended = 0  # puts dropped: their jobs ended in the turn
     for op in ops:
         kind = op[0]
         if kind == "put":
@@ -264,20 +286,23 @@ def fold_jobs(ops: list[Any]) -> list[PgArray] | None:
         elif kind == "done" or kind == "reply":
             job_id, at = op[1], op[-1]
             i = puts.get(job_id)
-            if job_id in dones or job_id in replies or (i is not None and rows[i][5] == "done"):
+            row = None if i is None else rows[i]
+            if job_id in dones or job_id in replies or (row is not None and row[5] == "done"):
                 return None
-            if i is not None:  # (kind, id, queue, headers, body, state, ..., updated)
-                row = rows[i]
-                reply = op[2] if kind == "reply" else None
-                rows[i] = (*row[:4], reply, "done", *row[6:9], at)
+            if i is not None and row is not None and kind == "reply":  # (kind, id, queue, ...)
+                rows[i] = (*row[:4], op[2], "done", *row[6:9], at)
             elif kind == "done":
+                if i is not None:
+                    rows[i] = None
+                    ended += 1
                 dones[job_id] = at
             else:
                 replies[job_id] = (at, op[2])
         else:
             return None
+    put = [row for row in rows if row is not None] if ended else rows
     _, ids, queues, headers, bodies, states, attempts, run_after, enqueued, updated = (
-        zip(*rows, strict=True) if rows else [()] * 10
+        zip(*put, strict=True) if put else [()] * 10
     )
     return [
         bytea_array(ids),
@@ -289,9 +314,24 @@ def fold_jobs(ops: list[Any]) -> list[PgArray] | None:
         float8_array(run_after),
         float8_array(enqueued),
         float8_array(updated),
-        bytea_array(list(dones)),
+        (done := bytea_array(list(dones))),
+        done,
         float8_array(list(dones.values())),
         bytea_array(list(replies)),
         float8_array([r[0] for r in replies.values()]),
         bytea_array([r[1] for r in replies.values()]),
     ]
+
+
+def size_of(conn: psycopg.Connection[Any]) -> int:
+    """The journal's tables' size in bytes, their indexes included."""
+    total = 0
+    for table in TABLES:
+        row = conn.execute("SELECT pg_total_relation_size(to_regclass(%s))", (table,)).fetchone()
+        total += int(row[0] or 0) if row else 0
+    return total
+
+
+def indexes_of(conn: psycopg.Connection[Any], table: str) -> list[str]:
+    rows = conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (table,))
+    return [name for (name,) in rows.fetchall()]

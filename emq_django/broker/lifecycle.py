@@ -26,6 +26,7 @@ from emq_django.broker.holding import (
 from emq_django.broker.journal import (
     JobDone,
     JournalOp,
+    KeepReply,
     PruneDone,
     PruneEvents,
     PutJob,
@@ -257,7 +258,13 @@ class JobLifecycle:
         self.jobs.pop(job.id, None)
         self.recent.add(job.id, now)
         if job.headers.guarantee and self.journal_ops is not None:
-            self.journal_ops.append(JobDone("done", job.id, now + self.wall_offset))
+            if job.headers.unique_for and job.headers.unique:
+                # its row stays, as a done one, for its key's unique-for after the end
+                # (broker/unique.py ``restore_ended`` reads the key from its headers):
+                # a done row with an empty reply (PostgreSQL's plain done deletes it)
+                self.journal_ops.append(KeepReply("reply", job.id, b"", now + self.wall_offset))
+            else:
+                self.journal_ops.append(JobDone("done", job.id, now + self.wall_offset))
 
     # ---- timers -------------------------------------------------------------------
 

@@ -149,9 +149,10 @@ def test_a_turn_of_puts_and_dones_is_written_as_the_statement_path_writes_it(
 ) -> None:
     """The one-statement path (puts and dones only, ``fold_jobs``) against the
     statement-by-statement one (a turn with another operation): the same rows.
-    A job put and ended within the turn is a done row without its body; a done of
+    A job put and ended within the turn is a done one without its body; a done of
     an earlier turn's job, a put again of a known job (a new state and attempts,
-    its body kept) and a done of a job the journal never had are as before."""
+    its body kept) are as before; a done of a job the journal never had is kept as
+    the id of an ended job (emq_done), as the broker's memory keeps it."""
     a = Lease(pg_url, "broker-a", TTL)
     try:
         journal.fence(a.try_acquire(), TTL)
@@ -186,7 +187,7 @@ def test_a_turn_of_puts_and_dones_is_written_as_the_statement_path_writes_it(
             assert got[tag + b"-short"] == ("done", b"", 0, WALL + 2)
             assert got[tag + b"-old"] == ("done", b"", 0, WALL + 1)
             assert got[tag + b"-again"] == ("ready", b"body", 3, WALL + 3)
-            assert tag + b"-unknown" not in got
+            assert got[tag + b"-unknown"] == ("done", b"", 0, WALL + 4)
         assert journal.commits == 4
     finally:
         a.close()
@@ -322,13 +323,13 @@ def test_a_commit_that_fails_on_the_writer_refuses_its_jobs_and_delivers_none(
 
 
 def _table_stats(url: str) -> tuple[int, int, int]:
-    """(rows inserted, rows updated, rows read by sequential scans) of emq_jobs, as
+    """(rows inserted, rows deleted, rows read by sequential scans) of emq_jobs, as
     the statistics have them (a backend reports when it goes idle)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT n_tup_ins, n_tup_upd, COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables"
+            "SELECT n_tup_ins, n_tup_del, COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables"
             " WHERE relname = 'emq_jobs'"
         ).fetchone()
     assert row is not None
@@ -344,24 +345,24 @@ def test_a_turn_of_dones_finds_its_rows_by_the_index_once_the_table_has_grown(
     commit, its cost growing with the table: most of PostgreSQL's CPU per
     guaranteed job in bench/guaranteed_bench.py). Each run is planned for its own
     rows and the table's size now (plan_cache_mode), so a done is found by its id."""
-    previous = [b"unknown-%d" % i for i in range(12)]  # (dones of no row: nothing changes)
+    previous = [b"unknown-%d" % i for i in range(12)]  # (dones of no row: their ids kept)
     for turn in range(8):  # as the broker's: 12 new jobs, 12 done (the statement's first runs)
         new = [b"a%d-%d" % (turn, i) for i in range(12)]
         journal.apply([put(job) for job in new] + [("done", job, WALL) for job in previous])
         previous = new
     journal.link.get().execute("SELECT pg_stat_force_next_flush()")
     journal.apply([put(b"b%05d" % i) for i in range(5000)])  # the table grows
-    _, updated, scanned = wait_until(
+    _, deleted, scanned = wait_until(
         lambda: (s := _table_stats(pg_url))[0] >= 96 + 5000 and s, "the puts' statistics", 60
     )
     journal.link.get().execute("SELECT pg_stat_force_next_flush()")
     turn = [put(b"c%d" % i) for i in range(12)] + [("done", b"b%05d" % i, WALL) for i in range(12)]
     journal.apply(turn)  # the statement as in the first runs (its parameters' types too)
     after = wait_until(
-        lambda: (s := _table_stats(pg_url))[1] >= updated + 12 and s, "the dones' statistics", 60
+        lambda: (s := _table_stats(pg_url))[1] >= deleted + 12 and s, "the dones' statistics", 60
     )
     assert after[2] == scanned, "the turn of dones read the whole table"
-    assert sum(1 for _, state in rows(pg_url) if state == "done") == 7 * 12 + 12
+    assert sum(1 for _, state in rows(pg_url) if state == "done") == 8 * 12 + 12
 
 
 def test_the_turns_statement_is_planned_once_not_at_each_commit(journal: PgJournal) -> None:
@@ -412,3 +413,35 @@ def test_the_jobs_table_has_only_the_indexes_its_statements_search(journal: PgJo
         (b"c", "spilled"),
     ]
     assert [j.id for j in journal.load_spilled("default", 10)] == [b"c"]
+
+
+def _count(url: str, sql: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_done_deletes_its_row_and_keeps_its_id_until_the_dedupe_window_ends(
+    journal: PgJournal, pg_url: str
+) -> None:
+    """A guaranteed job's done deletes its row and appends its id to emq_done (one
+    statement, fenced or not, and statement by statement alike): a broker that
+    loads the journal knows it as done (a resend is a duplicate) until pruned. A
+    done that keeps a reply (``KeepReply``, also a unique key's empty one) keeps
+    its row."""
+    journal.apply([put(b"a"), put(b"b"), put(b"r")])
+    journal.apply([("done", b"a", WALL + 1), ("reply", b"r", b"", WALL + 1)])  # one statement
+    journal.apply([("done", b"b", WALL + 2), ("delete", b"never-there")])  # one by one
+    assert _count(pg_url, "SELECT COUNT(*) FROM emq_jobs WHERE id IN ('\\x61', '\\x62')") == 0
+    assert _count(pg_url, "SELECT COUNT(*) FROM emq_done") == 2
+    assert sorted((j.id, j.state, j.updated_at) for j in journal.load()) == [
+        (b"a", "done", WALL + 1),
+        (b"b", "done", WALL + 2),
+        (b"r", "done", WALL + 1),
+    ]
+    assert journal.stats()["jobs"] == {"done": 3}
+    journal.apply([("prune_done", WALL + 1.5)])
+    assert [j.id for j in journal.load()] == [b"b"]
