@@ -16,8 +16,8 @@ steadier than in the full benchmark. ``--reply``: the jobs ask for their result
 (the results phase: the broker forwards every REPLY to the producer).
 ``--priority N``: each job with priority N (its queue ranked, issue 33).
 ``--guarantee``: guaranteed jobs (``guarantee=True``: journaled before their ACK);
-with ``TREE,EMQ_JOURNAL_URL=postgresql://...`` on PostgreSQL's journal (a database
-made fresh per run: ``--fresh-pg``).
+with ``TREE,EMQ_JOURNAL_URL=postgresql://...`` on PostgreSQL's journal (the database
+made again, empty, for each run).
 
 ``--profile DIR``: each broker runs under cProfile (``PYTHONMALLOC=malloc``, so that
 it does not re-execute itself out of the profiler; stopped with SIGINT, so that
