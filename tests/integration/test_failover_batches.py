@@ -16,10 +16,11 @@ import zmq
 from emq_django.client import Client
 from emq_django.exceptions import JobLost
 from emq_django.protocol import frames as F
-from emq_django.protocol.batch import REQUESTS, ack_id, decode_jobs
+from emq_django.protocol.batch import ack_id
 from tests.integration.test_broker_incarnation import BODY, NEW, OLD, WAIT_MS, in_thread, router
 from tests.integration.test_broker_incarnation import context as context  # the fixture
 from tests.support import free_tcp_ports, wait_until
+from tests.support.router_broker import job_ids
 
 HEADERS = b"guarantee,reply-requested"
 ACK_TIMEOUT = 8.0  # seconds: the batch's resends come every quarter of it
@@ -30,16 +31,6 @@ def take(sock: zmq.Socket[Any]) -> tuple[bytes, list[bytes]]:
     assert sock.poll(WAIT_MS), "nothing from the client"
     identity, *frames = sock.recv_multipart()
     return identity, frames
-
-
-def job_ids(frames: list[bytes]) -> list[bytes]:
-    """The msgids of the jobs a message carries: a REQUEST's one, a REQUESTS' each
-    (a map() sends what fits in its window as one, once the ACKs bear the MARK)."""
-    if frames[2] == F.REQUEST:
-        return [frames[3]]
-    if frames[2] == REQUESTS:
-        return [job[0] for job in decode_jobs(frames)]
-    return []
 
 
 def test_a_map_under_way_claims_what_the_broker_that_died_had_acknowledged(

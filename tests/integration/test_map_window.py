@@ -20,6 +20,7 @@ from emq_django.protocol.batch import ack_id
 from tests.integration.test_broker_incarnation import BODY, OLD, WAIT_MS, in_thread, router
 from tests.integration.test_broker_incarnation import context as context  # the fixture
 from tests.support import free_tcp_ports
+from tests.support.router_broker import job_ids
 
 WINDOW = 10
 JOBS = 45
@@ -59,21 +60,19 @@ def test_a_batch_over_the_window_slides_it_one_ack_at_a_time(
             if not broker.poll(100):
                 continue
             identity, *frames = broker.recv_multipart()
-            if frames[2] != b"REQUEST":
-                continue
-            msgid = frames[3]
-            if msgid in acked:  # sent again before our ACK arrived: ACKed again
-                ack(identity, msgid)
-                continue
-            if msgid not in outstanding:
-                outstanding.append(msgid)
-            most = max(most, len(outstanding))
-            if not acked or len(outstanding) + len(acked) == JOBS:
-                # the socket's first job waits alone; then, all are here: ACK them all
-                while outstanding:
+            for msgid in job_ids(frames):  # (a REQUESTS: what fitted in the window)
+                if msgid in acked:  # sent again before our ACK arrived: ACKed again
+                    ack(identity, msgid)
+                    continue
+                if msgid not in outstanding:
+                    outstanding.append(msgid)
+                most = max(most, len(outstanding))
+                if not acked or len(outstanding) + len(acked) == JOBS:
+                    # the socket's first job waits alone; then, all are here: ACK them all
+                    while outstanding:
+                        ack(identity, outstanding.pop(0))
+                elif len(outstanding) == WINDOW:  # a full window: room for one more
                     ack(identity, outstanding.pop(0))
-            elif len(outstanding) == WINDOW:  # a full window: room for one more
-                ack(identity, outstanding.pop(0))
         thread.join(WAIT_MS / 1000)
         assert errors == []
         assert returned, "send_batch did not return once every job was ACKed"

@@ -12,6 +12,7 @@ import zmq
 
 from emq_django.client import Client
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import REQUESTS, decode_jobs
 from tests.support.ports import free_tcp_ports
 
 WAIT_MS = 5000
@@ -53,3 +54,14 @@ def send_first(
     job = client.send(queue, headers, body)
     helper.join()
     return job, read[0]
+
+
+def job_ids(frames: list[bytes]) -> list[bytes]:
+    """The msgids of the jobs a message to the broker carries: a REQUEST's one, a
+    REQUESTS' each (a map() sends what fits in its window as one, once the ACKs
+    bear the MARK), none for anything else."""
+    if frames[2] == F.REQUEST:
+        return [frames[3]]
+    if frames[2] == REQUESTS:
+        return [job[0] for job in decode_jobs(frames)]
+    return []
