@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from emq_django.broker.topics import Event
 
 # emq_jobs: ``seq`` orders the jobs (``load`` sorts by it, the spilled jobs' index
-# holds it) but has no index of its own: a guaranteed job writes two row versions
-# (its put, its done until emq_done), each an entry in every index of the table, and an index on
-# seq that nothing searched cost PostgreSQL 2-7 µs per job (bench/README.md,
-# Guaranteed jobs). A journal made before keeps its index on seq (it works alike).
+# holds it) but has no index of its own: each row version of a guaranteed job (its
+# put; its done too, before emq_done) is an entry in every index of the table, and
+# an index on seq that nothing searched cost PostgreSQL 2-7 µs per job
+# (bench/README.md, Guaranteed jobs). A journal made before keeps its index on seq.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS emq_jobs (
     seq bigint GENERATED ALWAYS AS IDENTITY,

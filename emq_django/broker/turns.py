@@ -9,10 +9,10 @@ memory given back, trace lines written, the cyclic garbage collector, and the
 messages and events it handled. The rest of such a turn is the ports' work and
 the sends, or time the loop spent waiting for a CPU (the turn's wall time minus
 ``cpu_ms``, the loop thread's CPU time in it: on a loaded machine the usual
-cause). The loop's CPU clock is read at most once per ``CPU_EVERY`` (a system
-call: about 0.4 µs alone, and reading the whole process' clock, which sums every
-thread's, took a tenth of the loop's time with guaranteed jobs), so ``cpu_ms``
-may hold up to 1 ms of the turns just before. The figures are in ``MONITOR JSON``
+cause). It was the whole process' CPU time, which counted the journal writer's
+and libzmq's threads as the loop's. The loop's clock is read at most once per
+``CPU_EVERY`` (a system call, about 0.4 µs, at every turn otherwise), so
+``cpu_ms`` may hold up to 1 ms of the turns just before. The figures are in ``MONITOR JSON``
 (``loop``), and slow turns are logged, at most one line every ``LOG_INTERVAL``
 seconds.
 """
