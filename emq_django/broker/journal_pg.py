@@ -38,9 +38,9 @@ from emq_django.broker.journal_sql import (
     FENCE,
     HAS_COLUMN,
     JOB_COLUMNS,
-    JOBS_FENCED,
-    JOBS_ONLY,
+    JOBS,
     MANY,
+    NEW_JOBS,
     ONE,
     SCHEMA,
     TABLES,
@@ -108,6 +108,7 @@ class PgJournal:
         self.commits = 0
         self.errors = 0
         self.one_statement = 0  # commits written as one statement (``fold_jobs``)
+        self.upserts = 0  # of those, written again as an upsert (a put of a known id)
         self.ops_written = 0  # operations in the commits (per commit: how batched)
         self.checkpoints = 0  # the SQLite journal's; PostgreSQL checkpoints by itself
         self.last_restart_s = 0.0
@@ -169,10 +170,12 @@ class PgJournal:
             cur = conn.cursor()
             folded = fold_jobs(ops)
             if folded is not None:  # puts and dones only: one statement (journal_sql)
-                if epoch is None:
-                    cur.execute(JOBS_ONLY, folded, prepare=True)
-                else:
-                    cur.execute(JOBS_FENCED, [*folded, self._ttl, self.name, epoch], prepare=True)
+                fence: list[Any] = [] if epoch is None else [self._ttl, self.name, epoch]
+                try:
+                    cur.execute(NEW_JOBS[epoch is None], folded + fence, prepare=True)
+                except pg.errors.UniqueViolation:  # a put of an id in the table already
+                    self.upserts += 1
+                    cur.execute(JOBS[epoch is None], folded + fence, prepare=True)
             elif any(op[0] == "prune_events" for op in ops):
                 # retention reads counts as it goes: statement by statement
                 with conn.transaction():

@@ -235,10 +235,13 @@ def row_event(row: tuple[Any, ...]) -> Event:
 # turn is one put of a 'done' row (``fold_jobs``): the CTEs of one statement
 # must not touch a row twice. The fence's division by zero fails the statement,
 # so nothing of it is written (``PgJournal.apply`` raises LeaseLost).
-_FOLDED_PUT = (
+_INSERT_PUTS = (
     "p AS (INSERT INTO emq_jobs (id, queue, headers, body, state, attempts, run_after,"
     " enqueued_at, updated_at) SELECT * FROM unnest(%b::bytea[], %b::text[], %b::bytea[],"
     " %b::bytea[], %b::text[], %b::integer[], %b::float8[], %b::float8[], %b::float8[])"
+)
+_FOLDED_PUT = (
+    f"{_INSERT_PUTS}"
     " ON CONFLICT (id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,"
     " last_attempt = 0, run_after = excluded.run_after, updated_at = excluded.updated_at,"
     " body = CASE WHEN excluded.state = 'done' THEN excluded.body ELSE emq_jobs.body END)"
@@ -252,13 +255,25 @@ _FOLDED_REPLY = (
     "r AS (UPDATE emq_jobs AS j SET state = 'done', body = r.reply, updated_at = r.at"
     " FROM unnest(%b::bytea[], %b::float8[], %b::bytea[]) AS r(id, at, reply) WHERE j.id = r.id)"
 )
-JOBS_ONLY = f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, {_FOLDED_REPLY} SELECT 1"
-JOBS_FENCED = (
-    f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, {_FOLDED_REPLY}, f AS (UPDATE emq_lease SET expires_at ="
-    " clock_timestamp() + make_interval(secs => %b::float8)"
+_FENCE_CTE = (
+    "f AS (UPDATE emq_lease SET expires_at = clock_timestamp() + make_interval(secs => %b::float8)"
     " WHERE id = 1 AND name = %b::text AND epoch = %b::bigint RETURNING 1)"
     " SELECT 1 / (SELECT COUNT(*)::integer FROM f)"
 )
+JOBS_ONLY = f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, {_FOLDED_REPLY} SELECT 1"
+JOBS_FENCED = f"WITH {_FOLDED_PUT}, {_FOLDED_DONE}, {_FOLDED_REPLY}, {_FENCE_CTE}"
+# the same, for puts of new ids only (the hot path: a guaranteed job is put once):
+# a plain INSERT, without ON CONFLICT's speculative insertion (a look into the id's
+# index before each row and a second WAL record after it: about a fifth of
+# PostgreSQL's time per job, bench/README.md). A put of an id that has a row
+# already (a job resent once its de-duplication window was over, a put again)
+# fails it with a unique violation: the turn is then written again with the
+# statement above (``PgJournal.apply``), nothing of the first having been written.
+NEW_JOBS_ONLY = f"WITH {_INSERT_PUTS}), {_FOLDED_DONE}, {_FOLDED_REPLY} SELECT 1"
+NEW_JOBS_FENCED = f"WITH {_INSERT_PUTS}), {_FOLDED_DONE}, {_FOLDED_REPLY}, {_FENCE_CTE}"
+# both by "unfenced" (``PgJournal.fence`` not set)
+NEW_JOBS = {True: NEW_JOBS_ONLY, False: NEW_JOBS_FENCED}
+JOBS = {True: JOBS_ONLY, False: JOBS_FENCED}
 
 
 def fold_jobs(ops: list[Any]) -> list[PgArray] | None:
