@@ -451,8 +451,10 @@ class BrokerCore:
                 )
                 return
             self._accept(client, msgid, queue, headers, body, more, now, fresh)
-            if msgid in self.life.jobs or msgid in self.life.spilled_ids:  # accepted
+            if msgid in self.life.jobs:  # accepted
                 self.unique.hold(headers.unique, msgid, queue.name)
+            elif msgid in self.life.spilled_ids:  # accepted, waiting on disk
+                self.unique.hold(headers.unique, msgid, queue.name, headers.unique_for)
             return
         # the ACK goes out after the job: the worker can start a little sooner
         self._accept(client, msgid, queue, headers, body, more, now, fresh)
@@ -1720,7 +1722,8 @@ class BrokerCore:
         ``unknown``."""
         if job_id in self.workflows.workflows:
             return self.workflows.cancel(job_id, now)
-        spilled_to = self.life.cancel_spilled(job_id, now)
+        # (a unique job waiting on disk: its key ends as any unique job's)
+        spilled_to = self.life.cancel_spilled(job_id, now, self.unique.end_spilled(job_id, now))
         if spilled_to is not None:
             self.queues[spilled_to].spilled -= 1
             return "cancelled"

@@ -392,14 +392,18 @@ class JobLifecycle:
 
     # ---- cancelling -----------------------------------------------------------------
 
-    def cancel_spilled(self, job_id: bytes, now: float) -> str | None:
-        """Cancel a job waiting on disk only; returns its queue, None if it is not."""
+    def cancel_spilled(self, job_id: bytes, now: float, keep_row: bool = False) -> str | None:
+        """Cancel a job waiting on disk only; returns its queue, None if it is not.
+        ``keep_row``: its unique key is kept for a while (``UniqueKeys.end_spilled``):
+        its row stays, a done one with no reply, as ``forget`` keeps a unique job's."""
         queue_name = self.spilled_ids.pop(job_id, None)
         if queue_name is None:
             return None
         self.recent.add(job_id, now)
         if self.journal_ops is not None:
-            self.journal_ops.append(JobDone("done", job_id, now + self.wall_offset))
+            wall = now + self.wall_offset
+            done = KeepReply("reply", job_id, b"", wall) if keep_row else None
+            self.journal_ops.append(done or JobDone("done", job_id, wall))
         self.counters["cancelled"] += 1
         return queue_name
 

@@ -31,12 +31,15 @@ class UniqueKeys:
     """Held keys: ``key -> (job id, queue)`` while the job lives, and, once it
     ended, ``key -> (job id, queue, until)`` for its ``unique-for``."""
 
-    __slots__ = ("live", "ended", "_expiry")
+    __slots__ = ("live", "ended", "spilled", "_expiry")
 
     def __init__(self) -> None:
         self.live: dict[str, tuple[bytes, str]] = {}
         self.ended: dict[str, tuple[bytes, str, float]] = {}
         self._expiry: list[tuple[float, str]] = []  # a heap of (until, key)
+        # the jobs that hold a key while they wait on disk (their headers are not in
+        # memory): job id -> (key, unique-for), for ``end_spilled``
+        self.spilled: dict[bytes, tuple[str, float]] = {}
 
     def holder(self, key: str, now: float) -> bytes | None:
         """The id of the job that holds ``key``, or None when it is free."""
@@ -47,13 +50,28 @@ class UniqueKeys:
         ended = self.ended.get(key)
         return ended[0] if ended is not None else None
 
-    def hold(self, key: str, job_id: bytes, queue: str) -> None:
-        """``job_id`` (accepted, or restored from the journal) holds ``key``."""
+    def hold(self, key: str, job_id: bytes, queue: str, spilled_for: float | None = None) -> None:
+        """``job_id`` (accepted, or restored from the journal) holds ``key``;
+        ``spilled_for``: it waits on disk, with this unique-for."""
         self.live[key] = (job_id, queue)
         self.ended.pop(key, None)
+        if spilled_for is not None:
+            self.spilled[job_id] = (key, spilled_for)
+
+    def end_spilled(self, job_id: bytes, now: float) -> bool:
+        """A job that waited on disk was cancelled: its key is released as any
+        ended job's (``release``); True when it is kept for a unique-for."""
+        held = self.spilled.pop(job_id, None)
+        if held is None:
+            return False
+        key, keep_for = held
+        self.release(key, job_id, keep_for, now)
+        return keep_for > 0
 
     def release(self, key: str, job_id: bytes, keep_for: float, now: float) -> None:
         """The job ended: its key is free, or kept ``keep_for`` seconds more."""
+        if self.spilled:
+            self.spilled.pop(job_id, None)
         live = self.live.get(key)
         if live is None or live[0] != job_id:
             return
@@ -78,7 +96,7 @@ class UniqueKeys:
                 continue
             if row.state == "spilled":  # waiting on disk: it holds its key
                 if headers.unique:
-                    self.hold(headers.unique, row.id, row.queue)
+                    self.hold(headers.unique, row.id, row.queue, headers.unique_for)
                 continue
             left = row.updated_at + headers.unique_for - wall
             if headers.unique and left > 0 and headers.unique not in self.live:
@@ -90,6 +108,8 @@ class UniqueKeys:
         keys are free (a scan: only on a failed commit)."""
         for key in [k for k, (job_id, _) in self.live.items() if job_id in job_ids]:
             del self.live[key]
+        for job_id in job_ids:
+            self.spilled.pop(job_id, None)
 
     def expire(self, now: float) -> None:
         """Drop the ended keys whose time is up."""

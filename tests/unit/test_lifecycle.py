@@ -24,6 +24,7 @@ from emq_django.broker.effects import (
 )
 from emq_django.broker.journal import Journal
 from emq_django.broker.lifecycle import RETRY_REQUESTED_LIMIT
+from emq_django.protocol.limits import DUPLICATE
 from tests.support.core_harness import CoreHarness, failed
 
 BODY = b'["run", {"callable": "add", "path": "pkg.tasks", "args": [1, 2], "kwargs": {}}]'
@@ -917,3 +918,26 @@ def test_cancel_a_running_job_stops_its_retries() -> None:
     # it ends as cancelled (it used to count as failed)
     assert core.counters["retried"] == 0 and core.counters["cancelled"] == 1
     assert len(core.delayed) == 0
+
+
+@pytest.mark.parametrize("unique_for", [10, 0])
+def test_a_cancelled_spilled_unique_job_ends_its_key_as_any_unique_job(unique_for: int) -> None:
+    """A unique job waiting on disk (spilled: its headers are not in memory) and
+    cancelled ends like a unique job cancelled in memory: its key is kept its
+    unique-for from the cancel, then free (it was held for ever: every later job
+    with the key refused as a duplicate of a cancelled one). With a unique-for the
+    journal keeps its row, a done one, so a broker restarted meanwhile keeps the
+    key too (PostgreSQL's plain done deletes the row)."""
+    core = make_core(journal=True, max_pending=1)
+    request(core, CLIENT, b"p0")
+    headers = b"guarantee,unique:k,unique-for:%d" % unique_for
+    assert acks(request(core, CLIENT, b"g1", headers=headers, now=1.0), b"g1") == 1
+    assert core.queues["default"].spilled == 1
+    core.journal_ops = []
+    assert core.cancel(b"g1", 2.0) == "cancelled"
+    assert [op[0] for op in ops_for(core, b"g1")] == ["reply" if unique_for else "done"]
+    if unique_for:
+        (refused,) = errors(request(core, CLIENT, b"g2", headers=headers, now=11.9))
+        assert refused.code == DUPLICATE
+    out = request(core, CLIENT, b"g3", headers=headers, now=12.0)
+    assert acks(out, b"g3") == 1 and errors(out) == []

@@ -80,3 +80,21 @@ def test_restored_rows_hold_their_keys_and_unsaved_jobs_free_theirs() -> None:
     keys.hold("n", b"new-1", "q")
     keys.forget({b"new-1", b"spilled-1"})  # a journal commit failed
     assert keys.holder("n", 5.0) is None and keys.holder("s", 5.0) is None
+
+
+def test_a_restored_spilled_job_cancelled_ends_its_key_with_its_unique_for() -> None:
+    """A spilled row read at start-up holds its key; cancelled, the key is kept its
+    unique-for from the cancel (the journal then keeps the row: True)."""
+    keys = UniqueKeys()
+    keys.restore_ended(
+        [
+            row(b"s-10", "spilled", b"guarantee,unique:a,unique-for:10", 0.0),
+            row(b"s-0", "spilled", b"guarantee,unique:b", 0.0),
+        ],
+        now=5.0,
+        wall=1000.0,
+    )
+    assert keys.end_spilled(b"s-10", 6.0) is True
+    assert keys.holder("a", 15.9) == b"s-10" and keys.holder("a", 16.0) is None
+    assert keys.end_spilled(b"s-0", 6.0) is False and keys.holder("b", 6.0) is None
+    assert keys.end_spilled(b"never-spilled", 6.0) is False and keys.spilled == {}
