@@ -165,6 +165,9 @@ class Peer:
     # the most jobs it takes per message (its port batches deliveries up to this
     # many, eMQP's "batch" extension); 1: one message per job
     batch: int = 1
+    # ... and those as one REQUESTS message (records in one frame), not a REQUEST of
+    # four frames per job: its INFORM said ``"packed": true`` (protocol/batching.py)
+    packed: bool = False
     # ``role`` and ``manager``, worked out once from ``meta`` (which a port fills
     # before the peer joins and nothing changes after): every dispatch reads them
     role: str = field(init=False, default=ROLE_PLAIN)

@@ -1,4 +1,5 @@
-"""REQUESTS: several REQUESTs in one message (our extension, client -> our broker).
+"""REQUESTS: several REQUESTs in one message (our extension, client -> our broker,
+and our broker -> a worker process of ours that announced it: ``unpack_requests``).
 
     ['', 'eMQP/1.0', 'REQUESTS', msgid, jobs]
 
@@ -18,7 +19,7 @@ import struct
 from collections.abc import Sequence
 
 from emq_django.exceptions import ProtocolError
-from emq_django.protocol.frames import ACK, MAX_ID_LENGTH, PROTOCOL
+from emq_django.protocol.frames import ACK, MAX_ID_LENGTH, PROTOCOL, REQUEST
 
 REQUESTS = b"REQUESTS"
 # The msgid of every ACK our broker sends to a client that flags its REQUESTs with
@@ -129,3 +130,10 @@ def decode_jobs(frames: Sequence[bytes]) -> list[Job]:
     if not jobs:
         raise ProtocolError("REQUESTS without a job", frames)
     return jobs
+
+
+def unpack_requests(frames: Sequence[bytes]) -> list[list[bytes]]:
+    """The jobs of a REQUESTS message our broker sent a worker process that
+    announced ``"packed": true`` (protocol/batching.py ``PACKED_META``), each as the
+    7-frame REQUEST it stands for; ``ProtocolError`` as ``decode_jobs``."""
+    return [[b"", PROTOCOL, REQUEST, m, q, h, b] for m, q, h, b in decode_jobs(frames)]

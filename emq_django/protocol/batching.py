@@ -16,6 +16,10 @@ from emq_django.protocol.commands import ACK, PROTOCOL, READY, REPLY, REQUEST
 # receives these.
 
 BATCH_META = "batch"  # the INFORM meta key
+# ... and, with it, ``"packed": true``: the broker may send that process its jobs as
+# one REQUESTS message (protocol/batch.py's records, one frame for them all) instead
+# of a REQUEST of four frames per job: one libzmq call per message, not per field
+PACKED_META = "packed"
 MAX_BATCH = 64  # the most jobs the broker puts in one message, whatever the peer says
 _REQUEST_JOB = 4  # frames per job in a REQUEST: msgid, queue, headers, body
 _REPLY_ANSWER = 3  # frames per answer in a REPLY: body, request msgid, status
@@ -28,6 +32,11 @@ def batch_of(meta: dict[str, Any]) -> int:
     if type(value) is not int or value < 2:
         return 1
     return min(value, MAX_BATCH)
+
+
+def packs(meta: dict[str, Any]) -> bool:
+    """The peer's INFORM announced a batch and packed jobs (``PACKED_META``)."""
+    return meta.get(PACKED_META) is True and batch_of(meta) > 1
 
 
 def join_requests(first: list[bytes], more: Sequence[list[bytes]]) -> list[bytes]:

@@ -26,6 +26,7 @@ from emq_django.exceptions import (
 from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import REQUESTS, unpack_requests
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
 from emq_django.task import SOFT_TIMEOUT_HEADER
@@ -87,6 +88,7 @@ class SlotWorker:
         }
         if config.prefetch > 1:  # with one job at a time there is nothing to batch
             meta["batch"] = min(config.prefetch, BATCH)
+            meta[F.PACKED_META] = True  # ... in one frame (a REQUESTS): fewer libzmq calls
         self.link = BrokerLink(
             self.context,
             config.broker_url,
@@ -230,6 +232,9 @@ class SlotWorker:
                 if jobs is not None and frames[2] == F.REQUEST:
                     self._run_batch(jobs)
                     return
+            elif n == 5 and frames[2] == REQUESTS:  # the batch packed: one frame of records
+                self._run_batch(unpack_requests(frames))
+                return
             if n == 7 and RANK in frames[5] and frames[2] == F.REQUEST:
                 self._run_ranked([frames])  # a ranked queue's job (worker/ranked.py)
                 return

@@ -27,6 +27,7 @@ from typing import Any
 from emq_django import wire
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import REQUESTS, unpack_requests
 from emq_django.protocol.headers import Headers
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,11 @@ def run_ranked(worker: Any, jobs: list[list[bytes]]) -> None:
                 batch = F.split_batch(frames) if n > 7 else None
                 if batch is not None and frames[2] == F.REQUEST:
                     order.take(batch, fail)
+                elif n == 5 and frames[2] == REQUESTS:
+                    try:
+                        order.take(unpack_requests(frames), fail)
+                    except ProtocolError as exc:
+                        log.warning("dropped a malformed REQUESTS from the broker: %s", exc)
                 elif n == 7 and frames[2] == F.REQUEST:
                     order.take([frames], fail)
                 else:

@@ -23,6 +23,7 @@ from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.server import BrokerServer
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import REQUESTS, unpack_requests
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.worker.slots import SlotTable
@@ -133,6 +134,44 @@ def test_a_worker_that_asks_gets_several_jobs_in_one_request(server: BrokerServe
     assert all(F.decode(j).queue == "default" and F.decode(j).body == BODY for j in jobs)  # type: ignore[union-attr]
     attempt_ids = [F.decode(j).msgid for j in jobs]
     assert attempt_ids == [b"%s#1" % i for i in ids]
+
+
+def test_a_worker_that_asks_for_packed_jobs_gets_one_frame_of_records(
+    server: BrokerServer,
+) -> None:
+    """``"packed": true`` with a batch: the jobs of a message as one REQUESTS (a record
+    per job in one frame, protocol/batch.py), each what its REQUEST's frames would
+    carry; a lone job is still the document's REQUEST."""
+    worker = worker_joins(server, b"w-packed", {"batch": 4, "packed": True}, credit=7)
+    ids = send_jobs(server, 7)
+    got = messages(worker)
+    assert [(len(m), m[2]) for m in got] == [(5, REQUESTS), (5, REQUESTS)]  # 4 + 3
+    jobs = [job for m in got for job in unpack_requests(m)]
+    assert [F.decode(j).msgid for j in jobs] == [b"%s#1" % i for i in ids]
+    assert all(F.decode(j).body == BODY for j in jobs)  # type: ignore[union-attr]
+
+
+def test_packed_is_only_for_a_worker_that_announced_a_batch_and_fits_a_record(
+    server: BrokerServer,
+) -> None:
+    """``"packed"`` without a batch, or not ``true``: the document's REQUESTs. A
+    message holding a job whose attempt id does not fit a record's length byte (a
+    msgid of 255 bytes and its ``#1``) goes as a REQUEST of four frames per job."""
+    alone = worker_joins(server, b"w-alone", {"packed": True}, credit=2)
+    send_jobs(server, 2)
+    assert [len(m) for m in messages(alone)] == [7, 7]
+    port = port_of(server, EmqpWorkerPort)
+    assert not port.peers[b"w-alone"].packed
+    assert not F.packs({"batch": 4, "packed": "yes"}) and F.packs({"batch": 4, "packed": True})
+    alone.close(linger=0)
+    packed = worker_joins(server, b"w-packed", {"batch": 4, "packed": True}, credit=2)
+    client = dealer(server, port_of(server, EmqpClientPort), b"client-2")
+    for msgid in (b"short", b"x" * 255):
+        client.send_multipart(F.encode_request(msgid, b"default", b"", BODY))
+    read_turn(server, port_of(server, EmqpClientPort), 2)
+    (got,) = messages(packed)
+    assert got[2] == F.REQUEST and len(got) == 3 + 4 * 2
+    assert [j[3] for j in F.split_batch(got) or []] == [b"short#1", b"x" * 255 + b"#1"]
 
 
 def test_a_worker_that_did_not_ask_gets_the_documents_request_per_job(

@@ -8,7 +8,7 @@ import pytest
 
 from emq_django.exceptions import ProtocolError
 from emq_django.protocol import batch as B
-from emq_django.protocol.frames import PROTOCOL
+from emq_django.protocol.frames import PROTOCOL, REQUEST
 
 JOBS = [
     (b"job-1", b"default", b"acks", b'["run",{"args":[1]}]'),
@@ -105,3 +105,15 @@ def test_an_ack_id_names_the_broker_incarnation_and_others_name_none() -> None:
     assert ack.startswith(MARK) and ack_incarnation(ack) == incarnation
     assert ack_incarnation(MARK + b"f" * 32) is None  # a broker from before
     assert ack_incarnation(b"x" * len(ack)) is None
+
+
+def test_a_packed_delivery_unpacks_to_the_requests_it_stands_for() -> None:
+    """Our broker to a worker that announced ``"packed"``: the same records, each
+    read back as the 7-frame REQUEST it stands for; a malformed one is refused whole."""
+    frames = B.encode_requests(b"m", [(b"a#1", b"q", b"h", b"body"), (b"b#2", b"q2", b"", b"")])
+    assert B.unpack_requests(frames) == [
+        [b"", PROTOCOL, REQUEST, b"a#1", b"q", b"h", b"body"],
+        [b"", PROTOCOL, REQUEST, b"b#2", b"q2", b"", b""],
+    ]
+    with pytest.raises(ProtocolError, match="overruns"):
+        B.unpack_requests([*frames[:4], frames[4][:-1]])

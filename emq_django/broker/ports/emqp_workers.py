@@ -33,6 +33,8 @@ from emq_django.broker.state import Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import MAX_HEADERS_LENGTH, requests_frames
+from emq_django.protocol.batch import record_head as _record_head
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
 from emq_django.security.roles import WORKER
 
@@ -162,6 +164,7 @@ class EmqpWorkerPort(Port):
         queues = cmd.queues or DEFAULT_QUEUES
         peer = Peer(identity, cmd.peer_type, queues, now, cmd.meta, connected_at=now, port=self)
         peer.batch = F.batch_of(cmd.meta)  # several jobs per REQUEST, answers per REPLY
+        peer.packed = F.packs(cmd.meta)  # ... as one REQUESTS
         self.peers[identity] = peer
         self.core.worker_join(peer, now, ClientRef(self, identity), cmd.msgid)
 
@@ -228,12 +231,31 @@ class EmqpWorkerPort(Port):
         ``peer.batch`` at most per message (eMQP's "batch" extension)."""
         size = peer.batch
         for start in range(0, len(effects), size):
-            requests: Any = [self.encode(e) for e in effects[start : start + size]]
-            frames: Any = (
-                F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
-            )
+            chunk = effects[start : start + size]
+            frames: Any = self._packed(chunk) if peer.packed and len(chunk) > 1 else None
+            if frames is None:
+                requests: Any = [self.encode(e) for e in chunk]
+                frames = (
+                    F.join_requests(requests[0], requests[1:]) if len(requests) > 1 else requests[0]
+                )
             if not self.to_peer(peer.identity, frames):
                 return
+
+    def _packed(self, chunk: list[Deliver]) -> list[bytes] | None:
+        """``chunk``'s jobs as one REQUESTS (protocol/batch.py: a record per job, in one
+        frame), for a worker that announced it; None when a field is too long for a
+        record (the jobs go as a REQUEST of four frames each)."""
+        parts: list[bytes] = []
+        for e in chunk:
+            job = e.job
+            headers = _reply_always(job.headers.raw)
+            if e.rank is not None:
+                headers = b"%s,rank:%d" % (headers, e.rank)
+            msgid, queue, body = job.attempt_id, job.queue.encode(), job.body
+            if len(msgid) > 255 or len(queue) > 255 or len(headers) > MAX_HEADERS_LENGTH:
+                return None
+            parts += (_record_head(len(msgid), queue, headers, body), msgid, queue, headers, body)
+        return requests_frames(self.new_id(), b"".join(parts))
 
     def encode(self, effect: Effect) -> list[bytes] | None:
         kind = type(effect)
