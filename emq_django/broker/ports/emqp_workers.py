@@ -33,8 +33,8 @@ from emq_django.broker.state import Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
-from emq_django.protocol.batch import MAX_HEADERS_LENGTH, requests_frames
-from emq_django.protocol.batch import record_head as _record_head
+from emq_django.protocol.batch import job_record as _job_record
+from emq_django.protocol.batch import requests_frames
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
 from emq_django.security.roles import WORKER
 
@@ -70,6 +70,13 @@ def _reply_always(raw: bytes) -> bytes:
     """
     flags = raw.split(b",") if raw else []
     return raw if b"reply-requested" in flags else b",".join([b"reply-requested", *flags])
+
+
+def _headers(e: Deliver) -> bytes:
+    """A delivery's headers: ``reply-requested`` always, and a ranked queue's job's
+    rank (to a worker process of ours)."""
+    headers = _reply_always(e.job.headers.raw)
+    return headers if e.rank is None else b"%s,rank:%d" % (headers, e.rank)
 
 
 class EmqpWorkerPort(Port):
@@ -246,15 +253,12 @@ class EmqpWorkerPort(Port):
         frame), for a worker that announced it; None when a field is too long for a
         record (the jobs go as a REQUEST of four frames each)."""
         parts: list[bytes] = []
-        for e in chunk:
-            job = e.job
-            headers = _reply_always(job.headers.raw)
-            if e.rank is not None:
-                headers = b"%s,rank:%d" % (headers, e.rank)
-            msgid, queue, body = job.attempt_id, job.queue.encode(), job.body
-            if len(msgid) > 255 or len(queue) > 255 or len(headers) > MAX_HEADERS_LENGTH:
-                return None
-            parts += (_record_head(len(msgid), queue, headers, body), msgid, queue, headers, body)
+        try:
+            for e in chunk:
+                job = e.job
+                parts += _job_record(job.attempt_id, job.queue.encode(), _headers(e), job.body)
+        except ValueError:
+            return None
         return requests_frames(self.new_id(), b"".join(parts))
 
     def encode(self, effect: Effect) -> list[bytes] | None:
@@ -262,10 +266,7 @@ class EmqpWorkerPort(Port):
         e: Any = effect  # one of the effect types, told apart by ``kind``
         if kind is Deliver:
             job = e.job
-            headers = _reply_always(job.headers.raw)
-            if e.rank is not None:  # a ranked queue's job, to a worker process of ours
-                headers = b"%s,rank:%d" % (headers, e.rank)
-            return _encode_request(job.attempt_id, job.queue.encode(), headers, job.body)
+            return _encode_request(job.attempt_id, job.queue.encode(), _headers(e), job.body)
         if kind is Beat:
             return F.encode_heartbeat(self.new_id(), e.wall)
         if kind is Acknowledge:
