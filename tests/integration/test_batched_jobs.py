@@ -23,7 +23,7 @@ from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.server import BrokerServer
 from emq_django.protocol import frames as F
-from emq_django.protocol.batch import REQUESTS, unpack_requests
+from emq_django.protocol.batch import REQUESTS, encode_requests, unpack_requests
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.worker.slots import SlotTable
@@ -396,6 +396,19 @@ def test_a_worker_whose_broker_did_not_say_batch_answers_each_job_alone(
         assert [m[5] for m in got] == [b"a#1", b"b#1"]
     finally:
         broker.close()
+
+
+def test_packed_jobs_run_and_a_malformed_packing_is_dropped_whole(broker: FakeBroker) -> None:
+    """The worker announces ``"packed"`` and runs a REQUESTS' jobs as a batched
+    REQUEST's; a REQUESTS cut short (a poison message) is dropped whole, and the
+    process serves the next one."""
+    assert json.loads(broker.inform[6])["packed"] is True
+    jobs = [job(b"a#1", "add", 1, 2), job(b"b#1", "add", 3, 4)]
+    packed = encode_requests(b"m-1", [tuple(j[3:]) for j in jobs])  # type: ignore[misc]
+    broker.send([*packed[:4], packed[4][:-3]])
+    broker.send(packed)
+    got = answers_of(broker.recv())
+    assert [(ref, json.loads(body)["value"]) for body, ref, _ in got] == [(b"a#1", 3), (b"b#1", 7)]
 
 
 def test_a_lone_job_is_answered_at_once_with_the_documents_reply(broker: FakeBroker) -> None:
