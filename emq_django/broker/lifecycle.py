@@ -402,8 +402,9 @@ class JobLifecycle:
         self.recent.add(job_id, now)
         if self.journal_ops is not None:
             wall = now + self.wall_offset
-            done = KeepReply("reply", job_id, b"", wall) if keep_row else None
-            self.journal_ops.append(done or JobDone("done", job_id, wall))
+            self.journal_ops.append(
+                KeepReply("reply", job_id, b"", wall) if keep_row else JobDone("done", job_id, wall)
+            )
         self.counters["cancelled"] += 1
         return queue_name
 
