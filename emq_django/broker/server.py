@@ -18,6 +18,7 @@ import signal
 import socket as pysocket
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from operator import itemgetter
 from types import FrameType
@@ -89,6 +90,8 @@ _TO_CLIENT = (Answer, Acknowledge, Refuse, Send)  # effects addressed to a Clien
 _OFF_LOOP = frozenset(("put", "done", "reply"))
 _op_kind = itemgetter(0)
 _NO_PEER = frozenset((*_TO_CLIENT, Published))  # the effects not addressed to a peer
+_NO_IDS: frozenset[bytes] = frozenset()
+_NO_PEERS: frozenset[int] = frozenset()
 
 
 def _refusal_code(exc: BaseException) -> str:
@@ -216,6 +219,11 @@ class BrokerServer:
         self._puts_of: list[Any] | None = None
         self._puts_read = 0
         self._puts_ids: set[bytes] = set()
+        # ``_send_ahead``: the effect list read so far, how far (all of it kept), and
+        # the peers something kept goes to
+        self._ahead_of: list[Any] | None = None
+        self._ahead_read = 0
+        self._ahead_peers: set[int] = set()
         if self.journal is not None:
             if getattr(self.journal, "commits_off_loop", False):
                 self._writer = JournalWriter(self.journal, self._commit_over)
@@ -693,14 +701,14 @@ class BrokerServer:
             if not last and not writer.done():  # what this turn made waits for it
                 if core.out:
                     ops = core.life.journal_ops
-                    new = self._held_puts | self._turn_puts(ops) if ops else self._held_puts
-                    self._send_ahead(new, self._held_peers)
+                    turn = self._turn_puts(ops) if ops else _NO_IDS
+                    self._send_ahead(self._held_puts, turn, self._held_peers)
                 return
             self._end_write()
         if core.life.journal_ops:
             puts = self._turn_puts(core.life.journal_ops)
             if core.out:
-                self._send_ahead(puts, set())
+                self._send_ahead(puts, _NO_IDS, _NO_PEERS)
             if writer is None or last or not self._write_off_loop(puts):
                 self._commit()  # before anything about those jobs leaves the broker
         if core.life.spill_requests:
@@ -784,6 +792,7 @@ class BrokerServer:
         held, self._held = self._held, []
         puts, self._held_puts = self._held_puts, set()
         self._held_peers = set()
+        self._ahead_of = None  # what waited for this commit may go ahead now
         if error is None:  # what waited for it goes now, before what came after
             if self._refusals.held:
                 self._refusals.flush()
@@ -805,7 +814,9 @@ class BrokerServer:
         except OSError:
             pass
 
-    def _send_ahead(self, new: set[bytes], held: set[int]) -> None:
+    def _send_ahead(
+        self, held_puts: AbstractSet[bytes], turn_puts: AbstractSet[bytes], held: AbstractSet[int]
+    ) -> None:
         """Deliver, before the turn's commit, the jobs the journal holds already.
 
         The commit waits for the disk (an fsync: 5-25 ms on a loaded machine, with
@@ -813,27 +824,46 @@ class BrokerServer:
         manager that has just sent results back gets its next jobs only after it,
         so its workers idled for a commit per round trip. A job that this turn did
         not put is in the journal already (or is not guaranteed): sending it now
-        promises nothing the journal does not keep. What concerns this turn's new
-        jobs waits for the commit as before: their ACKs, their delivery (which a
-        failed commit takes back, ``core.refuse_unsaved``); so do answers, events
-        and everything else, and any delivery to a peer after something held for
-        that peer (its messages keep their order)."""
+        promises nothing the journal does not keep. What concerns the new jobs
+        (``held_puts``: the commit in flight's, ``turn_puts``: those made since)
+        waits for the commit as before: their ACKs, their delivery (which a failed
+        commit takes back, ``core.refuse_unsaved``); so do answers, events and
+        everything else, and any delivery to a peer after something held for that
+        peer (``held``: the peers of the effects the commit in flight holds; its
+        messages keep their order).
+
+        While a commit is in flight, each turn asks: only the effects appended
+        since the last call are read (what was read before is all kept, and stays
+        kept until that commit is over: ``_end_write`` starts the reading again),
+        not every effect held so far once a turn."""
         core = self.core
+        out = core.out
+        if out is self._ahead_of and len(out) >= self._ahead_read:
+            start, peers = self._ahead_read, self._ahead_peers
+        else:
+            start, peers = 0, set(held)  # peers with something held before
         ahead: list[Deliver] = []
         kept: list[Any] = []
-        held = set(held)  # peers with something held before
-        for effect in core.out:
+        for effect in out[start:] if start else out:
             if type(effect) is Deliver:
-                if effect.job.id not in new and id(effect.peer) not in held:
+                job_id = effect.job.id
+                if (
+                    job_id not in held_puts
+                    and job_id not in turn_puts
+                    and id(effect.peer) not in peers
+                ):
                     ahead.append(effect)
                     continue
-                held.add(id(effect.peer))
+                peers.add(id(effect.peer))
             elif not isinstance(effect, _TO_CLIENT) and type(effect) is not Published:
-                held.add(id(effect.peer))  # type: ignore[union-attr]
+                peers.add(id(effect.peer))  # type: ignore[union-attr]
             kept.append(effect)
+        if ahead:
+            del out[start:]
+            out += kept
+        self._ahead_of, self._ahead_read, self._ahead_peers = out, len(out), peers
         if not ahead:
             return
-        core.out = kept
         for effect in ahead:
             to: Any = effect.peer  # a worker's peer has its port
             to.port.post(to, effect)

@@ -234,6 +234,47 @@ def test_the_broker_reads_on_while_a_commit_waits_and_acks_after_it(
     assert b"g-1" in ids(pg_url)
 
 
+def test_saved_jobs_go_ahead_turn_after_turn_while_a_commit_waits(
+    start_broker: Any, pg_url: str
+) -> None:
+    """While one commit waits (a real table lock), every later turn of the loop
+    still delivers the jobs earlier commits saved, each as its worker gives credit
+    back (the server reads only what each turn added to what waits: ``_send_ahead``);
+    a job that came after the commit started is neither ACKed nor delivered before
+    its own commit."""
+    import psycopg
+
+    from emq_django.protocol import Ack, Request
+    from tests.integration.test_broker_journal import answer, no_request_within
+    from tests.integration.test_broker_server import recv_command, send_request
+
+    broker = start_broker(JOURNAL_URL=pg_url, JOURNAL_PATH="")
+    worker = broker.worker()
+    worker.send_multipart([b"", base.P, b"READY", b"r"])  # one credit
+    client = broker.client()
+    for n in (1, 2, 3):
+        send_request(client, b"g-%d" % n, headers=b"guarantee")
+        assert recv_command(client, Ack).ack_msgid == b"g-%d" % n
+    job = recv_command(worker, Request)
+    with psycopg.connect(pg_url) as other:
+        other.execute("LOCK TABLE emq_jobs IN EXCLUSIVE MODE")  # the next commit waits
+        answer(worker, job)  # g-1 done: its commit waits for the lock
+        got = [job.msgid]
+        send_request(client, b"g-4", headers=b"guarantee")  # saved by the commit after
+        for _ in range(2):  # (the journal's lock_timeout is 1 s: this takes far less)
+            job = recv_command(worker, Request, timeout=0.5)
+            got.append(job.msgid)
+            answer(worker, job)  # its credit back, in a turn of its own
+        early = no_request_within(worker, 0.15)
+        acked_early = bool(client.poll(0))
+        other.rollback()
+    assert got == [b"g-1#1", b"g-2#1", b"g-3#1"]
+    assert early == [], "a job delivered before its commit"
+    assert not acked_early, "ACKed before its commit"
+    assert recv_command(client, Ack).ack_msgid == b"g-4"
+    assert recv_command(worker, Request).msgid == b"g-4#1"
+
+
 def test_a_done_row_keeps_the_reply_of_a_job_whose_client_wants_one(
     journal: PgJournal, pg_url: str
 ) -> None:
