@@ -168,6 +168,9 @@ class Peer:
     # ... and those as one REQUESTS message (records in one frame), not a REQUEST of
     # four frames per job: its INFORM said ``"packed": true`` (protocol/batching.py)
     packed: bool = False
+    # it sends its answers as one REPLIES message: its INFORM said
+    # ``"packed_replies": true``, and our ACK of it says we read them
+    packed_replies: bool = False
     # ``role`` and ``manager``, worked out once from ``meta`` (which a port fills
     # before the peer joins and nothing changes after): every dispatch reads them
     role: str = field(init=False, default=ROLE_PLAIN)

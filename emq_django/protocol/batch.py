@@ -1,5 +1,6 @@
 """REQUESTS: several REQUESTs in one message (our extension, client -> our broker,
-and our broker -> a worker process of ours that announced it: ``unpack_requests``).
+and our broker -> a worker process of ours that announced it: ``unpack_requests``);
+REPLIES: several answers in one (a worker process of ours -> our broker).
 
     ['', 'eMQP/1.0', 'REQUESTS', msgid, jobs]
 
@@ -19,6 +20,7 @@ import struct
 from collections.abc import Sequence
 
 from emq_django.exceptions import ProtocolError
+from emq_django.protocol.batching import join_replies
 from emq_django.protocol.frames import ACK, MAX_ID_LENGTH, PROTOCOL, REQUEST
 
 REQUESTS = b"REQUESTS"
@@ -55,6 +57,15 @@ _unpack_head = HEAD.unpack_from
 _HEAD_SIZE = HEAD.size
 
 Job = tuple[bytes, bytes, bytes, bytes]  # msgid, queue, headers, body
+
+# REPLIES: a worker process's answers to our broker, one frame of records (the
+# "packed_replies" extension, protocol/batching.py): u8 ref length | u8 status length
+# | u32 body length | ref | status | body
+REPLIES = b"REPLIES"
+ANSWER_HEAD = struct.Struct(">BBI")
+_pack_answer = ANSWER_HEAD.pack
+_unpack_answer = ANSWER_HEAD.unpack_from
+_ANSWER_SIZE = ANSWER_HEAD.size
 
 
 def job_record(msgid: bytes, queue: bytes, headers: bytes, body: bytes) -> list[bytes]:
@@ -96,17 +107,23 @@ def encode_packed_ack(msgid: bytes, ref_msgids: Sequence[bytes]) -> list[bytes] 
     return [b"", PROTOCOL, ACK, msgid, joined]
 
 
+def _records(frames: Sequence[bytes], command: str) -> bytes:
+    """The records frame of a REQUESTS or REPLIES message (``command``), once its
+    frames are checked."""
+    if len(frames) != 5:
+        raise ProtocolError(f"{command} needs 5 frames, got {len(frames)}", frames)
+    if frames[0] or frames[1] != PROTOCOL or not 0 < len(frames[3]) <= MAX_ID_LENGTH:
+        raise ProtocolError(f"{command}: not an eMQP/1.0 message with a msgid", frames)
+    return frames[4]
+
+
 def decode_jobs(frames: Sequence[bytes]) -> list[Job]:
     """The jobs of a REQUESTS message (``frames`` without the ROUTER identity),
     or ``ProtocolError`` when the message is malformed anywhere (then none of its
     jobs is taken: a record that overruns the frame, a zero-length msgid or queue,
     bytes left over, over ``MAX_JOBS`` jobs, not 5 frames). A job's queue name
     and headers are checked as a REQUEST's are, by the caller, job by job."""
-    if len(frames) != 5:
-        raise ProtocolError(f"REQUESTS needs 5 frames, got {len(frames)}", frames)
-    if frames[0] or frames[1] != PROTOCOL or not 0 < len(frames[3]) <= MAX_ID_LENGTH:
-        raise ProtocolError("REQUESTS: not an eMQP/1.0 message with a msgid", frames)
-    data = frames[4]
+    data = _records(frames, "REQUESTS")
     end = len(data)
     jobs: list[Job] = []
     at = 0
@@ -130,6 +147,63 @@ def decode_jobs(frames: Sequence[bytes]) -> list[Job]:
     if not jobs:
         raise ProtocolError("REQUESTS without a job", frames)
     return jobs
+
+
+def encode_replies(msgid: bytes, answers: Sequence[tuple[bytes, bytes, bytes]]) -> list[bytes]:
+    """A worker process's answers, (body, ref, status) each as ``join_replies`` takes
+    them, as one REPLIES message (``decode_replies``); ``ValueError`` for a ref that
+    is not 1 to 255 bytes or a status over 255 (the process sends a REPLY then)."""
+    parts: list[bytes] = []
+    for body, ref, status in answers:
+        if not 0 < len(ref) <= MAX_ID_LENGTH or len(status) > 255:
+            raise ValueError("a ref takes 1 to 255 bytes, a status at most 255")
+        parts += (_pack_answer(len(ref), len(status), len(body)), ref, status, body)
+    return [b"", PROTOCOL, REPLIES, msgid, b"".join(parts)]
+
+
+def answers_frames(
+    msgid: bytes, answers: Sequence[tuple[bytes, bytes, bytes]], packed: bool
+) -> list[bytes]:
+    """One message answering several jobs, (body, ref, status) each: a REPLIES when
+    the broker reads them (``packed``) and they fit its records, else a REPLY of
+    three frames per answer (protocol/batching.py ``join_replies``)."""
+    if packed:
+        try:
+            return encode_replies(msgid, answers)
+        except ValueError:
+            pass
+    return join_replies(msgid, answers)
+
+
+def decode_replies(frames: Sequence[bytes]) -> list[tuple[bytes, bytes, bytes]]:
+    """The answers of a REPLIES message, (ref, status, body) each, or
+    ``ProtocolError`` when it is malformed anywhere (then none is taken): as
+    ``decode_jobs``, with an answer record for a job record."""
+    data = _records(frames, "REPLIES")
+    end = len(data)
+    answers: list[tuple[bytes, bytes, bytes]] = []
+    at = 0
+    try:
+        while at < end:
+            r, s, b = _unpack_answer(data, at)
+            at += _ANSWER_SIZE
+            if not r:
+                raise ProtocolError(f"REPLIES: answer {len(answers) + 1} has no ref", frames)
+            i = at + r
+            j = i + s
+            at = j + b
+            if at > end:
+                raise ProtocolError(
+                    f"REPLIES: answer {len(answers) + 1} overruns the frame", frames
+                )
+            answers.append((data[i - r : i], data[i:j], data[j:at]))
+            if len(answers) > MAX_JOBS:
+                raise ProtocolError(f"REPLIES: over {MAX_JOBS} answers", frames)
+    except struct.error:
+        raise ProtocolError(f"REPLIES: answer {len(answers) + 1} is cut short", frames) from None
+    if not answers:
+        raise ProtocolError("REPLIES without an answer", frames)
+    return answers
 
 
 def unpack_requests(frames: Sequence[bytes]) -> list[list[bytes]]:

@@ -39,6 +39,20 @@ def packs(meta: dict[str, Any]) -> bool:
     return meta.get(PACKED_META) is True and batch_of(meta) > 1
 
 
+# ... and ``"packed_replies": true``: the process would send its answers as one
+# REPLIES message (protocol/batch.py ``encode_replies``: a record per answer, one
+# frame for them all) instead of a REPLY of three frames per answer. A broker that
+# reads them says so in its ACK of the INFORM: a frame after the batch's
+# (``PACKED_REPLIES_ACK``); until then the process sends REPLYs
+PACKED_REPLIES_META = "packed_replies"
+PACKED_REPLIES_ACK = b"replies:packed"
+
+
+def packs_replies(meta: dict[str, Any]) -> bool:
+    """The peer's INFORM announced a batch and packed answers (``PACKED_REPLIES_META``)."""
+    return meta.get(PACKED_REPLIES_META) is True and batch_of(meta) > 1
+
+
 def join_requests(first: list[bytes], more: Sequence[list[bytes]]) -> list[bytes]:
     """One REQUEST carrying the jobs of several 7-frame REQUESTs (``first`` and
     ``more``): ``['', PROTOCOL, REQUEST, msgid1, queue1, headers1, body1, msgid2, ...]``."""
@@ -56,8 +70,9 @@ def batch_ack_frame(batch: int) -> bytes:
 
 
 def acked_batch(frames: Sequence[bytes]) -> int:
-    """N of an ACK that says ``batch:N`` (see ``batch_ack_frame``), else 0."""
-    if len(frames) != 6 or frames[2] != ACK or not frames[5].startswith(b"batch:"):
+    """N of an ACK that says ``batch:N`` (see ``batch_ack_frame``; the frame after it,
+    if any, says more: ``PACKED_REPLIES_ACK``), else 0."""
+    if not 6 <= len(frames) <= 7 or frames[2] != ACK or not frames[5].startswith(b"batch:"):
         return 0
     n = frames[5][6:]
     return int(n) if n.isdigit() and len(n) <= 4 else 0

@@ -26,7 +26,7 @@ from emq_django.exceptions import (
 from emq_django.link import REFUSED_EXIT, BrokerLink
 from emq_django.logconfig import job_fields
 from emq_django.protocol import frames as F
-from emq_django.protocol.batch import REQUESTS, unpack_requests
+from emq_django.protocol.batch import REQUESTS, answers_frames, unpack_requests
 from emq_django.protocol.body import encode_failure
 from emq_django.protocol.headers import Headers
 from emq_django.task import SOFT_TIMEOUT_HEADER
@@ -89,6 +89,7 @@ class SlotWorker:
         if config.prefetch > 1:  # with one job at a time there is nothing to batch
             meta["batch"] = min(config.prefetch, BATCH)
             meta[F.PACKED_META] = True  # ... in one frame (a REQUESTS): fewer libzmq calls
+            meta[F.PACKED_REPLIES_META] = True  # ... and our answers (a REPLIES), if it reads them
         self.link = BrokerLink(
             self.context,
             config.broker_url,
@@ -132,8 +133,9 @@ class SlotWorker:
         self._cancels_seen = 0
         self._cancelled: set[bytes] = set()
         # the broker said (in its ACK of our INFORM) that it takes REPLYs of several
-        # answers and READYs of several credits; until then, the document's only
-        self.batching = False
+        # answers and READYs of several credits (and reads REPLIES: ``packed_replies``);
+        # until then, the document's only
+        self.batching = self.packed_replies = False
         self.soft_limit = SoftLimit()
         self.order = LocalOrder()  # ranked queues' jobs held (worker/ranked.py)
 
@@ -171,7 +173,7 @@ class SlotWorker:
 
     def _on_connect(self) -> None:
         self.credit = 0  # a fresh connection: the broker owes us nothing
-        self.batching = False  # until this broker's ACK says otherwise
+        self.batching = self.packed_replies = False  # until this broker's ACK says otherwise
         for ref, status, body in answers_again(self.table, self.config.slot):
             self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))
         # answers held for the old connection go out on the new one (the broker
@@ -224,8 +226,9 @@ class SlotWorker:
             # a REQUEST, most likely: its fields without a Request object (a frozen
             # dataclass costs several µs to build); anything else through decode()
             n = len(frames)
-            if n == 6 and F.acked_batch(frames):
+            if 6 <= n <= 7 and F.acked_batch(frames):
                 self.batching = True  # the ACK of our INFORM: batches welcome
+                self.packed_replies = frames[-1] == F.PACKED_REPLIES_ACK
                 return
             if n > 7:
                 jobs = F.split_batch(frames)
@@ -398,7 +401,7 @@ class SlotWorker:
             for body, ref, status in held:
                 sent(slot, ref, status, body, at)
             if len(held) > 1 and self.batching:
-                self.link.send(F.join_replies(self.link.new_id(), held))
+                self.link.send(answers_frames(self.link.new_id(), held, self.packed_replies))
             else:  # (a new connection's broker has not said it takes several yet)
                 for body, ref, status in held:
                     self.link.send(F.encode_reply(self.link.new_id(), body, ref, status))

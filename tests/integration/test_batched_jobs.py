@@ -23,7 +23,14 @@ from emq_django.broker.ports.emqp_clients import EmqpClientPort
 from emq_django.broker.ports.emqp_workers import EmqpWorkerPort
 from emq_django.broker.server import BrokerServer
 from emq_django.protocol import frames as F
-from emq_django.protocol.batch import REQUESTS, encode_requests, unpack_requests
+from emq_django.protocol.batch import (
+    REPLIES,
+    REQUESTS,
+    decode_replies,
+    encode_replies,
+    encode_requests,
+    unpack_requests,
+)
 from emq_django.protocol.body import encode_run_body
 from emq_django.protocol.headers import format_headers
 from emq_django.worker.slots import SlotTable
@@ -241,6 +248,66 @@ def test_a_reply_of_several_from_a_worker_that_did_not_ask_is_refused(
     assert server.core.counters["dropped_malformed"] == 1  # as any REPLY of 10 frames
 
 
+def test_the_ack_of_the_inform_says_replies_are_read_packed_only_to_a_worker_that_asked(
+    server: BrokerServer,
+) -> None:
+    """``"packed_replies": true`` with a batch: the ACK of the INFORM has one frame
+    more, after the batch's; without a batch, or not ``true``, it has not."""
+    port = port_of(server, EmqpWorkerPort)
+    cases = (
+        (b"w-packed", {"batch": 4, "packed_replies": True}, [b"batch:4", F.PACKED_REPLIES_ACK]),
+        (b"w-batch", {"batch": 4, "packed_replies": "yes"}, [b"batch:4"]),
+        (b"w-alone", {"packed_replies": True}, []),
+    )
+    for identity, meta, frames in cases:
+        sock = dealer(server, port, identity)
+        sock.send_multipart(F.Inform(b"inform-1", ((10, "default"),), "worker", meta).encode())
+        read_turn(server, port, 1)
+        (ack,) = [m for m in messages(sock) if m[2] == F.ACK]
+        assert ack[4:] == [b"inform-1", *frames]
+        assert port.peers[identity].packed_replies is (identity == b"w-packed")
+
+
+def test_one_replies_message_answers_several_jobs_and_a_malformed_one_is_dropped_whole(
+    server: BrokerServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A REPLIES (protocol/batch.py): each answer settles its job and returns its
+    credit, as in a REPLY of its own. One cut short (a poison message) settles
+    nothing, is dropped with its reason in the log and counted, as a malformed
+    REPLY is (a worker's answers get no answer), and the next one is read."""
+    port = port_of(server, EmqpWorkerPort)
+    worker = worker_joins(server, b"w-packed", {"batch": 8, "packed_replies": True}, credit=3)
+    send_jobs(server, 3)
+    (request,) = messages(worker)
+    attempt_ids = [j[3] for j in F.split_batch(request) or []]
+    answers = [(b'{"value": 5}', aid, b"ok,ready") for aid in attempt_ids[:2]]
+    answers.append((b'{"error": "x"}', attempt_ids[2], b"failed,ready,error:ValueError"))
+    good = encode_replies(b"replies-1", answers)
+    worker.send_multipart([*good[:4], good[4][:-1]])
+    read_turn(server, port, 1)
+    core = server.core
+    assert len(core.inflight) == 3 and core.counters["dropped_malformed"] == 1
+    assert "REPLIES: answer 3 overruns the frame" in caplog.text
+    worker.send_multipart(good)
+    read_turn(server, port, 1)
+    assert not core.inflight
+    assert (core.counters["succeeded"], core.counters["failed"]) == (2, 1)
+    assert port.peers[b"w-packed"].credit == 3
+
+
+def test_a_replies_message_from_a_worker_that_did_not_ask_is_refused(
+    server: BrokerServer,
+) -> None:
+    worker = worker_joins(server, b"w-batch", {"batch": 8}, credit=2)
+    send_jobs(server, 2)
+    (request,) = messages(worker)
+    answers = [(b'{"value": 5}', j[3], b"ok,ready") for j in F.split_batch(request) or []]
+    worker.send_multipart(encode_replies(b"replies-1", answers))
+    read_turn(server, port_of(server, EmqpWorkerPort), 1)
+    assert len(server.core.inflight) == 2  # nothing settled
+    assert server.core.counters["dropped_malformed"] == 1
+
+
 # ---- the worker process's side ------------------------------------------------------
 
 
@@ -260,6 +327,7 @@ class FakeBroker:
         prefetch: int = 8,
         acks_batch: bool = True,
         reply_hold: float = 60.0,  # no timing in the tests: held answers wait for the batch
+        reads_packed_replies: bool = False,
     ) -> None:
         from emq_django.worker.process import SlotConfig, SlotWorker
 
@@ -288,6 +356,7 @@ class FakeBroker:
         self.peer = b""
         self.inform: list[bytes] = []
         self.acks_batch = acks_batch  # ACK the INFORM as our broker does, or as an older one
+        self.reads_packed_replies = reads_packed_replies  # ... and say it reads REPLIES
         self.reaped = False  # the test killed and reaped the worker itself
 
     def recv(self, wait_ms: int = WAIT_MS) -> list[bytes]:
@@ -320,6 +389,8 @@ class FakeBroker:
         ack = F.encode_ack(b"ack-1", frames[4])
         if self.acks_batch and b'"batch"' in frames[-1]:
             ack.append(F.batch_ack_frame(8))
+            if self.reads_packed_replies:
+                ack.append(F.PACKED_REPLIES_ACK)
         self.router.send_multipart([self.peer, *ack])
 
     def send(self, frames: list[bytes]) -> None:
@@ -358,7 +429,9 @@ def broker(table: SlotTable, unblocked: None) -> Iterator[FakeBroker]:
 
 
 def answers_of(reply: list[bytes]) -> list[tuple[bytes, bytes, bytes]]:
-    """(body, ref, status) of each answer a REPLY carries."""
+    """(body, ref, status) of each answer a REPLY (or a REPLIES) carries."""
+    if reply[2] == REPLIES:
+        return [(body, ref, status) for ref, status, body in decode_replies(reply)]
     assert reply[2] == F.REPLY
     parts = F.split_batch(reply) or [reply]
     return [(p[4], p[5], p[6]) for p in parts]
@@ -409,6 +482,34 @@ def test_packed_jobs_run_and_a_malformed_packing_is_dropped_whole(broker: FakeBr
     broker.send(packed)
     got = answers_of(broker.recv())
     assert [(ref, json.loads(body)["value"]) for body, ref, _ in got] == [(b"a#1", 3), (b"b#1", 7)]
+
+
+def test_a_worker_whose_broker_reads_packed_replies_answers_in_one_frame(
+    table: SlotTable, unblocked: None
+) -> None:
+    """The process announces ``"packed_replies"``; once the broker's ACK says it reads
+    them, the answers to a batch go as one REPLIES (a record each, one frame), and
+    a lone job's still as the document's REPLY."""
+    broker = FakeBroker(table, reads_packed_replies=True)
+    try:
+        broker.wait_connected()
+        assert json.loads(broker.inform[6])["packed_replies"] is True
+        jobs = [job(b"a#1", "add", 1, 2), job(b"b#1", "add", 3, 4), job(b"c#1", "add", 5, 6)]
+        broker.send(F.join_requests(jobs[0], jobs[1:]))
+        reply = broker.recv()
+        assert reply[2] == REPLIES and len(reply) == 5
+        got = answers_of(reply)
+        assert [(ref, json.loads(body)["value"]) for body, ref, _ in got] == [
+            (b"a#1", 3),
+            (b"b#1", 7),
+            (b"c#1", 11),
+        ]
+        assert all(status.split(b",")[0] == b"ok" for _, _, status in got)
+        broker.send(job(b"solo#1", "add", 2, 2))
+        alone = broker.recv()
+        assert alone[2] == F.REPLY and len(alone) == 7
+    finally:
+        broker.close()
 
 
 def test_a_lone_job_is_answered_at_once_with_the_documents_reply(broker: FakeBroker) -> None:

@@ -1,4 +1,5 @@
-"""REQUESTS (several jobs in one message) and the packed ACK: protocol/batch.py."""
+"""REQUESTS (several jobs in one message), REPLIES (several answers) and the packed
+ACK: protocol/batch.py."""
 
 from __future__ import annotations
 
@@ -117,3 +118,68 @@ def test_a_packed_delivery_unpacks_to_the_requests_it_stands_for() -> None:
     ]
     with pytest.raises(ProtocolError, match="overruns"):
         B.unpack_requests([*frames[:4], frames[4][:-1]])
+
+
+# ---- REPLIES: a worker process's answers packed ----------------------------------------
+
+ANSWERS = [  # (body, ref, status), as the worker process holds them
+    (b'{"value": 3}', b"job-1#1", b"ok,ready"),
+    (b"", b"job-2#1", b""),
+    (b"b" * 70_000, b"r" * 255, b"s" * 255),
+]
+
+
+def replies_with(data: bytes) -> list[bytes]:
+    return [*B.encode_replies(b"m-1", ANSWERS[:2])[:4], data]
+
+
+GOOD_REPLIES = B.encode_replies(b"m-1", ANSWERS[:2])[4]
+
+
+def test_replies_round_trip_keeps_every_answer_and_the_order() -> None:
+    frames = B.encode_replies(b"m-1", ANSWERS)
+    assert frames[:4] == [b"", PROTOCOL, B.REPLIES, b"m-1"] and len(frames) == 5
+    assert B.decode_replies(frames) == [(ref, status, body) for body, ref, status in ANSWERS]
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        pytest.param(replies_with(b""), id="no-answer"),
+        pytest.param(replies_with(GOOD_REPLIES[:3]), id="cut-in-a-head"),
+        pytest.param(replies_with(GOOD_REPLIES[:-1]), id="cut-in-a-body"),
+        pytest.param(replies_with(GOOD_REPLIES + b"x"), id="a-byte-left-over"),
+        pytest.param(replies_with(b"\x00" + GOOD_REPLIES[1:]), id="empty-ref"),
+        pytest.param(
+            replies_with(GOOD_REPLIES[:2] + b"\xff\xff\xff\xff" + GOOD_REPLIES[6:]),
+            id="body-overruns",
+        ),
+        pytest.param(B.encode_replies(b"m-1", ANSWERS[:1])[:4], id="four-frames"),
+        pytest.param([b"", PROTOCOL, B.REPLIES, b"", GOOD_REPLIES], id="no-msgid"),
+        pytest.param([b"", b"eMQP/0.9", B.REPLIES, b"m", GOOD_REPLIES], id="other-protocol"),
+    ],
+)
+def test_a_malformed_replies_message_yields_no_answer(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        B.decode_replies(frames)
+    assert info.value.frames == frames
+
+
+def test_more_answers_than_the_limit_is_malformed() -> None:
+    answers = [(b"", b"r%d" % i, b"ok") for i in range(B.MAX_JOBS + 1)]
+    with pytest.raises(ProtocolError, match="over"):
+        B.decode_replies(B.encode_replies(b"m", answers))
+    assert len(B.decode_replies(B.encode_replies(b"m", answers[:-1]))) == B.MAX_JOBS
+
+
+def test_answers_go_packed_only_to_a_broker_that_reads_them_and_when_they_fit() -> None:
+    """``answers_frames``: a REPLIES when the broker said it reads them, else (or for
+    a ref or status a record cannot hold) the REPLY of three frames per answer."""
+    packed = B.answers_frames(b"m", ANSWERS[:2], packed=True)
+    assert packed[2] == B.REPLIES and len(packed) == 5
+    joined = B.answers_frames(b"m", ANSWERS[:2], packed=False)
+    assert joined[2] == b"REPLY" and len(joined) == 4 + 3 * 2
+    too_long = [*ANSWERS[:1], (b"", b"r" * 256, b"ok")]
+    assert B.answers_frames(b"m", too_long, packed=True)[2] == b"REPLY"
+    with pytest.raises(ValueError):
+        B.encode_replies(b"m", [(b"", b"", b"ok")])

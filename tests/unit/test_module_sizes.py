@@ -31,11 +31,12 @@ ALLOWED = {
     "transaction per loop turn and the checkpoint thread (the typed operations are its "
     "first 170 lines). Issue 32 (high availability: journal replication) is changing it "
     "now: split after it lands.",
-    "worker/process.py": "the slot worker's loop, 32 lines over: the reconnect and "
+    "worker/process.py": "the slot worker's loop, 35 lines over: the reconnect and "
     "unstarted-job work merged beside the split put it there, the ranked queues' hooks "
     "(issue 33: the loop itself is in worker/ranked.py), and the observers' calls "
-    "(signals, OpenTelemetry: worker/observing.py) in _run, and the packed jobs (session "
-    "43); its job run (_run, _overruled and the cancel checks) is the next to split out.",
+    "(signals, OpenTelemetry: worker/observing.py) in _run, and the packed jobs and "
+    "answers (sessions 43, 44); its job run (_run, _overruled and the cancel checks) is "
+    "the next to split out.",
 }
 
 

@@ -33,8 +33,8 @@ from emq_django.broker.state import Peer
 from emq_django.exceptions import ProtocolError
 from emq_django.ids import IdGenerator
 from emq_django.protocol import frames as F
+from emq_django.protocol.batch import REPLIES, decode_replies, requests_frames
 from emq_django.protocol.batch import job_record as _job_record
-from emq_django.protocol.batch import requests_frames
 from emq_django.protocol.limits import REFUSED_WRONG_PORT
 from emq_django.security.roles import WORKER
 
@@ -138,6 +138,11 @@ class EmqpWorkerPort(Port):
                     self.handle(identity, answer, now)
                 return None
         try:
+            if n == 5 and frames[2] == REPLIES:  # answers packed (from anybody else: malformed)
+                peer = self.peers.get(identity)
+                if peer is not None and peer.packed_replies and not peer.gone:
+                    self._replies(peer, frames, now)
+                    return None
             cmd = F.decode(frames)
             handler = _HANDLERS.get(type(cmd))
             if handler is None:
@@ -160,6 +165,17 @@ class EmqpWorkerPort(Port):
             self.count_malformed(identity, exc, answered=msgid is not None)
         return None
 
+    def _replies(self, peer: Peer, frames: Sequence[bytes], now: float) -> None:
+        """A REPLIES: each answer as if it came in a REPLY of its own; ``ProtocolError``
+        (none taken) when it is malformed anywhere, as for a REPLY of several."""
+        answers = decode_replies(frames)
+        peer.last_seen = now
+        result = self.core.worker_result
+        for ref, status, body in answers:
+            if peer.gone:  # (an answer made the broker drop it: the rest are not its)
+                break
+            result(peer, ref, outcome_of(status), body, now)
+
     def _inform(self, identity: bytes, cmd: F.Inform, now: float) -> None:
         if cmd.peer_type != F.PEER_WORKER:
             raise ProtocolError(
@@ -172,6 +188,7 @@ class EmqpWorkerPort(Port):
         peer = Peer(identity, cmd.peer_type, queues, now, cmd.meta, connected_at=now, port=self)
         peer.batch = F.batch_of(cmd.meta)  # several jobs per REQUEST, answers per REPLY
         peer.packed = F.packs(cmd.meta)  # ... as one REQUESTS
+        peer.packed_replies = F.packs_replies(cmd.meta)  # its answers as one REPLIES
         self.peers[identity] = peer
         self.core.worker_join(peer, now, ClientRef(self, identity), cmd.msgid)
 
@@ -274,6 +291,8 @@ class EmqpWorkerPort(Port):
             peer = self.peers.get(e.client.identity)
             if peer is not None and peer.batch > 1:
                 frames.append(F.batch_ack_frame(peer.batch))  # its INFORM's: batches welcome
+                if peer.packed_replies:
+                    frames.append(F.PACKED_REPLIES_ACK)  # ... and its REPLIES read
             return frames
         if kind is Goodbye:
             return F.Kbye(self.new_id()).encode()
