@@ -226,7 +226,7 @@ class SlotWorker:
             # a REQUEST, most likely: its fields without a Request object (a frozen
             # dataclass costs several µs to build); anything else through decode()
             n = len(frames)
-            if 6 <= n <= 7 and F.acked_batch(frames):
+            if 6 <= n <= 7 and frames[2] == F.ACK and F.acked_batch(frames):
                 self.batching = True  # the ACK of our INFORM: batches welcome
                 self.packed_replies = frames[-1] == F.PACKED_REPLIES_ACK
                 return
